@@ -1,0 +1,1 @@
+"""Deadline Queue: pipeline package."""

@@ -1,0 +1,118 @@
+"""The one error tree of the storage engine.
+
+Every failure the engine reports is a ``StorageError``; the HTTP layer maps these
+classes to status codes in exactly one place (``server/errors.py``). Each error
+carries its context (queue, id, file, offset) as attributes and a stable ``code``
+string that clients can rely on.
+
+    StorageError
+    ├── InvalidArgument          bad input; nothing was written       (400/422)
+    │   ├── InvalidQueueName
+    │   ├── ValueTooLarge                                            (413)
+    │   ├── InvalidDeadline
+    │   ├── InvalidReceipt
+    │   └── BatchTooLarge                                            (413)
+    ├── QueueNotFound                                                (404)
+    ├── ItemNotFound             id was never assigned in this queue (404)
+    ├── StaleReceipt             that delivery is over               (409)
+    ├── QueueExists / ConfigConflict                                 (409)
+    ├── DataDirLocked            another process owns the directory
+    ├── CorruptionError          bad bytes, with file and offset
+    ├── StorageFull              ENOSPC                              (507)
+    └── EngineUnavailable        closed, or failed after an I/O error (503)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BatchTooLarge",
+    "ConfigConflict",
+    "CorruptionError",
+    "DataDirLocked",
+    "EngineUnavailable",
+    "InvalidArgument",
+    "InvalidDeadline",
+    "InvalidQueueName",
+    "InvalidReceipt",
+    "ItemNotFound",
+    "QueueNotFound",
+    "StaleReceipt",
+    "StorageError",
+    "StorageFull",
+    "ValueTooLarge",
+]
+
+
+class StorageError(Exception):
+    """Base of every error the engine raises."""
+
+    code = "storage_error"
+
+    def __init__(self, message: str, **context: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.context = context
+
+    def __str__(self) -> str:
+        if not self.context:
+            return self.message
+        details = ", ".join(f"{k}={v!r}" for k, v in self.context.items())
+        return f"{self.message} ({details})"
+
+
+class InvalidArgument(StorageError):
+    code = "invalid_argument"
+
+
+class InvalidQueueName(InvalidArgument):
+    code = "invalid_queue_name"
+
+
+class ValueTooLarge(InvalidArgument):
+    code = "value_too_large"
+
+
+class InvalidDeadline(InvalidArgument):
+    code = "invalid_deadline"
+
+
+class InvalidReceipt(InvalidArgument):
+    code = "invalid_receipt"
+
+
+class BatchTooLarge(InvalidArgument):
+    code = "batch_too_large"
+
+
+class QueueNotFound(StorageError):
+    code = "queue_not_found"
+
+
+class ItemNotFound(StorageError):
+    code = "item_not_found"
+
+
+class StaleReceipt(StorageError):
+    code = "stale_receipt"
+
+
+class ConfigConflict(StorageError):
+    code = "config_conflict"
+
+
+class DataDirLocked(StorageError):
+    code = "data_dir_locked"
+
+
+class CorruptionError(StorageError):
+    """Bytes that fail a checksum or an invariant; ``context`` names file and offset."""
+
+    code = "corruption"
+
+
+class StorageFull(StorageError):
+    code = "storage_full"
+
+
+class EngineUnavailable(StorageError):
+    code = "unavailable"

@@ -1,0 +1,151 @@
+"""Plain value types that cross the engine's public surface.
+
+They carry no behaviour; the engine, the HTTP layer, the shared-memory server and
+the client all speak in these. Times are integers, milliseconds since the epoch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from storage.errors import InvalidQueueName
+
+__all__ = [
+    "QUEUE_NAME_PATTERN",
+    "Delivery",
+    "Enqueued",
+    "FsyncMode",
+    "ItemOutcome",
+    "ItemStats",
+    "NewItem",
+    "QueueConfig",
+    "QueueStats",
+    "Release",
+    "Requeue",
+    "Extend",
+    "check_queue_name",
+]
+
+FsyncMode = Literal["always", "interval", "never"]
+
+QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def check_queue_name(name: str) -> str:
+    """Return ``name`` if it is a valid queue name, else raise ``InvalidQueueName``."""
+    if not isinstance(name, str) or QUEUE_NAME_PATTERN.fullmatch(name) is None or name in {
+        ".",
+        "..",
+    }:
+        raise InvalidQueueName(
+            "queue names match [A-Za-z0-9._-]{1,128} and are not '.' or '..'", queue=name
+        )
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class ItemStats:
+    """The seed's Stats(128): when the item was enqueued, last requeued, and how often delivered."""
+
+    enqueue_time: int
+    requeue_time: int
+    dequeue_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewItem:
+    """What a producer hands in. ``deadline`` and ``delay_ms`` are exclusive; neither means now."""
+
+    value: bytes
+    deadline: int | None = None
+    delay_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    """The id the server assigned and the deadline the item was stored with."""
+
+    id: int
+    deadline: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One delivery of one item to a consumer, named by its receipt."""
+
+    id: int
+    receipt: str
+    value: bytes
+    deadline: int
+    stats: ItemStats
+    lease_expires: int
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    id: int
+    receipt: str
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    id: int
+    receipt: str
+    deadline: int | None = None
+    delay_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Extend:
+    id: int
+    receipt: str
+    lease_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class ItemOutcome:
+    """Per-item result of a batch release/requeue/extend.
+
+    ``error`` is ``None`` on success, else a stable code (``stale_receipt``,
+    ``item_not_found``, ``invalid_receipt``, ...) with ``message`` for humans.
+    """
+
+    id: int
+    error: str | None = None
+    message: str | None = None
+    receipt: str | None = None
+    deadline: int | None = None
+    lease_expires: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """Per-queue settings, persisted in the queue's directory."""
+
+    default_lease_ms: int = 30_000
+    max_deliveries: int | None = None
+    dead_letter_queue: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Live figures for one queue. Counts in segment files are exact; the due/delayed
+    split of items in segment files is estimated to within one block per segment."""
+
+    name: str
+    config: QueueConfig
+    pending: int
+    due: int
+    delayed: int
+    leased: int
+    segments: int
+    bytes_on_disk: int
+    oldest_due_age_ms: int | None
+    next_id: int
+    extra: dict[str, int] = field(default_factory=dict)
