@@ -1,0 +1,205 @@
+"""Freezing logs into segment files and merging segment files: pure file-to-file work.
+
+Both jobs are plain functions of paths so they can run in a worker process (the
+default: a second core, no GIL contention with the serving process) or inline in
+tests. Neither touches engine state; the queue installs their output afterwards.
+
+Entries form a multiset per key: a pending entry counts +1, a tombstone -1. Freezing
+cancels pairs within one log; merging sums counts across its inputs and writes the
+net (pendings, or tombstones). A net tombstone is "rogue" (its pending lives in a
+segment outside the merge) and is kept — unless the merge covers every older
+segment (``drop_rogue``), in which case nothing it could cancel remains.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from storage.codec import TOMBSTONE, decode_stats, key_id, tombstone_of
+from storage.segment import SegmentReader, iter_entries_keys, segment_name, write_segment
+from storage.wal import RECORD_HEADER, read_wal
+
+__all__ = [
+    "CompactionCancelled",
+    "Compactor",
+    "FreezeResult",
+    "freeze_log",
+    "merge_segments",
+    "net_entries",
+]
+
+log = logging.getLogger(__name__)
+
+
+class CompactionCancelled(Exception):
+    """A merge noticed its cancel marker and stopped (the engine is closing)."""
+
+
+@dataclass(frozen=True)
+class FreezeResult:
+    segment_no: int
+    path: str | None  # None: every entry cancelled, no file written
+
+
+def freeze_log(log_path: str, directory: str) -> FreezeResult:
+    """Write the sorted segment file for a ``*.log_ro``; cancel pairs inside it."""
+    contents = read_wal(log_path)
+    entries: dict[bytes, bytes] = {}
+    for offset, payload in contents.records:
+        base = offset + RECORD_HEADER.size
+        marks = [(key, off) for key, _s, _v, off in iter_entries_keys(payload, log_path, base)]
+        for i, (key, off) in enumerate(marks):
+            end = marks[i + 1][1] if i + 1 < len(marks) else len(payload)
+            entries[key] = payload[off:end]
+    keys = sorted(entries)
+    max_id = contents.id_floor - 1
+
+    def survivors() -> Iterator[tuple[bytes, bytes]]:
+        i, n = 0, len(keys)
+        while i < n:
+            k = keys[i]
+            if k[15] & 0b11 != TOMBSTONE and i + 1 < n and keys[i + 1] == tombstone_of(k):
+                i += 2
+                continue
+            yield k, entries[k]
+            i += 1
+
+    if keys:
+        max_id = max(max_id, max(key_id(k) for k in keys))
+    no = contents.segment_no
+    path = os.path.join(directory, segment_name(no, no))
+    info = write_segment(path, survivors(), seg_lo=no, seg_hi=no, max_id=max(max_id, 0))
+    return FreezeResult(no, path if info is not None else None)
+
+
+def net_entries(
+    stream: Iterable[tuple[bytes, bytes]], *, drop_rogue: bool
+) -> Iterator[tuple[bytes, bytes]]:
+    """Sum a key-sorted stream of entries per (deadline, id): emit the net multiset.
+
+    For one (deadline, id), all pendings sort before all tombstones. If pendings
+    outnumber tombstones the newest pending (by requeue time) is emitted that many
+    times; if tombstones outnumber pendings they are emitted (unless ``drop_rogue``).
+    """
+    group: bytes | None = None  # key[:15] plus the upper bits of the last byte
+    pendings: list[bytes] = []
+    tombs = 0
+    tomb_key = b""
+
+    def flush() -> Iterator[tuple[bytes, bytes]]:
+        net = len(pendings) - tombs
+        if net > 0:
+            newest = max(pendings, key=lambda e: decode_stats(e[16:32])[1])
+            for _ in range(net):
+                yield newest[:16], newest
+        elif net < 0 and not drop_rogue:
+            for _ in range(-net):
+                yield tomb_key, tomb_key
+
+    for key, encoded in stream:
+        g = key[:15] + bytes((key[15] & 0b11111100,))
+        if g != group:
+            if group is not None:
+                yield from flush()
+            group, pendings, tombs = g, [], 0
+        if key[15] & 0b11 == TOMBSTONE:
+            tombs += 1
+            tomb_key = key
+        else:
+            pendings.append(encoded)
+    if group is not None:
+        yield from flush()
+
+
+def merge_segments(
+    paths: list[str],
+    directory: str,
+    *,
+    drop_rogue: bool,
+    cancel_marker: str | None = None,
+) -> str | None:
+    """Merge segment files into one covering their whole range; return its path or None."""
+    readers = [SegmentReader(p) for p in paths]
+    try:
+        lo = min(r.seg_lo for r in readers)
+        hi = max(r.seg_hi for r in readers)
+        max_id = max(r.info.max_id for r in readers)
+        stream = heapq.merge(*(r.scan() for r in readers))
+        out = os.path.join(directory, segment_name(lo, hi))
+
+        def checked() -> Iterator[tuple[bytes, bytes]]:
+            for n, item in enumerate(net_entries(stream, drop_rogue=drop_rogue)):
+                if cancel_marker and n % 4096 == 0 and os.path.exists(cancel_marker):
+                    raise CompactionCancelled(out)
+                yield item
+
+        info = write_segment(out, checked(), seg_lo=lo, seg_hi=hi, max_id=max_id)
+        return out if info is not None else None
+    finally:
+        for r in readers:
+            r.close()
+
+
+class Compactor:
+    """Runs freeze and merge jobs off the serving thread.
+
+    ``mode`` is ``"process"`` (one worker process, shared by every queue of the
+    engine), ``"thread"`` (one background thread) or ``"inline"`` (run in the
+    caller: deterministic, for tests).
+    """
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+        self._executor: Executor | None = None
+        self._lock = threading.Lock()
+        self._inflight: set[Future[object]] = set()
+
+    def _get(self) -> Executor:
+        with self._lock:
+            if self._executor is None:
+                if self.mode == "process":
+                    ctx = multiprocessing.get_context("forkserver")
+                    self._executor = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+                else:
+                    self._executor = ThreadPoolExecutor(1, thread_name_prefix="dq-compactor")
+            return self._executor
+
+    def submit(self, fn: Callable[..., object], *args: object, **kwargs: object) -> Future[object]:
+        if self.mode == "inline":
+            fut: Future[object] = Future()
+            try:
+                fut.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # delivered to the done-callback
+                fut.set_exception(exc)
+            return fut
+        fut = self._get().submit(fn, *args, **kwargs)
+        with self._lock:
+            self._inflight.add(fut)
+        fut.add_done_callback(self._done)
+        return fut
+
+    def _done(self, fut: Future[object]) -> None:
+        with self._lock:
+            self._inflight.discard(fut)
+
+    def wait_idle(self, timeout: float | None = None) -> None:
+        with self._lock:
+            pending = list(self._inflight)
+        for fut in pending:
+            try:
+                fut.result(timeout)
+            except Exception:  # reported by the job's own callback
+                pass
+
+    def shutdown(self) -> None:
+        with self._lock:
+            ex, self._executor = self._executor, None
+        if ex is not None:
+            ex.shutdown(wait=True, cancel_futures=False)

@@ -1,0 +1,409 @@
+"""The engine: a data directory of queues, opened once per process.
+
+    data_dir/
+      LOCK                  flock'd by the owning process
+      queues/<name>/        one directory per queue: queue.json, logs, segment files
+
+It validates input (so bad input is refused before anything is written), routes
+operations to queues, owns the group-commit syncer and the compactor, and carries
+items between queues when they are dead-lettered. Thread-safe: each queue has its
+own lock; the engine lock only guards the set of queues.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from storage import fileio
+from storage.codec import decode_stats
+from storage.compactor import Compactor
+from storage.errors import (
+    BatchTooLarge,
+    ConfigConflict,
+    DataDirLocked,
+    EngineUnavailable,
+    InvalidArgument,
+    QueueNotFound,
+    StorageError,
+    ValueTooLarge,
+)
+from storage.events import Event
+from storage.merge_policy import MergePolicy
+from storage.queue import Queue, WriteStall, check_lease_ms, resolve_deadline
+from storage.syncer import FsyncStats, Syncer
+from storage.types import (
+    Delivery,
+    Enqueued,
+    Extend,
+    FsyncMode,
+    ItemOutcome,
+    NewItem,
+    QueueConfig,
+    QueueStats,
+    Release,
+    Requeue,
+    check_queue_name,
+)
+
+__all__ = ["Engine", "EngineConfig"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine settings; the server builds one from ``DQ_*`` variables and flags."""
+
+    fsync: FsyncMode = "always"
+    fsync_interval_ms: int = 50
+    max_value_bytes: int = 1 << 20
+    max_batch: int = 1000
+    #: a log (and its in-memory segment) is frozen when it reaches this size
+    memseg_bytes: int = 16 << 20
+    #: frozen in-memory segments allowed to wait for their segment file
+    max_frozen: int = 2
+    #: "process" (a worker process), "thread", or "inline" (tests)
+    compaction: str = "process"
+    #: let the merge policy start merges by itself
+    auto_merge: bool = True
+
+    def __post_init__(self) -> None:
+        if self.fsync not in ("always", "interval", "never"):
+            raise InvalidArgument("fsync must be always, interval or never", fsync=self.fsync)
+        if self.compaction not in ("process", "thread", "inline"):
+            raise InvalidArgument("compaction must be process, thread or inline")
+
+
+def _system_clock() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Engine:
+    def __init__(
+        self, root: str, config: EngineConfig, clock: Callable[[], int] | None, lock_fd: int
+    ) -> None:
+        self.root = root
+        self.config = config
+        self.now: Callable[[], int] = clock or _system_clock
+        self._lock_fd = lock_fd
+        self._lock = threading.RLock()
+        self._queues: dict[str, Queue] = {}
+        self.fsync_stats = FsyncStats()
+        self.syncer: Syncer | None = (
+            Syncer(config.fsync, config.fsync_interval_ms) if config.fsync != "never" else None
+        )
+        self.compactor = Compactor(config.compaction)
+        self.merge_policy = MergePolicy()
+        self._listeners: list[Callable[[Event], None]] = []
+        self.closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def open(
+        cls,
+        data_dir: str | Path,
+        config: EngineConfig | None = None,
+        *,
+        clock: Callable[[], int] | None = None,
+    ) -> Engine:
+        root = os.path.abspath(str(data_dir))
+        os.makedirs(os.path.join(root, "queues"), exist_ok=True)
+        lock_path = os.path.join(root, "LOCK")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DataDirLocked("another process has this data directory open", path=root) from None
+        engine = cls(root, config or EngineConfig(), clock, fd)
+        try:
+            qroot = os.path.join(root, "queues")
+            for name in sorted(os.listdir(qroot)):
+                path = os.path.join(qroot, name)
+                if name.startswith(".deleted-"):
+                    shutil.rmtree(path, ignore_errors=True)
+                elif os.path.isfile(os.path.join(path, "queue.json")):
+                    engine._queues[name] = Queue.open(engine, name, path)
+                elif os.path.isdir(path):
+                    log.warning("ignoring %s: no queue.json (creation was interrupted)", path)
+        except BaseException:
+            engine.close()
+            raise
+        return engine
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            queues = list(self._queues.values())
+        if self.syncer is not None:
+            self.syncer.stop()
+        for q in queues:
+            q.close()
+        self.compactor.shutdown()
+        fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ queues
+
+    def _queue(self, name: str) -> Queue:
+        q = self._queues.get(name)
+        if q is None:
+            check_queue_name(name)
+            if self.closed:
+                raise EngineUnavailable("engine is closed")
+            raise QueueNotFound("no such queue", queue=name)
+        return q
+
+    def _queue_for_write(self, name: str) -> Queue:
+        q = self._queues.get(name)
+        if q is not None:
+            return q
+        check_queue_name(name)
+        return self._create(name, QueueConfig())
+
+    def _create(self, name: str, config: QueueConfig) -> Queue:
+        with self._lock:
+            if self.closed:
+                raise EngineUnavailable("engine is closed")
+            q = self._queues.get(name)
+            if q is None:
+                q = Queue.create(self, name, os.path.join(self.root, "queues", name), config)
+                self._queues[name] = q
+                self.emit("queue_created", name, [])
+            return q
+
+    def list_queues(self) -> list[str]:
+        return sorted(self._queues)
+
+    def get_queue(self, name: str) -> QueueConfig:
+        return self._queue(name).config
+
+    def put_queue(self, name: str, config: QueueConfig) -> QueueConfig:
+        """Create the queue with ``config``, or replace the config of an existing one."""
+        check_queue_name(name)
+        self._validate_config(name, config)
+        with self._lock:
+            q = self._queues.get(name)
+            if q is None:
+                return self._create(name, config).config
+        from storage.queue import save_config
+
+        with q.lock:
+            save_config(q.directory, config)
+            q.config = config
+        return config
+
+    def _validate_config(self, name: str, config: QueueConfig) -> None:
+        check_lease_ms(config.default_lease_ms)
+        if config.max_deliveries is not None and (
+            not isinstance(config.max_deliveries, int) or config.max_deliveries < 1
+        ):
+            raise InvalidArgument("max_deliveries must be a positive integer or null")
+        if config.dead_letter_queue is not None:
+            check_queue_name(config.dead_letter_queue)
+            if config.dead_letter_queue == name:
+                raise ConfigConflict("a queue cannot be its own dead-letter queue", queue=name)
+
+    def delete_queue(self, name: str) -> None:
+        with self._lock:
+            q = self._queue(name)
+            del self._queues[name]
+        q.close()
+        trash = os.path.join(self.root, "queues", f".deleted-{name}-{time.time_ns()}")
+        fileio.rename(q.directory, trash)
+        fileio.fsync_dir(os.path.join(self.root, "queues"))
+        shutil.rmtree(trash, ignore_errors=True)
+        self.emit("queue_deleted", name, [])
+
+    def stats(self, name: str) -> QueueStats:
+        return self._queue(name).stats()
+
+    # ------------------------------------------------------------------ validation
+
+    def _check_batch(self, n: int) -> None:
+        if n > self.config.max_batch:
+            raise BatchTooLarge(
+                f"at most {self.config.max_batch} items per batch", count=n
+            )
+
+    def _prepare(self, items: Sequence[NewItem]) -> list[tuple[int, bytes]]:
+        self._check_batch(len(items))
+        now = self.now()
+        limit = self.config.max_value_bytes
+        out = []
+        for i, item in enumerate(items):
+            value = item.value
+            if not isinstance(value, bytes | bytearray | memoryview):
+                raise InvalidArgument("value must be bytes", index=i)
+            if len(value) > limit:
+                raise ValueTooLarge(
+                    f"value is {len(value)} bytes; the limit is {limit}", index=i, limit=limit
+                )
+            out.append((resolve_deadline(item.deadline, item.delay_ms, now), bytes(value)))
+        return out
+
+    # ------------------------------------------------------------------ operations
+
+    def enqueue_nowait(self, name: str, items: Sequence[NewItem]) -> Future[list[Enqueued]]:
+        """Enqueue a batch; never blocks. The future resolves when the batch is durable."""
+        prepared = self._prepare(items)
+        if not prepared:
+            done: Future[list[Enqueued]] = Future()
+            done.set_result([])
+            return done
+        return self._queue_for_write(name).enqueue(prepared)
+
+    def enqueue(
+        self, name: str, items: Sequence[NewItem], timeout: float = 60.0
+    ) -> list[Enqueued]:
+        """Enqueue a batch and wait until it is durable (waits out write stalls)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.enqueue_nowait(name, items).result(timeout)
+            except WriteStall:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.005)
+
+    def dequeue(self, name: str, count: int = 1, lease_ms: int | None = None) -> list[Delivery]:
+        if not isinstance(count, int) or count < 1:
+            raise InvalidArgument("count must be a positive integer", count=count)
+        self._check_batch(count)
+        return self._queue(name).dequeue(count, lease_ms)
+
+    def release_nowait(self, name: str, items: Sequence[Release]) -> Future[list[ItemOutcome]]:
+        self._check_batch(len(items))
+        return self._queue(name).release(items)
+
+    def release(self, name: str, items: Sequence[Release]) -> list[ItemOutcome]:
+        return self.release_nowait(name, items).result()
+
+    def requeue_nowait(self, name: str, items: Sequence[Requeue]) -> Future[list[ItemOutcome]]:
+        self._check_batch(len(items))
+        return self._queue(name).requeue(items)
+
+    def requeue(self, name: str, items: Sequence[Requeue]) -> list[ItemOutcome]:
+        return self.requeue_nowait(name, items).result()
+
+    def extend(self, name: str, items: Sequence[Extend]) -> list[ItemOutcome]:
+        self._check_batch(len(items))
+        return self._queue(name).extend(items)
+
+    def expire_leases(self, name: str | None = None) -> int:
+        queues = [self._queue(name)] if name is not None else list(self._queues.values())
+        return sum(q.expire_leases() for q in queues)
+
+    def next_wakeup(self, name: str) -> int | None:
+        return self._queue(name).next_wakeup()
+
+    def watch(self, name: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (from any thread, under the queue lock: keep it tiny and
+        never call back into the engine) whenever pending entries are published."""
+        q = self._queue(name)
+        q.watchers.append(callback)
+
+        def unsubscribe() -> None:
+            try:
+                q.watchers.remove(callback)
+            except ValueError:
+                pass
+
+        return unsubscribe
+
+    def on_event(self, callback: Callable[[Event], None]) -> Callable[[], None]:
+        """Subscribe to engine events (enqueued, released, lease_expired, ...)."""
+        self._listeners.append(callback)
+
+        def unsubscribe() -> None:
+            try:
+                self._listeners.remove(callback)
+            except ValueError:
+                pass
+
+        return unsubscribe
+
+    def emit(self, kind: str, queue: str, ids: list[int]) -> None:
+        if not self._listeners:
+            return
+        event = Event(kind, queue, tuple(ids), self.now())
+        for cb in list(self._listeners):
+            try:
+                cb(event)
+            except Exception:
+                log.exception("event listener failed")
+
+    # ------------------------------------------------------------------ maintenance
+
+    def queue(self, name: str) -> Queue:
+        """The queue object itself: for tools, tests and benchmarks (freeze, merge)."""
+        return self._queue(name)
+
+    def freeze(self, name: str) -> None:
+        """Freeze the queue's current log now and wait until its segment file is in."""
+        q = self._queue(name)
+        if self.syncer is not None and self.config.fsync == "always":
+            with q.lock:
+                q._rotate_requested = True
+            self.syncer.mark_dirty(q)
+            deadline = time.monotonic() + 30
+            while q._rotate_requested and time.monotonic() < deadline:
+                time.sleep(0.001)
+        else:
+            with q.lock:
+                q._rotate_locked()
+        self.compactor.wait_idle(timeout=120)
+
+    def merge_policy_hook(self, q: Queue) -> None:
+        if self.config.auto_merge and not self.closed:
+            self.merge_policy.consider(q)
+
+    def dead_letter(self, source: Queue, entries: list[tuple[bytes, bytes, bytes]]) -> None:
+        """Move entries to ``source``'s dead-letter queue, then cancel them at the source.
+
+        The dead-letter copy is made durable first, so a crash in between leaves the
+        item in both queues (delivered at least once), never in neither.
+        """
+        target_name = source.config.dead_letter_queue or f"{source.name}.dlq"[:128]
+        now = self.now()
+        try:
+            target = self._queue_for_write(target_name)
+        except StorageError:
+            log.exception("queue %s: cannot dead-letter to %s", source.name, target_name)
+            return
+        for key, stats, value in entries:
+            enq, _req, cnt = decode_stats(stats)
+            fut = target.enqueue([(now, value)], stats=(enq, now, cnt))
+
+            def moved(f: Future[Any], key: bytes = key) -> None:
+                if f.exception() is None and not source.closed:
+                    try:
+                        source.tombstone_keys([key])
+                    except StorageError:
+                        log.exception("queue %s: dead-letter tombstone failed", source.name)
+
+            fut.add_done_callback(moved)
+        self.emit("dead_lettered", source.name, [int.from_bytes(k, "big") >> 2 & ((1 << 64) - 1) for k, _, _ in entries])
+
+
+def with_config(config: EngineConfig, **changes: Any) -> EngineConfig:
+    return replace(config, **changes)

@@ -1,0 +1,114 @@
+"""The in-flight set: who holds which item, until when, under which receipt.
+
+Only keys and stats are kept, never values (seed 004: "Do not keep working item
+values in memory (just IDs)"). Nothing here is durable: after a restart every
+unreleased item is pending again (at-least-once). A receipt names one delivery:
+``<epoch>.<id hex>.<delivery hex>``; the epoch is random per queue opening, so a
+receipt from before a restart (or from a deleted-and-recreated queue) is stale.
+"""
+
+from __future__ import annotations
+
+import heapq
+import secrets
+from dataclasses import dataclass
+
+from storage.errors import InvalidReceipt, ItemNotFound, StaleReceipt
+
+__all__ = ["Lease", "Leases"]
+
+
+@dataclass(slots=True)
+class Lease:
+    """One live delivery. ``source`` hints where the pending entry lives (for value lookups)."""
+
+    key: bytes
+    enqueue_time: int
+    requeue_time: int
+    dequeue_count: int
+    expires: int
+    delivery: int
+    source: object | None
+
+
+class Leases:
+    def __init__(self) -> None:
+        self.epoch = secrets.token_hex(4)
+        self._by_id: dict[int, Lease] = {}
+        self._heap: list[tuple[int, int, int]] = []  # (expires, id, delivery), lazily pruned
+        self._deliveries = 0
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __contains__(self, item_id: int) -> bool:
+        return item_id in self._by_id
+
+    def add(
+        self,
+        item_id: int,
+        key: bytes,
+        stats: tuple[int, int, int],
+        expires: int,
+        source: object | None,
+    ) -> str:
+        self._deliveries += 1
+        d = self._deliveries
+        self._by_id[item_id] = Lease(key, stats[0], stats[1], stats[2], expires, d, source)
+        heapq.heappush(self._heap, (expires, item_id, d))
+        return f"{self.epoch}.{item_id:x}.{d:x}"
+
+    def receipt(self, item_id: int, lease: Lease) -> str:
+        return f"{self.epoch}.{item_id:x}.{lease.delivery:x}"
+
+    def check(self, item_id: int, receipt: str, next_id: int) -> Lease:
+        """The live lease ``receipt`` names, or raise why not."""
+        parts = receipt.split(".") if isinstance(receipt, str) else []
+        try:
+            if len(parts) != 3:
+                raise ValueError
+            epoch, rid, delivery = parts[0], int(parts[1], 16), int(parts[2], 16)
+        except ValueError:
+            raise InvalidReceipt("malformed receipt", id=item_id, receipt=receipt) from None
+        if rid != item_id:
+            raise InvalidReceipt("receipt is for another item", id=item_id, receipt=receipt)
+        if item_id >= next_id or item_id <= 0:
+            raise ItemNotFound("no item with this id was ever enqueued here", id=item_id)
+        lease = self._by_id.get(item_id)
+        if epoch != self.epoch or lease is None or lease.delivery != delivery:
+            raise StaleReceipt(
+                "that delivery is over (released, requeued, expired, or the server restarted)",
+                id=item_id,
+            )
+        return lease
+
+    def pop(self, item_id: int) -> Lease:
+        return self._by_id.pop(item_id)
+
+    def extend(self, item_id: int, lease: Lease, expires: int) -> None:
+        lease.expires = expires
+        heapq.heappush(self._heap, (expires, item_id, lease.delivery))
+
+    def next_expiry(self) -> int | None:
+        heap = self._heap
+        while heap:
+            expires, item_id, d = heap[0]
+            lease = self._by_id.get(item_id)
+            if lease is not None and lease.delivery == d and lease.expires == expires:
+                return expires
+            heapq.heappop(heap)
+        return None
+
+    def pop_expired(self, now: int) -> list[tuple[int, Lease]]:
+        out: list[tuple[int, Lease]] = []
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            expires, item_id, d = heapq.heappop(heap)
+            lease = self._by_id.get(item_id)
+            if lease is not None and lease.delivery == d and lease.expires == expires:
+                del self._by_id[item_id]
+                out.append((item_id, lease))
+        return out
+
+    def items(self) -> list[tuple[int, Lease]]:
+        return list(self._by_id.items())

@@ -1,0 +1,70 @@
+"""The in-memory segment: the sorted, mutable mirror of the current write-ahead log.
+
+Entries are published here only after their log record is durable (per the fsync
+mode). Keys are kept in a ``SortedList`` of encoded ``EntryKey`` bytes, so byte order
+is key order and a forward scan is a bisect. Tombstones are kept too: they are what
+the frozen segment file will carry to cancel entries in older segments.
+"""
+
+from __future__ import annotations
+
+from sortedcontainers import SortedList
+
+from storage.codec import TOMBSTONE
+
+__all__ = ["MemSegment"]
+
+
+class MemSegment:
+    __slots__ = (
+        "bytes",
+        "entries",
+        "keys",
+        "pending_count",
+        "replaced_by",
+        "segment_no",
+        "tombstone_count",
+        "tombs",
+    )
+
+    def __init__(self, segment_no: int) -> None:
+        self.segment_no = segment_no
+        self.keys: SortedList = SortedList()
+        self.tombs: SortedList = SortedList()
+        #: key -> (stats, value) for pending entries, None for tombstones
+        self.entries: dict[bytes, tuple[bytes, bytes] | None] = {}
+        self.pending_count = 0
+        self.tombstone_count = 0
+        self.bytes = 0
+        #: the segment file this memseg was frozen into (a hint for value lookups)
+        self.replaced_by: object | None = None
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, key: bytes, stats: bytes | None, value: bytes | None) -> None:
+        entries = self.entries
+        if key in entries:
+            return  # replaying the same record twice is harmless
+        if key[15] & 0b11 == TOMBSTONE:
+            entries[key] = None
+            self.tombs.add(key)
+            self.tombstone_count += 1
+            self.bytes += 16
+        else:
+            assert stats is not None and value is not None
+            entries[key] = (stats, value)
+            self.pending_count += 1
+            self.bytes += 36 + len(value)
+        self.keys.add(key)
+
+    def next_after(self, after: bytes) -> bytes | None:
+        keys = self.keys
+        i = keys.bisect_right(after)
+        return keys[i] if i < len(keys) else None
+
+    def count_between(self, after: bytes, upto: bytes) -> int:
+        """Pending entries with after < key <= upto."""
+        keys, tombs = self.keys, self.tombs
+        everything = keys.bisect_right(upto) - keys.bisect_right(after)
+        return int(everything - (tombs.bisect_right(upto) - tombs.bisect_right(after)))

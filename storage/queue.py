@@ -1,0 +1,767 @@
+"""One queue: its log, in-memory segments, segment files, cursor and leases.
+
+The invariant this module keeps: every pending entry whose key is at or below the
+cursor (the last dequeued key) is either leased, or cancelled by a tombstone that
+has been (or is being) written. So dequeue never looks behind the cursor, and any
+new entry is placed strictly after it (its deadline advanced if needed, seed 004:
+"deadline can never be before the oldest dequeued item").
+
+Write path (see ``docs/storage.md``): validate → under the queue lock assign ids and
+keys, frame one log record for the whole batch → durable per the fsync mode (the
+syncer's group commit in ``always``) → only then publish the entries into the
+in-memory segment and resolve the caller's future. Until published, a batch's
+smallest key is a barrier dequeue does not pass, so the cursor can never overtake an
+entry that is not visible yet.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from storage import fileio
+from storage.codec import (
+    MAX_DEADLINE,
+    MAX_ID,
+    PENDING_HEADER,
+    TOMBSTONE,
+    decode_stats,
+    encode_key,
+    encode_stats,
+    key_deadline,
+    key_id,
+    tombstone_of,
+)
+from storage.compactor import FreezeResult, freeze_log, merge_segments
+from storage.errors import EngineUnavailable, InvalidArgument, StorageError
+from storage.leases import Lease, Leases
+from storage.memseg import MemSegment
+from storage.recovery import recover_directory
+from storage.segment import SegmentReader
+from storage.types import (
+    Delivery,
+    Enqueued,
+    Extend,
+    ItemOutcome,
+    ItemStats,
+    QueueConfig,
+    QueueStats,
+    Release,
+    Requeue,
+)
+from storage.view import MergedView
+from storage.wal import WalWriter
+
+if TYPE_CHECKING:
+    from storage.engine import Engine
+
+__all__ = ["Queue", "WriteStall"]
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE = "queue.json"
+_Waiting = tuple[WalWriter, int, Callable[[], None], Callable[[], None] | None, "Future[Any]", Any]
+
+
+class WriteStall(EngineUnavailable):
+    """The in-memory segment is far over its limit while segment files are being written."""
+
+    code = "write_stall"
+
+
+def save_config(directory: str, config: QueueConfig) -> None:
+    data = json.dumps({"version": 1, **asdict(config)}, sort_keys=True).encode()
+    fileio.write_file_atomic(os.path.join(directory, CONFIG_FILE), data)
+
+
+def load_config(directory: str) -> QueueConfig:
+    with open(os.path.join(directory, CONFIG_FILE), "rb") as f:
+        raw = json.loads(f.read())
+    raw.pop("version", None)
+    return QueueConfig(**raw)
+
+
+class Queue:
+    def __init__(self, engine: Engine, name: str, directory: str, config: QueueConfig) -> None:
+        self.engine = engine
+        self.name = name
+        self.directory = directory
+        self.config = config
+        self.lock = threading.RLock()
+        self.leases = Leases()
+        self.view = MergedView()
+        self.cursor = b""
+        self.segments: list[SegmentReader] = []
+        self.frozen: list[tuple[str, MemSegment]] = []
+        self.memseg = MemSegment(1)
+        self.wal: WalWriter
+        self.next_id = 1
+        self.closed = False
+        self.failed: StorageError | None = None
+        self.watchers: list[Callable[[], None]] = []
+        self._waiting: list[_Waiting] = []
+        self._unpublished: dict[int, bytes] = {}
+        self._token = 0
+        self._rotate_requested = False
+        self._merging = False
+        self.merge_error: BaseException | None = None
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def create(cls, engine: Engine, name: str, directory: str, config: QueueConfig) -> Queue:
+        os.makedirs(directory, exist_ok=True)
+        save_config(directory, config)
+        q = cls(engine, name, directory, config)
+        q.wal = WalWriter.create(directory, 1, 1)
+        q.view.memsegs = [q.memseg]
+        fileio.fsync_dir(os.path.dirname(directory))
+        return q
+
+    @classmethod
+    def open(cls, engine: Engine, name: str, directory: str) -> Queue:
+        q = cls(engine, name, directory, load_config(directory))
+        rec = recover_directory(directory)
+        q.segments = rec.segments
+        q.next_id = rec.next_id
+        for reader in q.segments:
+            q.view.add_segment(reader, b"")
+        q.memseg = MemSegment(rec.next_segment_no)
+        q.wal = WalWriter.create(directory, rec.next_segment_no, q.next_id)
+        q.frozen = rec.frozen
+        q.view.memsegs = [q.memseg] + [m for _, m in q.frozen]
+        for path, mem in list(q.frozen):
+            q._schedule_freeze(path, mem)
+        return q
+
+    # ------------------------------------------------------------------ helpers
+
+    def _check_open(self) -> None:
+        if self.failed is not None:
+            raise EngineUnavailable(
+                "queue failed after an I/O error; restart the server", queue=self.name
+            ) from self.failed
+        if self.closed:
+            raise EngineUnavailable("queue is closed", queue=self.name)
+
+    def _place(self, deadline: int, item_id: int) -> tuple[int, bytes]:
+        """Key for (deadline, id), deadline advanced so the key sorts after the cursor."""
+        key = encode_key(deadline, item_id)
+        cursor = self.cursor
+        if key <= cursor:
+            cd = key_deadline(cursor)
+            deadline = cd if item_id > key_id(cursor) else cd + 1
+            key = encode_key(deadline, item_id)
+        return deadline, key
+
+    def _hold(self, key: bytes) -> int:
+        self._token += 1
+        self._unpublished[self._token] = key
+        return self._token
+
+    def _submit(
+        self,
+        payload: bytes,
+        publish: Callable[[], None],
+        result: Any,
+        rollback: Callable[[], None] | None = None,
+    ) -> Future[Any]:
+        """Append one record; resolve with ``result`` once durable per the fsync mode."""
+        fut: Future[Any] = Future()
+        wal = self.wal
+        seq = wal.append(payload)
+        mode = self.engine.config.fsync
+        if mode == "always":
+            self._waiting.append((wal, seq, publish, rollback, fut, result))
+            assert self.engine.syncer is not None
+            self.engine.syncer.mark_dirty(self)
+        else:
+            data, seq = wal.take_buffer()
+            try:
+                with wal.io_lock:
+                    wal.write(data, seq)
+            except BaseException:
+                if rollback is not None:
+                    rollback()
+                raise
+            publish()
+            fut.set_result(result)
+            if mode == "interval" and self.engine.syncer is not None:
+                self.engine.syncer.mark_dirty(self)
+        if wal.size >= self.engine.config.memseg_bytes:
+            self._request_rotation()
+        return fut
+
+    def _complete(self, wal: WalWriter, seq: int) -> list[tuple[Future[Any], Any]]:
+        """Publish every waiting batch of ``wal`` up to ``seq``; return futures to resolve."""
+        done, keep = [], []
+        for item in self._waiting:
+            if item[0] is wal and item[1] <= seq:
+                item[2]()
+                done.append((item[4], item[5]))
+            else:
+                keep.append(item)
+        self._waiting = keep
+        return done
+
+    def _fail_waiting(self, wal: WalWriter, exc: BaseException) -> list[Future[Any]]:
+        failed, keep = [], []
+        for item in self._waiting:
+            if item[0] is wal:
+                if item[3] is not None:
+                    item[3]()
+                failed.append(item[4])
+            else:
+                keep.append(item)
+        self._waiting = keep
+        return failed
+
+    def _notify(self) -> None:
+        for cb in list(self.watchers):
+            try:
+                cb()
+            except Exception:
+                log.exception("queue watcher failed")
+
+    # ------------------------------------------------------------------ group commit
+
+    def sync_round(self) -> None:
+        """Called by the syncer: write and sync what is buffered, then publish it."""
+        with self.lock:
+            if self.closed and not self._waiting:
+                return
+            wal = self.wal
+            data, seq = wal.take_buffer()
+        error: BaseException | None = None
+        with wal.io_lock:
+            if not wal.closed:
+                try:
+                    wal.write(data, seq)
+                    if self.engine.config.fsync != "never":
+                        t0 = time.perf_counter()
+                        wal.sync(seq)
+                        self.engine.fsync_stats.observe(time.perf_counter() - t0)
+                except BaseException as exc:
+                    error = exc
+        if self.engine.config.fsync != "always":
+            return
+        with self.lock:
+            if error is not None:
+                failed = self._fail_waiting(wal, error)
+                if not isinstance(error, StorageError):
+                    # fsync failed: the page cache can no longer be trusted (fsyncgate)
+                    self.failed = EngineUnavailable(f"log sync failed: {error}", queue=self.name)
+                done: list[tuple[Future[Any], Any]] = []
+            else:
+                failed = []
+                done = self._complete(wal, seq)
+                if self._rotate_requested:
+                    done += self._rotate_locked()
+            if done:
+                self._notify()
+        for fut, res in done:
+            fut.set_result(res)
+        for f in failed:
+            assert error is not None
+            f.set_exception(error)
+
+    # ------------------------------------------------------------------ rotation
+
+    def _request_rotation(self) -> None:
+        if self.engine.config.fsync == "always":
+            self._rotate_requested = True
+        else:
+            self._rotate_locked()
+
+    def _rotate_locked(self) -> list[tuple[Future[Any], Any]]:
+        """Close the log, rename it ``*.log_ro``, start a new log and memseg, freeze the old."""
+        if len(self.frozen) >= self.engine.config.max_frozen:
+            self._rotate_requested = True  # retried when a freeze is installed
+            return []
+        self._rotate_requested = False
+        old = self.wal
+        old.close(sync=self.engine.config.fsync != "never")
+        done = self._complete(old, old.appended_seq)
+        ro = old.path + "_ro"
+        fileio.rename(old.path, ro)
+        no = old.segment_no + 1
+        self.wal = WalWriter.create(self.directory, no, self.next_id)  # fsyncs the directory
+        frozen = self.memseg
+        self.memseg = MemSegment(no)
+        self.frozen.append((ro, frozen))
+        self.view.memsegs = [self.memseg] + [m for _, m in self.frozen]
+        self._schedule_freeze(ro, frozen)
+        return done
+
+    def _schedule_freeze(self, path: str, mem: MemSegment) -> None:
+        fut = self.engine.compactor.submit(freeze_log, path, self.directory)
+        fut.add_done_callback(lambda f: self._install_frozen(path, mem, f))
+
+    def _install_frozen(self, path: str, mem: MemSegment, fut: Future[Any]) -> None:
+        try:
+            result: FreezeResult = fut.result()
+        except BaseException as exc:
+            log.error("queue %s: freezing %s failed: %s", self.name, path, exc)
+            self.merge_error = exc
+            return
+        with self.lock:
+            if self.closed:
+                return
+            reader = SegmentReader(result.path) if result.path else None
+            self.frozen = [(p, m) for p, m in self.frozen if m is not mem]
+            self.view.memsegs = [self.memseg] + [m for _, m in self.frozen]
+            if reader is not None:
+                self.segments.append(reader)
+                self.segments.sort(key=lambda r: r.seg_lo)
+                self.view.add_segment(reader, self.cursor)
+            mem.replaced_by = reader
+            fileio.remove(path)
+            fileio.fsync_dir(self.directory)
+            if self._rotate_requested:
+                if self.engine.config.fsync == "always":
+                    assert self.engine.syncer is not None
+                    self.engine.syncer.mark_dirty(self)
+                else:
+                    self._rotate_locked()
+        self.engine.merge_policy_hook(self)
+
+    # ------------------------------------------------------------------ merging
+
+    def merge(self, start: int, stop: int, *, wait: bool = True) -> Future[Any] | None:
+        """Merge ``segments[start:stop]`` (a contiguous range) into one segment file.
+
+        Tombstones whose pending entry is outside the range are kept (rogue), unless
+        the range starts at the oldest segment, where nothing older could need them.
+        """
+        with self.lock:
+            self._check_open()
+            if self._merging:
+                raise InvalidArgument("a merge is already running", queue=self.name)
+            inputs = self.segments[start:stop]
+            if len(inputs) < 1:
+                return None
+            self._merging = True
+            drop_rogue = start == 0
+            marker = os.path.join(self.directory, "merge.cancel")
+        fut = self.engine.compactor.submit(
+            merge_segments,
+            [r.path for r in inputs],
+            self.directory,
+            drop_rogue=drop_rogue,
+            cancel_marker=marker,
+        )
+        fut.add_done_callback(lambda f: self._install_merge(inputs, f))
+        if wait:
+            fut.result()
+        return fut
+
+    def _install_merge(self, inputs: list[SegmentReader], fut: Future[Any]) -> None:
+        try:
+            path: str | None = fut.result()
+        except BaseException as exc:
+            with self.lock:
+                self._merging = False
+            if not self.closed:
+                log.error("queue %s: merge failed: %s", self.name, exc)
+                self.merge_error = exc
+            return
+        with self.lock:
+            self._merging = False
+            if self.closed:
+                return
+            reader = SegmentReader(path) if path else None
+            self.view.remove_segments(inputs)
+            gone = {id(r) for r in inputs}
+            self.segments = [r for r in self.segments if id(r) not in gone]
+            if reader is not None:
+                self.segments.append(reader)
+                self.segments.sort(key=lambda r: r.seg_lo)
+                self.view.add_segment(reader, self.cursor)
+            for r in inputs:
+                r.replaced_by = reader
+                if r.path != path:
+                    fileio.remove(r.path)
+                r.close()
+            fileio.fsync_dir(self.directory)
+        self.engine.merge_policy_hook(self)
+
+    # ------------------------------------------------------------------ writes
+
+    def enqueue(
+        self, prepared: Sequence[tuple[int, bytes]], stats: tuple[int, int, int] | None = None
+    ) -> Future[list[Enqueued]]:
+        """Enqueue (deadline, value) pairs, already validated. ``stats`` for dead letters."""
+        now = self.engine.now()
+        st = encode_stats(*stats) if stats is not None else encode_stats(now, 0, 0)
+        pack = PENDING_HEADER.pack
+        with self.lock:
+            self._check_open()
+            if self.wal.size > 4 * self.engine.config.memseg_bytes:
+                raise WriteStall("writes are stalled while segment files are written; retry")
+            first = self.next_id
+            self.next_id += len(prepared)
+            parts: list[bytes] = []
+            keyed: list[tuple[bytes, bytes]] = []
+            results: list[Enqueued] = []
+            for i, (deadline, value) in enumerate(prepared):
+                deadline, key = self._place(deadline, first + i)
+                parts.append(pack(key, st, len(value)))
+                parts.append(value)
+                keyed.append((key, value))
+                results.append(Enqueued(first + i, deadline))
+            token = self._hold(min(k for k, _ in keyed))
+            mem = self.memseg
+
+            def publish() -> None:
+                add = mem.add
+                for key, value in keyed:
+                    add(key, st, value)
+                del self._unpublished[token]
+                self._notify()
+
+            def rollback() -> None:
+                self._unpublished.pop(token, None)
+
+            fut = self._submit(b"".join(parts), publish, results, rollback)
+        self.engine.emit("enqueued", self.name, [r.id for r in results])
+        return fut
+
+    def _requeue_locked(
+        self, moves: list[tuple[int, Lease, int]], now: int, outcomes: list[ItemOutcome]
+    ) -> tuple[bytes, list[tuple[bytes, bytes, bytes]], list[bytes]] | None:
+        """Build a record moving leased items to new deadlines (pending + tombstone)."""
+        parts: list[bytes] = []
+        pend: list[tuple[bytes, bytes, bytes]] = []
+        tombs: list[bytes] = []
+        pack = PENDING_HEADER.pack
+        for item_id, lease, deadline in moves:
+            found = self._lookup(lease.key, lease.source)
+            if found is None:
+                log.error("queue %s: value of item %d not found; left pending", self.name, item_id)
+                continue
+            deadline, key = self._place(deadline, item_id)
+            st = encode_stats(lease.enqueue_time, now, lease.dequeue_count)
+            value = found[1]
+            parts.append(pack(key, st, len(value)))
+            parts.append(value)
+            tomb = tombstone_of(lease.key)
+            parts.append(tomb)
+            pend.append((key, st, value))
+            tombs.append(tomb)
+            outcomes.append(ItemOutcome(item_id, deadline=deadline))
+        if not parts:
+            return None
+        return b"".join(parts), pend, tombs
+
+    def _write_moves(
+        self, built: tuple[bytes, list[tuple[bytes, bytes, bytes]], list[bytes]], result: Any,
+        rollback: Callable[[], None] | None,
+    ) -> Future[Any]:
+        payload, pend, tombs = built
+        token = self._hold(min(k for k, _, _ in pend))
+        mem = self.memseg
+
+        def publish() -> None:
+            for key, st, value in pend:
+                mem.add(key, st, value)
+            for t in tombs:
+                mem.add(t, None, None)
+            del self._unpublished[token]
+            self._notify()
+
+        def undo() -> None:
+            self._unpublished.pop(token, None)
+            if rollback is not None:
+                rollback()
+
+        return self._submit(payload, publish, result, undo)
+
+    def _restore(self, taken: list[tuple[int, Lease]]) -> Callable[[], None]:
+        def rollback() -> None:
+            for item_id, lease in taken:
+                if item_id not in self.leases:
+                    self.leases.add(
+                        item_id,
+                        lease.key,
+                        (lease.enqueue_time, lease.requeue_time, lease.dequeue_count),
+                        lease.expires,
+                        lease.source,
+                    )
+        return rollback
+
+    def release(self, items: Sequence[Release]) -> Future[list[ItemOutcome]]:
+        outcomes: list[ItemOutcome] = []
+        with self.lock:
+            self._check_open()
+            taken: list[tuple[int, Lease]] = []
+            for r in items:
+                try:
+                    lease = self.leases.check(r.id, r.receipt, self.next_id)
+                except StorageError as exc:
+                    outcomes.append(ItemOutcome(r.id, exc.code, exc.message))
+                    continue
+                self.leases.pop(r.id)
+                taken.append((r.id, lease))
+                outcomes.append(ItemOutcome(r.id))
+            if not taken:
+                done: Future[list[ItemOutcome]] = Future()
+                done.set_result(outcomes)
+                return done
+            tombs = [tombstone_of(lease.key) for _, lease in taken]
+            mem = self.memseg
+
+            def publish() -> None:
+                for t in tombs:
+                    mem.add(t, None, None)
+
+            fut = self._submit(b"".join(tombs), publish, outcomes, self._restore(taken))
+        self.engine.emit("released", self.name, [i for i, _ in taken])
+        return fut
+
+    def requeue(self, items: Sequence[Requeue]) -> Future[list[ItemOutcome]]:
+        now = self.engine.now()
+        results: dict[int, ItemOutcome] = {}
+        order: list[int] = []
+        with self.lock:
+            self._check_open()
+            moves: list[tuple[int, Lease, int]] = []
+            taken: list[tuple[int, Lease]] = []
+            for r in items:
+                order.append(r.id)
+                try:
+                    deadline = resolve_deadline(r.deadline, r.delay_ms, now)
+                    lease = self.leases.check(r.id, r.receipt, self.next_id)
+                except StorageError as exc:
+                    results[r.id] = ItemOutcome(r.id, exc.code, exc.message)
+                    continue
+                self.leases.pop(r.id)
+                taken.append((r.id, lease))
+                moves.append((r.id, lease, deadline))
+            moved: list[ItemOutcome] = []
+            built = self._requeue_locked(moves, now, moved)
+            for o in moved:
+                results[o.id] = o
+            outcomes = [results.get(i, ItemOutcome(i, "item_not_found", "value not found")) for i in order]
+            if built is None:
+                done: Future[list[ItemOutcome]] = Future()
+                done.set_result(outcomes)
+                return done
+            fut = self._write_moves(built, outcomes, self._restore(taken))
+        self.engine.emit("requeued", self.name, [o.id for o in moved])
+        return fut
+
+    def extend(self, items: Sequence[Extend]) -> list[ItemOutcome]:
+        now = self.engine.now()
+        out: list[ItemOutcome] = []
+        with self.lock:
+            self._check_open()
+            for e in items:
+                try:
+                    check_lease_ms(e.lease_ms)
+                    lease = self.leases.check(e.id, e.receipt, self.next_id)
+                except StorageError as exc:
+                    out.append(ItemOutcome(e.id, exc.code, exc.message))
+                    continue
+                self.leases.extend(e.id, lease, now + e.lease_ms)
+                out.append(
+                    ItemOutcome(
+                        e.id, receipt=self.leases.receipt(e.id, lease), lease_expires=now + e.lease_ms
+                    )
+                )
+        return out
+
+    def expire_leases(self) -> int:
+        now = self.engine.now()
+        with self.lock:
+            if self.closed or self.failed is not None:
+                return 0
+            n = self._expire_locked(now)
+        return n
+
+    def _expire_locked(self, now: int) -> int:
+        expired = self.leases.pop_expired(now)
+        if not expired:
+            return 0
+        moved: list[ItemOutcome] = []
+        built = self._requeue_locked([(i, lease, now) for i, lease in expired], now, moved)
+        if built is not None:
+            self._write_moves(built, moved, None)
+            self.engine.emit("lease_expired", self.name, [o.id for o in moved])
+        return len(expired)
+
+    # ------------------------------------------------------------------ reads
+
+    def _lookup(self, key: bytes, hint: object | None) -> tuple[bytes, bytes] | None:
+        """(stats, value) of the pending entry ``key`` wherever it lives now."""
+        for mem in (self.memseg, *(m for _, m in self.frozen)):
+            found = mem.entries.get(key)
+            if found is not None:
+                return found
+        src = hint
+        while src is not None and getattr(src, "replaced_by", None) is not None:
+            src = src.replaced_by  # type: ignore[attr-defined]
+        if isinstance(src, SegmentReader) and not src.closed:
+            hit = src.get(key)
+            if hit is not None:
+                return hit
+        for reader in reversed(self.segments):
+            if reader.first_keys and reader.first_keys[0] <= key <= reader.info.last_key:
+                hit = reader.get(key)
+                if hit is not None:
+                    return hit
+        return None
+
+    def dequeue(self, count: int, lease_ms: int | None) -> list[Delivery]:
+        now = self.engine.now()
+        lease_ms = self.config.default_lease_ms if lease_ms is None else lease_ms
+        check_lease_ms(lease_ms)
+        out: list[Delivery] = []
+        dead: list[tuple[bytes, bytes, bytes]] = []
+        with self.lock:
+            self._check_open()
+            self._expire_locked(now)
+            limit = encode_key(now, MAX_ID, TOMBSTONE)
+            barrier = min(self._unpublished.values()) if self._unpublished else None
+            max_deliveries = self.config.max_deliveries
+            expires = now + lease_ms
+            view, leases = self.view, self.leases
+            after = self.cursor
+            while len(out) < count:
+                after, hit = view.next_live(after, limit, barrier)
+                if hit is None:
+                    break
+                key, stats, value, source = hit
+                enq, req, cnt = decode_stats(stats)
+                item_id = key_id(key)
+                if max_deliveries is not None and cnt >= max_deliveries:
+                    dead.append((key, stats, value))
+                    continue
+                receipt = leases.add(item_id, key, (enq, req, cnt + 1), expires, source)
+                out.append(
+                    Delivery(
+                        item_id, receipt, value, key_deadline(key), ItemStats(enq, req, cnt + 1), expires
+                    )
+                )
+            self.cursor = after
+        if dead:
+            self.engine.dead_letter(self, dead)
+        return out
+
+    def tombstone_keys(self, keys: list[bytes]) -> Future[Any]:
+        """Cancel pending entries directly (after they were moved to a dead-letter queue)."""
+        with self.lock:
+            self._check_open()
+            tombs = [tombstone_of(k) for k in keys]
+            mem = self.memseg
+
+            def publish() -> None:
+                for t in tombs:
+                    mem.add(t, None, None)
+
+            return self._submit(b"".join(tombs), publish, None)
+
+    def next_wakeup(self) -> int | None:
+        with self.lock:
+            top = self.view.peek(self.cursor)
+            times = [key_deadline(top[0])] if top is not None else []
+            exp = self.leases.next_expiry()
+            if exp is not None:
+                times.append(exp)
+            return min(times) if times else None
+
+    def stats(self) -> QueueStats:
+        now = self.engine.now()
+        with self.lock:
+            nowkey = encode_key(now, MAX_ID, TOMBSTONE)
+            mems = [self.memseg, *(m for _, m in self.frozen)]
+            pending = sum(m.pending_count - m.tombstone_count for m in mems)
+            pending += sum(r.info.pending_count - r.info.tombstone_count for r in self.segments)
+            due = sum(m.count_between(self.cursor, nowkey) for m in mems)
+            for r in self.segments:
+                due += estimate_between(r, self.cursor, nowkey)
+            leased = len(self.leases)
+            due = max(0, min(due, pending - leased))
+            top = self.view.peek(self.cursor)
+            oldest = None
+            if top is not None and key_deadline(top[0]) <= now:
+                oldest = now - key_deadline(top[0])
+            disk = sum(r.file_size for r in self.segments) + self.wal.size
+            for path, _m in self.frozen:
+                try:
+                    disk += os.path.getsize(path)
+                except OSError:
+                    pass
+            return QueueStats(
+                name=self.name,
+                config=self.config,
+                pending=max(pending, 0),
+                due=due,
+                delayed=max(pending - leased - due, 0),
+                leased=leased,
+                segments=len(self.segments),
+                bytes_on_disk=disk,
+                oldest_due_age_ms=oldest,
+                next_id=self.next_id,
+                extra={"frozen": len(self.frozen), "memseg_entries": len(self.memseg)},
+            )
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            marker = os.path.join(self.directory, "merge.cancel")
+            if self._merging:
+                with open(marker, "wb"):
+                    pass
+        self.engine.compactor.wait_idle(timeout=120)
+        with self.lock:
+            self.closed = True
+            sync = self.engine.config.fsync != "never"
+            self.wal.close(sync=sync)
+            done = self._complete(self.wal, self.wal.appended_seq)
+            for r in self.segments:
+                r.close()
+            fileio.remove(marker)
+        for fut, res in done:
+            fut.set_result(res)
+
+
+def estimate_between(reader: SegmentReader, after: bytes, upto: bytes) -> int:
+    """Entries of ``reader`` with after < key <= upto, to within one block at each end."""
+    if not reader.first_keys or upto < reader.first_keys[0] or after > reader.info.last_key:
+        return 0
+    lo = reader.block_for(after) if after else 0
+    hi = reader.block_for(upto)
+    return sum(reader.block_entries[lo : hi + 1])
+
+
+def resolve_deadline(deadline: int | None, delay_ms: int | None, now: int) -> int:
+    """The absolute deadline for a write; validates the 48-bit range."""
+    if deadline is not None and delay_ms is not None:
+        raise InvalidArgument("give either deadline or delay_ms, not both")
+    if deadline is None:
+        if delay_ms is not None and (not isinstance(delay_ms, int) or delay_ms < 0):
+            raise InvalidArgument("delay_ms must be a non-negative integer", delay_ms=delay_ms)
+        deadline = now + (delay_ms or 0)
+    if not isinstance(deadline, int) or isinstance(deadline, bool) or not 0 <= deadline <= MAX_DEADLINE:
+        from storage.errors import InvalidDeadline
+
+        raise InvalidDeadline("deadline must be ms since the epoch within 48 bits", deadline=deadline)
+    return deadline
+
+
+MAX_LEASE_MS = 12 * 3600 * 1000
+
+
+def check_lease_ms(lease_ms: int) -> None:
+    if not isinstance(lease_ms, int) or isinstance(lease_ms, bool) or not 1 <= lease_ms <= MAX_LEASE_MS:
+        raise InvalidArgument(f"lease_ms must be between 1 and {MAX_LEASE_MS}", lease_ms=lease_ms)

@@ -1,0 +1,112 @@
+"""Opening a queue directory after a clean stop or a crash.
+
+Order (``docs/storage.md``, "Recovery"):
+1. delete half-written outputs (``*.tmp``) and stale merge-cancel markers;
+2. open every segment file — footer and block index only, never the entries — and
+   delete any whose range another segment covers (inputs of a merge whose output
+   was already renamed into place: they must not be resurrected);
+3. cut a torn tail off the ``*.log`` (copied aside first) and turn it into a
+   ``*.log_ro``: a new process never appends to an old log, so within one log no
+   key is ever written twice;
+4. delete each ``*.log_ro`` a segment already covers; load the rest into frozen
+   in-memory segments to be rewritten as segment files in the background;
+5. restore the id counter from footers (``max_id``), log headers (id floor) and
+   log entries, so ids are never reused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+
+from storage import fileio
+from storage.codec import iter_entries, key_id
+from storage.errors import CorruptionError
+from storage.memseg import MemSegment
+from storage.segment import SegmentReader
+from storage.wal import RECORD_HEADER, recover_wal
+
+__all__ = ["Recovered", "load_log", "recover_directory"]
+
+log = logging.getLogger(__name__)
+
+_SEG = re.compile(r"(\d{10})-(\d{10})\.seg")
+_LOG = re.compile(r"(\d{10})\.(log|log_ro)")
+
+
+@dataclass
+class Recovered:
+    segments: list[SegmentReader] = field(default_factory=list)
+    frozen: list[tuple[str, MemSegment]] = field(default_factory=list)
+    next_segment_no: int = 1
+    next_id: int = 1
+
+
+def load_log(path: str) -> tuple[MemSegment, int]:
+    """Load a log into an in-memory segment; return it and the highest id it implies."""
+    contents = recover_wal(path)
+    mem = MemSegment(contents.segment_no)
+    top = contents.id_floor - 1
+    for offset, payload in contents.records:
+        for key, stats, value, _off in iter_entries(
+            payload, where=path, base=offset + RECORD_HEADER.size
+        ):
+            mem.add(key, stats, value)
+            top = max(top, key_id(key))
+    return mem, top
+
+
+def recover_directory(directory: str) -> Recovered:
+    out = Recovered()
+    names = sorted(os.listdir(directory))
+    for name in names:
+        if name.endswith(".tmp") or name.endswith(".cancel"):
+            fileio.remove(os.path.join(directory, name))
+    readers: list[SegmentReader] = []
+    for name in names:
+        if _SEG.fullmatch(name):
+            readers.append(SegmentReader(os.path.join(directory, name)))
+    readers.sort(key=lambda r: (r.seg_lo, -r.seg_hi))
+    kept: list[SegmentReader] = []
+    for r in readers:
+        if kept and kept[-1].seg_lo <= r.seg_lo and r.seg_hi <= kept[-1].seg_hi:
+            log.info("removing %s: superseded by %s", r.path, kept[-1].path)
+            r.close()
+            fileio.remove(r.path)
+            continue
+        if kept and r.seg_lo <= kept[-1].seg_hi:
+            raise CorruptionError(
+                "segment ranges overlap", file=r.path, other=kept[-1].path, offset=0
+            )
+        kept.append(r)
+    out.segments = kept
+    top_id = max((r.info.max_id for r in kept), default=0)
+    top_no = max((r.seg_hi for r in kept), default=0)
+
+    logs: list[tuple[int, str]] = []
+    for name in names:
+        m = _LOG.fullmatch(name)
+        if m is None:
+            continue
+        no, path = int(m.group(1)), os.path.join(directory, name)
+        if m.group(2) == "log":
+            recover_wal(path)
+            ro = path + "_ro"
+            fileio.rename(path, ro)
+            path = ro
+        logs.append((no, path))
+    if logs:
+        fileio.fsync_dir(directory)
+    for no, path in sorted(logs):
+        top_no = max(top_no, no)
+        if any(r.seg_lo <= no <= r.seg_hi for r in kept):
+            fileio.remove(path)
+            continue
+        mem, top = load_log(path)
+        top_id = max(top_id, top)
+        out.frozen.append((path, mem))
+    out.next_segment_no = top_no + 1
+    out.next_id = top_id + 1
+    return out

@@ -1,0 +1,124 @@
+"""The merged view that dequeue reads: every segment file and in-memory segment at once.
+
+Sources are kept positioned strictly after the queue's cursor (the last dequeued
+key). Segment files are immutable, so each has a persistent ``SegmentCursor`` in a
+heap ordered by its next key; in-memory segments are mutable and are bisected from
+the cursor on every look. A tombstone sorts right after its pending entry, so the
+pair meets at the top of the view and is skipped there: no tombstone ever reaches a
+consumer, and no lookup is needed to cancel one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+from storage.codec import TOMBSTONE, decode_stats, tombstone_of
+from storage.memseg import MemSegment
+from storage.segment import SegmentCursor, SegmentReader
+
+__all__ = ["Hit", "MergedView"]
+
+Source = SegmentCursor | MemSegment
+#: (key, stats, value, where the entry lives) of one live pending entry
+Hit = tuple[bytes, bytes, bytes, object]
+
+
+class MergedView:
+    def __init__(self) -> None:
+        self.memsegs: list[MemSegment] = []
+        self._heap: list[tuple[bytes, int, SegmentCursor]] = []
+        self._tiebreak = itertools.count()
+        self.cursors: dict[int, SegmentCursor] = {}  # id(reader) -> cursor
+
+    def add_segment(self, reader: SegmentReader, after: bytes) -> None:
+        cur = SegmentCursor(reader, after)
+        self.cursors[id(reader)] = cur
+        if cur.key is not None:
+            heapq.heappush(self._heap, (cur.key, next(self._tiebreak), cur))
+
+    def remove_segments(self, readers: list[SegmentReader]) -> None:
+        gone = {id(r) for r in readers}
+        for g in gone:
+            self.cursors.pop(g, None)
+        self._heap = [h for h in self._heap if id(h[2].reader) not in gone]
+        heapq.heapify(self._heap)
+
+    def peek(self, after: bytes) -> tuple[bytes, Source] | None:
+        """Smallest key strictly after ``after`` and the source holding it."""
+        best: bytes | None = None
+        src: Source | None = None
+        heap = self._heap
+        while heap and heap[0][0] <= after:
+            self.advance(heap[0][2])
+        if heap:
+            best, _, src = heap[0]
+        for m in self.memsegs:
+            k = m.next_after(after)
+            if k is not None and (best is None or k < best):
+                best, src = k, m
+        if best is None or src is None:
+            return None
+        return best, src
+
+    def advance(self, src: Source) -> None:
+        """Step a segment cursor past its current key (memsegs need no step)."""
+        if isinstance(src, SegmentCursor):
+            src.advance()
+            if src.key is None:
+                heapq.heappop(self._heap)
+            else:
+                heapq.heapreplace(self._heap, (src.key, next(self._tiebreak), src))
+
+    def skip_key(self, key: bytes) -> None:
+        """Advance every segment cursor sitting exactly on ``key`` (duplicate tombstones)."""
+        while self._heap and self._heap[0][0] == key:
+            self.advance(self._heap[0][2])
+
+    def _take(self, key: bytes, after: bytes) -> list[tuple[bytes, bytes, object]]:
+        """Consume every copy of ``key`` (heads of any source); return pending payloads."""
+        got: list[tuple[bytes, bytes, object]] = []
+        pending = key[15] & 0b11 != TOMBSTONE
+        heap = self._heap
+        while heap and heap[0][0] == key:
+            cur = heap[0][2]
+            if pending:
+                _k, stats, value = cur.entry()
+                got.append((stats, value, cur.reader))
+            else:
+                got.append((b"", b"", None))
+            self.advance(cur)
+        for m in self.memsegs:
+            if m.next_after(after) == key:
+                entry = m.entries[key]
+                got.append((entry[0], entry[1], m) if entry is not None else (b"", b"", None))
+        return got
+
+    def next_live(
+        self, after: bytes, limit: bytes, barrier: bytes | None
+    ) -> tuple[bytes, Hit | None]:
+        """Next live pending entry with after < key <= limit (and key < barrier).
+
+        Returns the new cursor position and the hit (or None). Entries count as a
+        multiset per (deadline, id): pendings +1, tombstones -1; a key is live when
+        its pendings outnumber its tombstones. Lone tombstones are stepped over.
+        """
+        while True:
+            top = self.peek(after)
+            if top is None:
+                return after, None
+            key = top[0]
+            if key > limit or (barrier is not None and key >= barrier):
+                return after, None
+            if key[15] & 0b11 == TOMBSTONE:
+                self._take(key, after)
+                after = key
+                continue
+            copies = self._take(key, after)
+            tomb = tombstone_of(key)
+            nxt = self.peek(key)
+            tombs = len(self._take(tomb, key)) if nxt is not None and nxt[0] == tomb else 0
+            after = tomb if tombs else key
+            if len(copies) > tombs:
+                stats, value, source = max(copies, key=lambda c: decode_stats(c[0])[1])
+                return after, (key, stats, value, source)

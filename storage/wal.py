@@ -1,0 +1,265 @@
+"""Write-ahead log: one per in-memory segment (``0000000001.log``).
+
+Specification: ``docs/format.md`` ("Write-ahead log"). A 32-byte header names the
+segment number and the id floor (the next id to assign when the log was created, so
+ids are never reused even after every segment is merged away). Then records:
+
+    length u32 | crc32 u32 (over type and payload) | type u8 | payload
+
+A type-1 payload is a batch of entries in the seed's format (``storage.codec``).
+One record is one atomic batch: it is either wholly recovered or wholly dropped.
+
+Recovery rule (after LevelDB's log reader): a record that fails its checksum or
+runs past the end of the file, with no valid record after it, is a torn tail — a
+normal crash; it is copied aside and truncated. A bad record followed by a valid
+one is corruption in the middle and an error naming file and offset. An all-zero
+record header marks the end of preallocated space.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import threading
+import zlib
+from dataclasses import dataclass, field
+
+from storage import fileio
+from storage.errors import CorruptionError
+
+__all__ = [
+    "HEADER",
+    "RECORD_ENTRIES",
+    "RECORD_HEADER",
+    "WalContents",
+    "WalWriter",
+    "encode_header",
+    "frame_record",
+    "read_wal",
+    "recover_wal",
+]
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"DQWL"
+VERSION = 1
+#: magic, version, reserved, segment number, id floor, reserved, crc32 of the first 28 bytes
+HEADER = struct.Struct(">4sHHQQII")
+assert HEADER.size == 32
+#: payload length, crc32 of (type byte + payload), type
+RECORD_HEADER = struct.Struct(">IIB")
+assert RECORD_HEADER.size == 9
+RECORD_ENTRIES = 1
+_MAX_RECORD = 1 << 30
+
+
+def encode_header(segment_no: int, id_floor: int) -> bytes:
+    body = HEADER.pack(MAGIC, VERSION, 0, segment_no, id_floor, 0, 0)[:28]
+    return body + struct.pack(">I", zlib.crc32(body))
+
+
+def frame_record(payload: bytes, kind: int = RECORD_ENTRIES) -> bytes:
+    crc = zlib.crc32(payload, zlib.crc32(bytes((kind,))))
+    return RECORD_HEADER.pack(len(payload), crc, kind) + payload
+
+
+@dataclass
+class WalContents:
+    """What a log holds: its header fields, its valid records, and where validity ends."""
+
+    path: str
+    segment_no: int
+    id_floor: int
+    records: list[tuple[int, bytes]] = field(default_factory=list)  # (offset, payload)
+    valid_end: int = HEADER.size
+    file_size: int = 0
+
+    @property
+    def torn_bytes(self) -> int:
+        return self.file_size - self.valid_end
+
+
+def _parse_header(path: str, data: bytes) -> tuple[int, int]:
+    if len(data) < HEADER.size:
+        raise CorruptionError("log shorter than its header", file=path, offset=0)
+    magic, version, _r1, segment_no, id_floor, _r2, crc = HEADER.unpack_from(data, 0)
+    if magic != MAGIC:
+        raise CorruptionError("not a dq log (bad magic)", file=path, offset=0)
+    if zlib.crc32(data[:28]) != crc:
+        raise CorruptionError("log header checksum mismatch", file=path, offset=0)
+    if version != VERSION:
+        raise CorruptionError(f"unsupported log version {version}", file=path, offset=4)
+    return segment_no, id_floor
+
+
+def _record_at(data: bytes, pos: int) -> tuple[int, bytes] | None:
+    """Return (next position, payload) if a complete, valid record starts at ``pos``."""
+    end = len(data)
+    if end - pos < RECORD_HEADER.size:
+        return None
+    length, crc, kind = RECORD_HEADER.unpack_from(data, pos)
+    if kind != RECORD_ENTRIES or length > _MAX_RECORD:
+        return None
+    start = pos + RECORD_HEADER.size
+    if start + length > end:
+        return None
+    payload = data[start : start + length]
+    if zlib.crc32(payload, zlib.crc32(bytes((kind,)))) != crc:
+        return None
+    return start + length, payload
+
+
+def _zero_header(data: bytes, pos: int) -> bool:
+    chunk = data[pos : pos + RECORD_HEADER.size]
+    return not chunk.strip(b"\0")
+
+
+def _valid_record_after(data: bytes, pos: int) -> int | None:
+    """First offset after ``pos`` where a valid record starts (corruption vs torn tail)."""
+    for cand in range(pos + 1, len(data) - RECORD_HEADER.size + 1):
+        if data[cand + 8] == RECORD_ENTRIES and _record_at(data, cand) is not None:
+            return cand
+    return None
+
+
+def read_wal(path: str) -> WalContents:
+    """Parse a whole log. Raises ``CorruptionError`` for a bad header or mid-log damage."""
+    with open(path, "rb") as f:
+        data = f.read()
+    segment_no, id_floor = _parse_header(path, data)
+    contents = WalContents(path, segment_no, id_floor, file_size=len(data))
+    pos = HEADER.size
+    while pos < len(data):
+        if _zero_header(data, pos):
+            if data[pos:].strip(b"\0"):
+                later = _valid_record_after(data, pos)
+                if later is not None:
+                    raise CorruptionError(
+                        "zeroed bytes in the middle of the log", file=path, offset=pos
+                    )
+            # preallocated space (or a torn write that left only zeros)
+            contents.valid_end = pos
+            contents.file_size = len(data) if data[pos:].strip(b"\0") else pos
+            return contents
+        rec = _record_at(data, pos)
+        if rec is None:
+            later = _valid_record_after(data, pos)
+            if later is not None:
+                raise CorruptionError(
+                    "bad record in the middle of the log", file=path, offset=pos, next_valid=later
+                )
+            break
+        contents.records.append((pos, rec[1]))
+        pos = rec[0]
+    contents.valid_end = pos
+    return contents
+
+
+def recover_wal(path: str) -> WalContents:
+    """Read a log and cut off a torn tail, copying the bad bytes aside first."""
+    contents = read_wal(path)
+    if contents.torn_bytes > 0:
+        with open(path, "rb") as f:
+            f.seek(contents.valid_end)
+            bad = f.read()
+        aside = f"{path}.torn-{contents.valid_end}"
+        fileio.write_file_atomic(aside, bad)
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            fileio.truncate(fd, contents.valid_end, path)
+            fileio.fsync(fd, path)
+        finally:
+            os.close(fd)
+        log.warning(
+            "log %s: dropped a torn tail of %d bytes at offset %d (saved to %s)",
+            path,
+            len(bad),
+            contents.valid_end,
+            aside,
+        )
+    return contents
+
+
+class WalWriter:
+    """Appends framed records to one log file.
+
+    ``append`` only frames into an in-memory buffer (cheap, safe on an event loop);
+    ``flush`` writes the buffer with one ``write``; ``sync`` makes it durable. The
+    caller numbers records with the returned sequence so a syncer can tell which
+    appends one fsync covered (group commit). ``io_lock`` serialises flush/sync/close.
+    """
+
+    def __init__(self, path: str, segment_no: int, id_floor: int, fd: int, size: int) -> None:
+        self.path = path
+        self.segment_no = segment_no
+        self.id_floor = id_floor
+        self._fd = fd
+        self.size = size  # bytes in the file plus the buffer
+        self._buffer = bytearray()
+        self.appended_seq = 0
+        self.flushed_seq = 0
+        self.synced_seq = 0
+        self.io_lock = threading.Lock()
+        self.closed = False
+
+    @classmethod
+    def create(cls, directory: str, segment_no: int, id_floor: int) -> WalWriter:
+        path = os.path.join(directory, f"{segment_no:010d}.log")
+        tmp = path + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            fileio.write_all(fd, encode_header(segment_no, id_floor), tmp)
+            fileio.fsync(fd, tmp)
+        finally:
+            os.close(fd)
+        fileio.rename(tmp, path)
+        fileio.fsync_dir(directory)
+        fd = fileio.append_fd(path)
+        return cls(path, segment_no, id_floor, fd, HEADER.size)
+
+    @classmethod
+    def reopen(cls, contents: WalContents) -> WalWriter:
+        fd = fileio.append_fd(contents.path)
+        return cls(contents.path, contents.segment_no, contents.id_floor, fd, contents.valid_end)
+
+    def append(self, payload: bytes) -> int:
+        record = frame_record(payload)
+        self._buffer += record
+        self.size += len(record)
+        self.appended_seq += 1
+        return self.appended_seq
+
+    def take_buffer(self) -> tuple[bytes, int]:
+        """Detach what has been appended so far (call under the owner's lock)."""
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        return data, self.appended_seq
+
+    def write(self, data: bytes, seq: int) -> None:
+        """Write detached bytes (call under ``io_lock``)."""
+        if data:
+            fileio.write_all(self._fd, data, self.path)
+        self.flushed_seq = max(self.flushed_seq, seq)
+
+    def flush(self) -> int:
+        data, seq = self.take_buffer()
+        with self.io_lock:
+            self.write(data, seq)
+        return seq
+
+    def sync(self, seq: int) -> None:
+        """fsync (call under ``io_lock``); everything written up to ``seq`` becomes durable."""
+        fileio.fdatasync(self._fd, self.path)
+        self.synced_seq = max(self.synced_seq, seq)
+
+    def close(self, *, sync: bool) -> None:
+        with self.io_lock:
+            if self.closed:
+                return
+            data, seq = self.take_buffer()
+            self.write(data, seq)
+            if sync:
+                self.sync(seq)
+            os.close(self._fd)
+            self.closed = True
