@@ -1,0 +1,200 @@
+"""Turns command-ring commands into engine calls, for one client's session.
+
+Owns the op → engine mapping of ``docs/shm.md`` ("Command ring") and the per-session
+state (the bound queue, the rest of a response too long for one slot). Invariants kept:
+  - nothing a client writes reaches the engine unchecked: fields are decoded by
+    ``shm/command_codec.py`` and the engine validates names, sizes and deadlines before it
+    writes anything, so a hostile ring yields error responses, never a corrupt queue;
+  - durable ops (PUT, DELETE, REQUEUE) go through the engine's ``*_nowait`` calls and are
+    answered only once their future resolves: the same group commit and the same
+    durability as an HTTP request;
+  - every command gets exactly one response; no exception escapes ``finish``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from shm import command_codec as codec
+from shm.command_ring import RESPONSE_BODY_MAX, Command, Op, Status, encode_response
+from shm.errors import MalformedSlot
+from storage.errors import StorageError
+from storage.types import Extend, ItemOutcome, NewItem, Release, Requeue, check_queue_name
+
+__all__ = ["ASYNC_OPS", "CommandHandler", "Outcome"]
+
+log = logging.getLogger(__name__)
+
+ASYNC_OPS = frozenset({Op.PUT, Op.DELETE, Op.REQUEUE})
+_KNOWN_OPS = frozenset(int(op) for op in Op)
+FUTURE_POLL_S = 1.0
+Result = tuple[int, bytes]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """A command in flight: either already answered, or a future plus how to read it."""
+
+    result: Result | None = None
+    future: concurrent.futures.Future[Any] | None = None
+    finish: Callable[[Any], Result] | None = None
+
+
+def _status_for(code: str) -> int:
+    try:
+        return int(Status[code.upper()])
+    except KeyError:
+        return int(Status.INTERNAL)
+
+
+def _error(exc: BaseException) -> Result:
+    if isinstance(exc, StorageError):
+        return _status_for(exc.code), str(exc).encode()
+    if isinstance(exc, MalformedSlot):
+        return int(Status.MALFORMED), str(exc).encode()
+    log.exception("unexpected error serving a ring command", exc_info=exc)
+    return int(Status.INTERNAL), f"internal error: {type(exc).__name__}".encode()
+
+
+def _item_result(outcomes: list[ItemOutcome], body: Callable[[ItemOutcome], bytes]) -> Result:
+    (outcome,) = outcomes
+    if outcome.error is not None:
+        return _status_for(outcome.error), (outcome.message or outcome.error).encode()
+    return int(Status.OK), body(outcome)
+
+
+class CommandHandler:
+    """One session's op dispatcher. Used by that session's thread only."""
+
+    def __init__(self, engine: Any, queue: str | None, stopping: threading.Event) -> None:
+        self._engine = engine
+        self.queue = queue
+        self._stopping = stopping
+        self._rest = b""  # the part of the last response that did not fit its slot
+
+    # ---- the two-step protocol used by the session loop ----------------------------------
+
+    def begin(self, cmd: Command) -> Outcome:
+        """Start a command: durable ops return a future, the others their result."""
+        try:
+            if cmd.op != Op.CONTINUE:
+                self._rest = b""
+            if cmd.value_size > 1024:
+                return Outcome(
+                    (int(Status.VALUE_TOO_LARGE), b"value_size exceeds the 1024-byte slot")
+                )
+            if cmd.op == Op.BIND:
+                self.queue = check_queue_name(cmd.value.decode("ascii", "replace"))
+                return Outcome((int(Status.OK), b""))
+            if cmd.op == Op.CONTINUE:
+                return Outcome(self._continue())
+            if cmd.op not in _KNOWN_OPS:
+                return Outcome((int(Status.UNKNOWN_OP), f"unknown op {cmd.op}".encode()))
+            if self.queue is None:
+                return Outcome((int(Status.NOT_BOUND), b"no queue bound: send BIND first"))
+            return self._dispatch(cmd, self.queue)
+        except Exception as exc:
+            return Outcome(_error(exc))
+
+    def finish(self, outcome: Outcome) -> bytes:
+        """Wait for a started command and return its response bytes (first chunk)."""
+        if outcome.result is not None:
+            status, body = outcome.result
+        else:
+            assert outcome.future is not None and outcome.finish is not None
+            try:
+                status, body = outcome.finish(self._wait(outcome.future))
+            except Exception as exc:
+                status, body = _error(exc)
+        if len(body) <= RESPONSE_BODY_MAX:
+            return encode_response(status, body)
+        self._rest = body[RESPONSE_BODY_MAX:]
+        return encode_response(status, body[:RESPONSE_BODY_MAX], 1)
+
+    def _wait(self, future: concurrent.futures.Future[Any]) -> Any:
+        while True:
+            try:
+                return future.result(timeout=FUTURE_POLL_S)
+            except concurrent.futures.TimeoutError:
+                if self._stopping.is_set() and not future.running():
+                    raise
+
+    def _continue(self) -> Result:
+        """The rest of the previous response; ``finish`` cuts it into slot-sized chunks."""
+        if not self._rest:
+            return int(Status.NO_CONTINUATION), b"no response continues"
+        rest, self._rest = self._rest, b""
+        return int(Status.OK), rest
+
+    # ---- ops ---------------------------------------------------------------------------------
+
+    def _dispatch(self, cmd: Command, queue: str) -> Outcome:
+        engine = self._engine
+        op = cmd.op
+        if op == Op.PUT:
+            deadline, delay = codec.decode_put(cmd.key)
+            item = NewItem(cmd.value, deadline, delay)
+            return Outcome(
+                future=engine.enqueue_nowait(queue, [item]),
+                finish=lambda r: (int(Status.OK), codec.encode_put_ok(r[0].id, r[0].deadline)),
+            )
+        if op == Op.DELETE:
+            args = codec.decode_item(cmd.key, cmd.value)
+            return Outcome(
+                future=engine.release_nowait(queue, [Release(args.id, args.receipt)]),
+                finish=lambda r: _item_result(r, lambda o: b""),
+            )
+        if op == Op.REQUEUE:
+            args = codec.decode_requeue(cmd.key, cmd.value)
+            req = Requeue(args.id, args.receipt, args.arg, args.delay_ms)
+            return Outcome(
+                future=engine.requeue_nowait(queue, [req]),
+                finish=lambda r: _item_result(r, lambda o: codec.encode_u64(o.deadline or 0)),
+            )
+        if op == Op.EXTEND:
+            args = codec.decode_item(cmd.key, cmd.value)
+            if args.arg is None:
+                raise MalformedSlot("EXTEND needs lease_ms > 0")
+            outcomes = engine.extend(queue, [Extend(args.id, args.receipt, args.arg)])
+            return Outcome(
+                _item_result(
+                    outcomes,
+                    lambda o: codec.encode_extend_ok(o.lease_expires or 0, o.receipt or ""),
+                )
+            )
+        if op == Op.FIND:
+            return Outcome((int(Status.OK), self._find(queue, codec.decode_find(cmd.key))))
+        # Op.STATS
+        stats = dataclasses.asdict(engine.stats(queue))
+        return Outcome((int(Status.OK), json.dumps(stats, separators=(",", ":")).encode()))
+
+    def _find(self, queue: str, args: codec.FindArgs) -> bytes:
+        engine = self._engine
+        items = engine.dequeue(queue, args.count, args.lease_ms)
+        if items or args.wait_ms == 0:
+            return codec.encode_deliveries(items)
+        published = threading.Event()
+        unsubscribe = engine.watch(queue, published.set)
+        try:
+            end = time.monotonic() + args.wait_ms / 1000
+            while not items and not self._stopping.is_set():
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                wakeup = engine.next_wakeup(queue)
+                if wakeup is not None:
+                    left = min(left, max(0.001, (wakeup - engine.now()) / 1000))
+                published.wait(min(left, FUTURE_POLL_S))
+                published.clear()
+                items = engine.dequeue(queue, args.count, args.lease_ms)
+        finally:
+            unsubscribe()
+        return codec.encode_deliveries(items)

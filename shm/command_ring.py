@@ -1,0 +1,323 @@
+"""The command ring (seed 002): layout, field codecs and the slot hand-off on both sides.
+
+Owns the byte layout of ``docs/shm.md`` ("Command ring") and nothing else: which engine
+call an op becomes lives in ``shm/command_handler.py``. Layout, all little-endian:
+
+    header (24 bytes)   head u64 | tail u64 | capacity u64
+    slot i at 24 + 2080*i:
+        0     ready u8 (atomic)         1    op u8           2   key [16]
+        18    value_size u32            22   value [1024]
+        1046  response_size u32         1050 response [1024]
+        2074  response_ready u8 (atomic)      2075 padding [5]
+
+Invariants kept here:
+  - the client writes a slot only at ``head`` and only while ``(head + 1) % capacity != tail``;
+    it sets ``ready = 1`` (release) after every other field, then stores ``head`` (release);
+  - the server never trusts shared ``head``/``tail``/``capacity``: it keeps its own tail and
+    capacity, checks ``head < capacity``, and copies a slot before looking at its fields,
+    so a client rewriting its slot mid-command can only hurt itself;
+  - the server publishes ``response_size``/``response`` before ``response_ready = 1``
+    (release), and that before it advances ``tail`` (release): responses come in order.
+
+Waking (see "Atomics and waking"): a client that advanced ``head`` futex-wakes the word at
+offset 0 (low half of ``head``); the server futex-wakes the aligned word at slot offset 2072,
+which holds ``response_ready``.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from enum import IntEnum
+
+from shm import _atomics as at
+from shm.errors import (
+    MalformedSlot,
+    ProtocolError,
+    RingClosed,
+    RingFullError,
+    RingTimeout,
+    ValueTooLargeForRing,
+)
+
+__all__ = [
+    "HEADER",
+    "MAX_CAPACITY",
+    "RESPONSE_BODY_MAX",
+    "SLOT_SIZE",
+    "VALUE_MAX",
+    "ClientRing",
+    "Command",
+    "Op",
+    "Response",
+    "ServerRing",
+    "Status",
+    "encode_response",
+    "ring_size",
+]
+
+HEADER = struct.Struct("<QQQ")  # head, tail, capacity
+assert HEADER.size == 24
+
+HEAD_OFF = 0
+TAIL_OFF = 8
+CAPACITY_OFF = 16
+SLOTS_OFF = 24
+
+SLOT_SIZE = 2080
+READY = 0
+OP = 1
+KEY = 2
+KEY_SIZE = 16
+VALUE_SIZE = 18
+VALUE = 22
+VALUE_MAX = 1024
+RESPONSE_SIZE = 1046
+RESPONSE = 1050
+RESPONSE_MAX = 1024
+RESPONSE_READY = 2074
+RESPONSE_WAKE_WORD = 2072  # aligned u32 holding response_ready: the client parks on it
+PADDING = 2075
+
+U32 = struct.Struct("<I")
+assert RESPONSE_READY + 1 + 5 == SLOT_SIZE
+assert VALUE + VALUE_MAX == RESPONSE_SIZE
+assert RESPONSE + RESPONSE_MAX == RESPONSE_READY
+
+RESPONSE_HEAD = struct.Struct("<BBH")  # status, flags, reserved
+assert RESPONSE_HEAD.size == 4
+RESPONSE_BODY_MAX = RESPONSE_MAX - RESPONSE_HEAD.size
+FLAG_MORE = 0x01  # the body continues: send Op.CONTINUE for the next chunk
+
+MAX_CAPACITY = 4096
+
+
+class Op(IntEnum):
+    """Operation codes; 0..2 are the seed's PUT, DELETE, FIND."""
+
+    PUT = 0  # enqueue one item
+    DELETE = 1  # release one delivery
+    FIND = 2  # dequeue up to count items
+    REQUEUE = 3
+    EXTEND = 4
+    STATS = 5
+    BIND = 6  # choose the queue the following commands act on
+    CONTINUE = 7  # next chunk of the previous response
+
+
+class Status(IntEnum):
+    """First byte of every response; the names are the HTTP API's stable error codes."""
+
+    OK = 0
+    INVALID_ARGUMENT = 1
+    INVALID_QUEUE_NAME = 2
+    VALUE_TOO_LARGE = 3
+    INVALID_DEADLINE = 4
+    INVALID_RECEIPT = 5
+    BATCH_TOO_LARGE = 6
+    QUEUE_NOT_FOUND = 7
+    ITEM_NOT_FOUND = 8
+    STALE_RECEIPT = 9
+    CONFIG_CONFLICT = 10
+    STORAGE_FULL = 11
+    UNAVAILABLE = 12
+    NOT_BOUND = 13
+    UNKNOWN_OP = 14
+    MALFORMED = 15
+    INTERNAL = 16
+    NO_CONTINUATION = 17
+
+    @property
+    def code(self) -> str:
+        """The error code string, as the HTTP API and the storage errors spell it."""
+        return self.name.lower()
+
+
+def ring_size(capacity: int) -> int:
+    """Bytes of a ring with ``capacity`` slots (the seed's ``24 + 2080 * N``)."""
+    return SLOTS_OFF + SLOT_SIZE * capacity
+
+
+def slot_offset(index: int) -> int:
+    return SLOTS_OFF + SLOT_SIZE * index
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A private copy of one slot, taken after ``ready`` was seen set."""
+
+    index: int
+    op: int
+    key: bytes
+    value: bytes
+    value_size: int  # as the client wrote it; above 1024 the value is refused, left empty
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    flags: int
+    body: bytes
+
+    @property
+    def more(self) -> bool:
+        return bool(self.flags & FLAG_MORE)
+
+
+def encode_response(status: int, body: bytes, flags: int = 0) -> bytes:
+    """One slot's response bytes: the 4-byte response head, then at most 1020 body bytes."""
+    if len(body) > RESPONSE_BODY_MAX:
+        raise ValueTooLargeForRing("response body does not fit a slot", size=len(body))
+    return RESPONSE_HEAD.pack(status, flags, 0) + body
+
+
+class ClientRing:
+    """The client's side of one ring: fill a slot at ``head``, then wait for its response.
+
+    Thread-safe: one lock serialises use of the ring, as the seed's single producer requires.
+    """
+
+    def __init__(self, mm: mmap.mmap, *, spin_us: float = 50.0) -> None:
+        self._mm = mm
+        self._view = memoryview(mm)
+        capacity = at.load_u64(mm, CAPACITY_OFF)
+        if not 2 <= capacity <= MAX_CAPACITY or ring_size(capacity) > len(mm):
+            raise ProtocolError("ring capacity out of range", capacity=capacity)
+        self.capacity = capacity
+        self.spin_us = spin_us
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+        self._view.release()
+
+    def free_slots(self) -> int:
+        head = at.load_u64(self._mm, HEAD_OFF)
+        tail = at.load_u64(self._mm, TAIL_OFF)
+        return (tail - head - 1) % self.capacity
+
+    def submit(self, op: int, key: bytes, value: bytes, timeout_s: float = 30.0) -> int:
+        """Fill the slot at ``head`` and publish it; returns the slot index. Caller holds lock."""
+        if len(value) > VALUE_MAX:
+            raise ValueTooLargeForRing("value does not fit a command slot", size=len(value))
+        if len(key) != KEY_SIZE:
+            raise ValueError("key must be 16 bytes")
+        mm, view = self._mm, self._view
+        head = at.load_u64(mm, HEAD_OFF)
+        nxt = (head + 1) % self.capacity
+        if nxt == at.load_u64(mm, TAIL_OFF):
+            self._wait_for_room(nxt, timeout_s)
+        off = slot_offset(head)
+        at.store_u8(mm, off + READY, 0)
+        view[off + OP] = op
+        view[off + KEY : off + KEY + KEY_SIZE] = key
+        U32.pack_into(view, off + VALUE_SIZE, len(value))
+        view[off + VALUE : off + VALUE + len(value)] = value
+        U32.pack_into(view, off + RESPONSE_SIZE, 0)
+        at.store_u8(mm, off + RESPONSE_READY, 0)
+        at.store_u8(mm, off + READY, 1)
+        at.store_u64(mm, HEAD_OFF, nxt)
+        at.futex_wake(mm, HEAD_OFF, 1)
+        return head
+
+    def _wait_for_room(self, nxt: int, timeout_s: float) -> None:
+        """The ring is full. The server advances ``tail`` right after publishing a response
+        and does not wake anyone for it, so spin and nap in 1 ms slices (a rare path: the
+        client transport keeps at most ``capacity - 1`` commands in flight)."""
+        end = time.monotonic() + timeout_s
+        while nxt == at.load_u64(self._mm, TAIL_OFF):
+            if self.closed or time.monotonic() > end:
+                raise RingFullError("no free slot", capacity=self.capacity)
+            at.spin_wait_u64(self._mm, TAIL_OFF, nxt, 0.001, 100.0)
+
+    def wait(self, index: int, timeout_s: float = 30.0) -> Response:
+        """Wait for the response in slot ``index`` and copy it out. Caller holds lock."""
+        mm = self._mm
+        off = slot_offset(index)
+        ready = at.load_u8(mm, off + RESPONSE_READY)
+        if ready == 0:
+            ready = at.spin_wait_u8(mm, off + RESPONSE_READY, 0, timeout_s, self.spin_us) or 0
+        if self.closed:
+            raise RingClosed("ring closed while waiting for a response")
+        if ready == 0:
+            raise RingTimeout("no response from the server", slot=index, timeout_s=timeout_s)
+        (size,) = U32.unpack_from(self._view, off + RESPONSE_SIZE)
+        if not RESPONSE_HEAD.size <= size <= RESPONSE_MAX:
+            raise ProtocolError("response_size out of range", slot=index, size=size)
+        raw = bytes(self._view[off + RESPONSE : off + RESPONSE + size])
+        status, flags, _ = RESPONSE_HEAD.unpack_from(raw)
+        return Response(status, flags, raw[RESPONSE_HEAD.size :])
+
+    def call(self, op: int, key: bytes, value: bytes = b"", timeout_s: float = 30.0) -> Response:
+        """One command and its whole response (following continuations)."""
+        with self.lock:
+            response = self.wait(self.submit(op, key, value, timeout_s), timeout_s)
+            if not response.more:
+                return response
+            parts = [response.body]
+            while response.more:
+                response = self.wait(self.submit(Op.CONTINUE, bytes(KEY_SIZE), b""), timeout_s)
+                parts.append(response.body)
+            return Response(response.status, 0, b"".join(parts))
+
+
+class ServerRing:
+    """The server's side of one ring. Keeps its own tail and capacity (never read back)."""
+
+    def __init__(self, mm: mmap.mmap, capacity: int) -> None:
+        if not 2 <= capacity <= MAX_CAPACITY or ring_size(capacity) > len(mm):
+            raise ValueError("capacity out of range")
+        self._mm = mm
+        self._view = memoryview(mm)
+        self.capacity = capacity
+        self.tail = 0
+        HEADER.pack_into(self._view, 0, 0, 0, capacity)
+
+    def release(self) -> None:
+        self._view.release()
+
+    def head(self) -> int:
+        """The client's head, checked: a value beyond capacity is a protocol error."""
+        head = at.load_u64(self._mm, HEAD_OFF)
+        if head >= self.capacity:
+            raise ProtocolError("head beyond capacity", head=head, capacity=self.capacity)
+        return head
+
+    def wait_for_head(self, timeout_s: float | None, spin_us: float) -> int:
+        """Wait until ``head != tail`` (spin, then park on head's low word); return head."""
+        at.spin_wait_u64(self._mm, HEAD_OFF, self.tail, timeout_s, spin_us)
+        return self.head()
+
+    def wake(self) -> None:
+        """Wake a server thread parked in ``wait_for_head`` (used to stop it)."""
+        at.futex_wake(self._mm, HEAD_OFF)
+
+    def read(self, index: int) -> Command:
+        """Copy slot ``index``; ``ready`` must be set, ``value_size`` within the slot."""
+        mm, view = self._mm, self._view
+        off = slot_offset(index)
+        if at.load_u8(mm, off + READY) != 1:
+            raise MalformedSlot("head moved past a slot that is not ready", slot=index)
+        raw = bytes(view[off : off + RESPONSE_SIZE])
+        at.store_u8(mm, off + READY, 0)  # taken: a stale slot is never processed twice
+        (size,) = U32.unpack_from(raw, VALUE_SIZE)
+        value = raw[VALUE : VALUE + size] if size <= VALUE_MAX else b""
+        return Command(index, raw[OP], raw[KEY : KEY + KEY_SIZE], value, size)
+
+    def publish(self, index: int, response: bytes) -> None:
+        """Write the response, set ``response_ready`` (release) and wake a parked client."""
+        mm, view = self._mm, self._view
+        off = slot_offset(index)
+        U32.pack_into(view, off + RESPONSE_SIZE, len(response))
+        view[off + RESPONSE : off + RESPONSE + len(response)] = response
+        at.store_u8(mm, off + RESPONSE_READY, 1)
+        at.futex_wake(mm, off + RESPONSE_WAKE_WORD)
+
+    def advance(self) -> None:
+        """Move past the slot at ``tail`` (release store, after its response)."""
+        self.tail = (self.tail + 1) % self.capacity
+        at.store_u64(self._mm, TAIL_OFF, self.tail)

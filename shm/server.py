@@ -1,0 +1,369 @@
+"""The shared-memory server: accepts local clients, gives each its own command ring and
+serves it from a dedicated thread.
+
+Owns the sessions' life cycle (``docs/shm.md``, "Attach" and "Command ring"). Invariants:
+  - one ring per client, created at attach and unlinked when the client's socket closes
+    (exit, crash, kill) or when the server drops the client or stops: no leaked objects;
+  - a client that breaks the ring protocol is dropped alone; nothing it writes can raise
+    out of its session thread or reach the engine unchecked (``shm/command_handler.py``);
+  - commands of one ring are answered in ring order; a session waits for its own durable
+    writes only, so one client's fsync never holds up another's ring;
+  - idle costs nothing: session threads park on a futex, the control thread in ``select``.
+
+Entry point for the HTTP lifespan: ``ShmServer(engine, data_dir, http_url=...).start()``
+and ``.close()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import selectors
+import socket
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from shm.attach import (
+    PROTOCOL_VERSION,
+    SHM_DIR,
+    create_shm,
+    peer_uid,
+    read_message,
+    send_message,
+    shm_prefix,
+    socket_path,
+    unlink_shm,
+)
+from shm.command_handler import ASYNC_OPS, CommandHandler, Outcome
+from shm.command_ring import MAX_CAPACITY, SLOT_SIZE, VALUE_MAX, ServerRing, ring_size
+from shm.errors import ShmError
+from storage.types import check_queue_name
+
+__all__ = ["ShmServer", "start"]
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT_S = 5.0
+IDLE_PARK_S = 1.0  # a parked session re-checks its stop flag this often
+POLL_MIN_S = 0.0005  # clients that do not futex-wake are polled, backing off to POLL_MAX_S
+POLL_MAX_S = 0.02
+
+
+class _Refused(ShmError):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Session:
+    """One attached client: its socket, its ring, its thread."""
+
+    def __init__(self, server: ShmServer, sock: socket.socket, number: int) -> None:
+        self.server = server
+        self.sock = sock
+        self.number = number
+        self.stopping = threading.Event()
+        self.name: str | None = None
+        self.ring: ServerRing | None = None
+        self._mm: Any = None
+        self.wakes = False
+        self.thread = threading.Thread(target=self._run, name=f"dq-shm-{number}", daemon=True)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.ring is not None:
+            with contextlib.suppress(ValueError, OSError):
+                self.ring.wake()
+
+    # ---- thread body ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            handler = self._handshake()
+            self.server._watch(self)
+            self._serve(handler)
+        except _Refused as exc:
+            log.info("shm client %d refused: %s", self.number, exc.message)
+            with contextlib.suppress(OSError):
+                send_message(self.sock, {"ok": False, "error": exc.code, "message": exc.message})
+        except ShmError as exc:
+            log.warning("shm client %d dropped: %s", self.number, exc)
+        except Exception:
+            log.exception("shm client %d dropped after an unexpected error", self.number)
+        finally:
+            self._cleanup()
+
+    def _handshake(self) -> CommandHandler:
+        sock = self.sock
+        sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        if peer_uid(sock) != os.getuid():
+            raise _Refused("forbidden", "the shared-memory server only serves its own user")
+        request = read_message(sock)
+        if request.get("version") != PROTOCOL_VERSION:
+            raise _Refused("unsupported_version", f"protocol version {PROTOCOL_VERSION} only")
+        capacity = request.get("capacity", 64)
+        if not isinstance(capacity, int) or not 2 <= capacity <= MAX_CAPACITY:
+            raise _Refused("invalid_argument", f"capacity must be 2..{MAX_CAPACITY}")
+        queue = request.get("queue")
+        if queue is not None:
+            try:
+                queue = check_queue_name(queue)
+            except Exception as exc:
+                raise _Refused("invalid_queue_name", str(exc)) from None
+        self.wakes = request.get("wakes") is True
+        size = ring_size(capacity)
+        self.name, self._mm = create_shm(self.server.shm_prefix, size)
+        self.ring = ServerRing(self._mm, capacity)
+        send_message(
+            sock,
+            {
+                "ok": True,
+                "version": PROTOCOL_VERSION,
+                "shm": self.name,
+                "size": size,
+                "capacity": capacity,
+                "slot_size": SLOT_SIZE,
+                "value_max": VALUE_MAX,
+                "http_url": self.server.http_url,
+            },
+        )
+        sock.settimeout(None)
+        return CommandHandler(self.server.engine, queue, self.stopping)
+
+    def _serve(self, handler: CommandHandler) -> None:
+        ring = self.ring
+        assert ring is not None
+        spin_us = self.server.spin_us
+        poll_s = POLL_MIN_S
+        while not self.stopping.is_set():
+            timeout = IDLE_PARK_S if self.wakes else poll_s
+            head = ring.wait_for_head(timeout, spin_us)
+            if head == ring.tail:
+                poll_s = min(poll_s * 2, POLL_MAX_S)
+                continue
+            poll_s = POLL_MIN_S
+            self._process(ring, handler, head)
+
+    def _process(self, ring: ServerRing, handler: CommandHandler, head: int) -> None:
+        """Answer every command in [tail, head): durable ops are started together (they
+        share a group commit), and every response is published in ring order."""
+        pending: deque[tuple[int, Outcome]] = deque()
+        scan = ring.tail
+        while scan != head and not self.stopping.is_set():
+            cmd = ring.read(scan)
+            if cmd.op in ASYNC_OPS:
+                pending.append((scan, handler.begin(cmd)))
+            else:
+                self._drain(ring, handler, pending)
+                ring.publish(scan, handler.finish(handler.begin(cmd)))
+                ring.advance()
+            scan = (scan + 1) % ring.capacity
+            if scan == head:
+                head = ring.head()  # pick up what arrived meanwhile
+        self._drain(ring, handler, pending)
+
+    @staticmethod
+    def _drain(
+        ring: ServerRing, handler: CommandHandler, pending: deque[tuple[int, Outcome]]
+    ) -> None:
+        while pending:
+            index, outcome = pending.popleft()
+            ring.publish(index, handler.finish(outcome))
+            ring.advance()
+
+    def _cleanup(self) -> None:
+        self.stopping.set()
+        self.server._forget(self)
+        if self.ring is not None:
+            self.ring.release()
+        if self._mm is not None:
+            with contextlib.suppress(BufferError):
+                self._mm.close()
+        if self.name is not None:
+            unlink_shm(self.name)
+        self.server._post("close", self)  # the control thread unwatches and closes it
+
+
+class ShmServer:
+    """Serves command rings for one engine and data directory."""
+
+    def __init__(
+        self,
+        engine: Any,
+        data_dir: str | os.PathLike[str],
+        *,
+        http_url: str | None = None,
+        max_clients: int = 256,
+        spin_us: float = 50.0,
+    ) -> None:
+        self.engine = engine
+        self.data_dir = Path(data_dir)
+        self.http_url = http_url
+        self.max_clients = max_clients
+        self.spin_us = spin_us
+        self.shm_prefix = shm_prefix(self.data_dir)
+        self.socket_path = socket_path(self.data_dir)
+        self._sessions: dict[int, Session] = {}
+        self._lock = threading.Lock()
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._listener: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._counter = 0
+        self._requests: list[tuple[str, Session]] = []
+        self._watched: set[int] = set()
+
+    @property
+    def session_count(self) -> int:
+        with self._lock:
+            return len(self._sessions)
+
+    def start(self) -> ShmServer:
+        self._remove_leftovers()
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # bind under a private name, restrict it, then rename: never a window at 0644
+        tmp = self.socket_path.with_name(f".{self.socket_path.name}.{os.getpid()}")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        listener.bind(str(tmp))
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, self.socket_path)
+        listener.listen(64)
+        listener.setblocking(False)
+        self._listener = listener
+        self._selector.register(listener, selectors.EVENT_READ, None)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._thread = threading.Thread(target=self._control, name="dq-shm-control", daemon=True)
+        self._thread.start()
+        log.info("shared-memory server listening on %s", self.socket_path)
+        return self
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop accepting, drop every client, unlink every ring and the socket."""
+        self._closing = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            session.stop()
+        for session in sessions:
+            session.thread.join(timeout_s)
+        with self._lock:
+            requests, self._requests = self._requests, []
+        for _, session in requests:
+            with contextlib.suppress(OSError):
+                session.sock.close()
+        if self._listener is not None:
+            self._listener.close()
+            with contextlib.suppress(FileNotFoundError):
+                self.socket_path.unlink()
+        self._selector.close()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def __enter__(self) -> ShmServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the control thread: accept, and notice clients that go away -------------------
+
+    def _control(self) -> None:
+        listener = self._listener
+        assert listener is not None
+        while not self._closing:
+            for key, _ in self._selector.select():
+                sock = key.fileobj
+                if sock is listener:
+                    self._accept(listener)
+                elif sock is self._wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        self._wake_r.recv(4096)
+                    self._run_requests()
+                else:
+                    self._client_readable(key.data)
+
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            sock, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        sock.setblocking(True)
+        with self._lock:
+            full = len(self._sessions) >= self.max_clients
+            if not full:
+                self._counter += 1
+                session = Session(self, sock, self._counter)
+                self._sessions[session.number] = session
+        if full:
+            with contextlib.suppress(OSError):
+                refusal = {"ok": False, "error": "too_many_clients", "message": "client limit"}
+                send_message(sock, refusal)
+            sock.close()
+            return
+        session.thread.start()
+
+    def _watch(self, session: Session) -> None:
+        """Called by a session after its handshake: from now on, EOF means it is gone."""
+        self._post("watch", session)
+
+    def _post(self, what: str, session: Session) -> None:
+        # the selector is only touched by the control thread: hand the change over to it
+        with self._lock:
+            self._requests.append((what, session))
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def _run_requests(self) -> None:
+        with self._lock:
+            requests, self._requests = self._requests, []
+        for what, session in requests:
+            if what == "watch" and not session.stopping.is_set():
+                self._selector.register(session.sock, selectors.EVENT_READ, session)
+                self._watched.add(session.number)
+            elif what == "close":
+                if session.number in self._watched:
+                    self._watched.discard(session.number)
+                    self._selector.unregister(session.sock)
+                session.sock.close()
+
+    def _client_readable(self, session: Session) -> None:
+        """A client socket is readable: EOF (gone) or bytes it should not send; drop it."""
+        session.stop()
+
+    def _forget(self, session: Session) -> None:
+        with self._lock:
+            self._sessions.pop(session.number, None)
+
+    def _remove_leftovers(self) -> None:
+        """Unlink rings a crashed earlier server of this data directory left behind."""
+        with contextlib.suppress(OSError):
+            for path in SHM_DIR.glob(f"{self.shm_prefix}*"):
+                log.info("removing leftover ring %s", path.name)
+                unlink_shm(path.name)
+
+
+def start(engine: Any, settings: Any) -> ShmServer:
+    """The HTTP lifespan's plug-in seam: serve rings beside HTTP for ``settings.data_dir``.
+
+    ``DQ_SHM_SPIN_US`` and ``DQ_SHM_MAX_CLIENTS`` (``settings.extra``) tune the server.
+    """
+    extra = getattr(settings, "extra", {}) or {}
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "", "::") else settings.host
+    if ":" in host:
+        host = f"[{host}]"
+    return ShmServer(
+        engine,
+        settings.data_dir,
+        http_url=f"http://{host}:{settings.port}",
+        max_clients=int(extra.get("shm_max_clients", 256)),
+        spin_us=float(extra.get("shm_spin_us", 50.0)),
+    ).start()

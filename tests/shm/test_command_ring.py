@@ -1,0 +1,190 @@
+"""The command ring's layout and slot protocol, without a server: seed 002 byte for byte."""
+
+from __future__ import annotations
+
+import mmap
+import re
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+
+from shm import _atomics as at
+from shm import command_codec as codec
+from shm.command_ring import (
+    RESPONSE_BODY_MAX,
+    SLOT_SIZE,
+    ClientRing,
+    Op,
+    ServerRing,
+    Status,
+    encode_response,
+    ring_size,
+)
+from shm.errors import MalformedSlot, ProtocolError, RingTimeout, ValueTooLargeForRing
+from storage.types import Delivery, ItemStats
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "shm.md"
+
+
+def doc_example(name: str) -> bytes:
+    text = DOC.read_text()
+    match = re.search(rf"<!-- example:{name} -->\n```\n(.*?)```", text, re.S)
+    assert match is not None, name
+    return bytes.fromhex(match.group(1).replace("\n", " "))
+
+
+def pair(capacity: int = 4) -> tuple[mmap.mmap, ServerRing, ClientRing]:
+    mm = mmap.mmap(-1, ring_size(capacity))
+    server = ServerRing(mm, capacity)
+    return mm, server, ClientRing(mm, spin_us=0.0)
+
+
+def test_sizes_match_the_seed() -> None:
+    assert SLOT_SIZE == 2080
+    assert ring_size(64) == 24 + 2080 * 64 == 133_144
+    assert RESPONSE_BODY_MAX == 1020
+    assert [int(op) for op in (Op.PUT, Op.DELETE, Op.FIND)] == [0, 1, 2]
+
+
+def test_doc_example_header_and_put_slot_decode() -> None:
+    head, tail, capacity = struct.unpack("<QQQ", doc_example("header"))
+    assert (head, tail, capacity) == (1, 0, 4)
+    slot = doc_example("put-slot")
+    assert slot[0] == 1 and slot[1] == Op.PUT
+    assert codec.decode_put(slot[2:18]) == (None, 1500)
+    (size,) = struct.unpack_from("<I", slot, 18)
+    assert slot[22 : 22 + size] == b"hello"
+
+
+def test_doc_example_responses_decode() -> None:
+    raw = doc_example("put-response")
+    (size,) = struct.unpack_from("<I", raw)
+    assert size == len(raw) - 4 == 20
+    status, flags, _ = struct.unpack_from("<BBH", raw, 4)
+    assert (status, flags) == (Status.OK, 0)
+    assert codec.decode_put_ok(raw[8:]) == (1, 1_800_000_001_500)
+
+    assert codec.decode_find(doc_example("find-key")) == codec.FindArgs(10, 0, 30_000)
+    raw = doc_example("find-response")
+    (size,) = struct.unpack_from("<I", raw)
+    assert size == len(raw) - 4 == 75
+    assert raw[4] == Status.OK
+    (delivery,) = codec.decode_deliveries(raw[8:])
+    assert delivery == Delivery(
+        1,
+        "8f68d1e3.1.1",
+        b"hello",
+        1_800_000_001_500,
+        ItemStats(1_800_000_000_000, 0, 1),
+        1_800_000_031_600,
+    )
+
+
+def test_client_fills_a_slot_as_the_seed_says_and_the_server_answers_in_order() -> None:
+    mm, server, client = pair()
+    key = codec.encode_put(None, 1500)
+    index = client.submit(Op.PUT, key, b"hello")
+    assert index == 0
+    assert mm[:24] == doc_example("header")
+    assert mm[24 : 24 + 27] == doc_example("put-slot")
+    assert server.wait_for_head(0.0, 0.0) == 1
+    cmd = server.read(0)
+    assert (cmd.op, cmd.key, cmd.value, cmd.value_size) == (Op.PUT, key, b"hello", 5)
+    assert mm[24] == 0  # the server took the command
+    server.publish(0, encode_response(Status.OK, codec.encode_put_ok(1, 1_800_000_001_500)))
+    server.advance()
+    assert mm[24 + 1046 : 24 + 1046 + 24] == doc_example("put-response")
+    assert mm[24 + 2074] == 1
+    assert struct.unpack_from("<Q", mm, 8)[0] == 1
+    response = client.wait(0, 1.0)
+    assert (response.status, response.more) == (Status.OK, False)
+    assert codec.decode_put_ok(response.body) == (1, 1_800_000_001_500)
+
+
+def test_call_follows_continuations() -> None:
+    _, server, client = pair()
+    body = bytes(range(256)) * 9  # 2304 bytes: three chunks
+    stop = threading.Event()
+
+    def serve() -> None:
+        rest = b""
+        while not stop.is_set():
+            head = server.wait_for_head(0.05, 0.0)
+            while server.tail != head:
+                cmd = server.read(server.tail)
+                data = body if cmd.op == Op.FIND else rest
+                chunk, rest = data[:RESPONSE_BODY_MAX], data[RESPONSE_BODY_MAX:]
+                server.publish(cmd.index, encode_response(Status.OK, chunk, 1 if rest else 0))
+                server.advance()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        response = client.call(Op.FIND, codec.encode_find(1, 0, None), b"", timeout_s=10)
+        assert response.body == body
+        assert not response.more
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+
+
+def test_client_refuses_values_that_do_not_fit_and_times_out_without_a_server() -> None:
+    _, _, client = pair()
+    with pytest.raises(ValueTooLargeForRing):
+        client.submit(Op.PUT, bytes(16), bytes(1025))
+    index = client.submit(Op.PUT, bytes(16), bytes(1024))
+    with pytest.raises(RingTimeout):
+        client.wait(index, 0.01)
+
+
+def test_server_checks_head_and_ready_and_never_trusts_capacity_or_tail() -> None:
+    mm, server, _ = pair(4)
+    at.store_u64(mm, 16, 1 << 40)  # a client rewrites capacity and tail: ignored
+    at.store_u64(mm, 8, 3)
+    at.store_u64(mm, 0, 9)
+    with pytest.raises(ProtocolError):
+        server.head()
+    at.store_u64(mm, 0, 1)  # head moved but slot 0 is not ready
+    assert server.head() == 1 and server.tail == 0 and server.capacity == 4
+    with pytest.raises(MalformedSlot):
+        server.read(0)
+
+
+def test_an_oversized_value_size_is_reported_not_read() -> None:
+    mm, server, _ = pair()
+    mm[24] = 1
+    struct.pack_into("<I", mm, 24 + 18, 0xFFFFFFFF)
+    cmd = server.read(0)
+    assert cmd.value_size == 0xFFFFFFFF and cmd.value == b""
+
+
+def test_codec_round_trips() -> None:
+    assert codec.decode_put(codec.encode_put(123, None)) == (123, None)
+    key, value = codec.encode_requeue(7, "r.1", None, 250)
+    args = codec.decode_requeue(key, value)
+    assert (args.id, args.receipt, args.arg, args.delay_ms) == (7, "r.1", None, 250)
+    key, value = codec.encode_extend(8, "r.2", 5000)
+    args = codec.decode_item(key, value)
+    assert (args.id, args.receipt, args.arg) == (8, "r.2", 5000)
+    assert codec.decode_extend_ok(codec.encode_extend_ok(99, "r.3")) == (99, "r.3")
+    deliveries = [
+        Delivery(i, f"rc.{i}", bytes([i]) * i, 10 + i, ItemStats(1, 2, 3), 20 + i) for i in range(5)
+    ]
+    assert codec.decode_deliveries(codec.encode_deliveries(deliveries)) == deliveries
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"\x01\x00\x00", b"\x01\x00\x00\x00" + bytes(49), b"\x02\x00\x00\x00" + bytes(50)],
+)
+def test_truncated_find_bodies_are_malformed(body: bytes) -> None:
+    with pytest.raises(MalformedSlot):
+        codec.decode_deliveries(body)
+
+
+@pytest.mark.parametrize("receipt", [b"", b"\xff\xfe"])
+def test_bad_receipts_are_malformed(receipt: bytes) -> None:
+    with pytest.raises(MalformedSlot):
+        codec.decode_item(bytes(16), receipt)
