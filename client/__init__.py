@@ -1,1 +1,82 @@
-"""Deadline Queue: client package."""
+"""Deadline Queue client: ``Client``/``AsyncClient`` over HTTP (or shared memory).
+
+from client import Client
+with Client("http://127.0.0.1:8080") as dq:
+    dq.enqueue("emails", b"hello", delay_ms=5_000)
+    for item in dq.dequeue("emails", count=10, wait_ms=20_000):
+        dq.release("emails", item.id, item.receipt)
+"""
+
+from __future__ import annotations
+
+from client._async_client import AsyncClient
+from client._client import Client
+from client._transport import AsyncTransport, Transport
+from client.consumer import AsyncConsumer, Backoff, Consumer, ConsumerStats
+from client.errors import (
+    BadRequest,
+    ClientError,
+    Conflict,
+    ItemNotFound,
+    NotFound,
+    QueueNotFound,
+    ServerError,
+    StaleReceipt,
+    StorageFull,
+    TooLarge,
+    TransportError,
+    Unauthorized,
+    Unavailable,
+    UnsupportedAddress,
+    ValidationError,
+)
+from client.types import (
+    Enqueued,
+    Extend,
+    Item,
+    ItemStats,
+    NewItem,
+    Outcome,
+    QueueConfig,
+    QueueInfo,
+    QueueStats,
+    Release,
+    Requeue,
+)
+
+__all__ = [
+    "AsyncClient",
+    "AsyncConsumer",
+    "AsyncTransport",
+    "Backoff",
+    "BadRequest",
+    "Client",
+    "ClientError",
+    "Conflict",
+    "Consumer",
+    "ConsumerStats",
+    "Enqueued",
+    "Extend",
+    "Item",
+    "ItemNotFound",
+    "ItemStats",
+    "NewItem",
+    "NotFound",
+    "Outcome",
+    "QueueConfig",
+    "QueueInfo",
+    "QueueNotFound",
+    "QueueStats",
+    "Release",
+    "Requeue",
+    "ServerError",
+    "StaleReceipt",
+    "StorageFull",
+    "TooLarge",
+    "Transport",
+    "TransportError",
+    "Unauthorized",
+    "Unavailable",
+    "UnsupportedAddress",
+    "ValidationError",
+]

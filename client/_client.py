@@ -1,0 +1,134 @@
+"""``Client``: the blocking client. Every call goes through one ``Transport``.
+
+Single-item ``release``/``requeue``/``extend`` raise the item's error (``StaleReceipt``
+...); the ``*_many`` forms return one ``Outcome`` per item instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from client._common import as_new_item, as_release, check_outcome
+from client._transport import Transport, open_transport
+from client.types import (
+    Enqueued,
+    Extend,
+    Item,
+    NewItem,
+    Outcome,
+    QueueConfig,
+    QueueInfo,
+    Release,
+    Requeue,
+)
+
+if TYPE_CHECKING:
+    from client.consumer import Backoff, Consumer
+
+__all__ = ["Client"]
+
+
+class Client:
+    """``Client("http://127.0.0.1:8080", token=...)``; also a context manager."""
+
+    def __init__(self, url: str, *, transport: Transport | None = None, **options: Any) -> None:
+        self.url = url
+        self.transport = transport if transport is not None else open_transport(url, **options)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.transport.close()
+
+    # items -------------------------------------------------------------------
+    def enqueue(
+        self,
+        queue: str,
+        value: bytes | str,
+        *,
+        deadline: int | None = None,
+        delay_ms: int | None = None,
+    ) -> int:
+        """Enqueue one item; returns its id once it is durable."""
+        return self.transport.enqueue(queue, [as_new_item(value, deadline, delay_ms)])[0].id
+
+    def enqueue_many(self, queue: str, items: Iterable[bytes | str | NewItem]) -> list[Enqueued]:
+        return self.transport.enqueue(queue, [as_new_item(i) for i in items])
+
+    def dequeue(
+        self, queue: str, count: int = 1, lease_ms: int | None = None, wait_ms: int = 0
+    ) -> list[Item]:
+        """Lease up to ``count`` due items, long-polling up to ``wait_ms``."""
+        return self.transport.dequeue(queue, count, lease_ms, wait_ms)
+
+    def release(self, queue: str, id: int, receipt: str) -> None:
+        check_outcome(self.transport.release(queue, [Release(id, receipt)])[0], queue)
+
+    def release_many(self, queue: str, items: Iterable[Item | Release]) -> list[Outcome]:
+        return self.transport.release(queue, [as_release(i) for i in items])
+
+    def requeue(
+        self,
+        queue: str,
+        id: int,
+        receipt: str,
+        *,
+        deadline: int | None = None,
+        delay_ms: int | None = None,
+    ) -> int:
+        """Give the item back with a new deadline; returns that deadline."""
+        batch = [Requeue(id, receipt, deadline, delay_ms)]
+        outcome = check_outcome(self.transport.requeue(queue, batch)[0], queue)
+        return outcome.deadline if outcome.deadline is not None else 0
+
+    def requeue_many(self, queue: str, batch: Iterable[Requeue]) -> list[Outcome]:
+        return self.transport.requeue(queue, list(batch))
+
+    def extend(self, queue: str, id: int, receipt: str, lease_ms: int) -> Outcome:
+        """Lengthen a lease; the outcome carries the new ``receipt`` and ``lease_expires``."""
+        return check_outcome(
+            self.transport.extend(queue, [Extend(id, receipt, lease_ms)])[0], queue
+        )
+
+    def extend_many(self, queue: str, batch: Iterable[Extend]) -> list[Outcome]:
+        return self.transport.extend(queue, list(batch))
+
+    # queues ------------------------------------------------------------------
+    def queues(self) -> list[QueueInfo]:
+        return self.transport.list_queues()
+
+    def queue(self, name: str) -> QueueInfo:
+        return self.transport.get_queue(name)
+
+    def put_queue(self, name: str, config: QueueConfig | None = None) -> QueueInfo:
+        return self.transport.put_queue(name, config if config is not None else QueueConfig())
+
+    def delete_queue(self, name: str) -> None:
+        self.transport.delete_queue(name)
+
+    def health(self) -> dict[str, Any]:
+        return self.transport.health()
+
+    def consumer(
+        self,
+        queue: str,
+        *,
+        lease_ms: int = 30_000,
+        count: int = 1,
+        wait_ms: int = 20_000,
+        backoff: Backoff | None = None,
+    ) -> Consumer:
+        """A consumer helper over this client (see ``client.consumer``)."""
+        from client.consumer import Consumer
+
+        return Consumer(
+            self, queue, lease_ms=lease_ms, count=count, wait_ms=wait_ms, backoff=backoff
+        )

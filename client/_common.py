@@ -1,0 +1,29 @@
+"""Argument coercion and outcome checks shared by ``Client`` and ``AsyncClient``."""
+
+from __future__ import annotations
+
+from client.errors import error_for
+from client.types import Item, NewItem, Outcome, Release
+
+__all__ = ["as_new_item", "as_release", "check_outcome"]
+
+
+def as_new_item(
+    value: bytes | str | NewItem, deadline: int | None = None, delay_ms: int | None = None
+) -> NewItem:
+    if isinstance(value, NewItem):
+        return value
+    data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+    return NewItem(data, deadline, delay_ms)
+
+
+def as_release(item: Item | Release) -> Release:
+    return item if isinstance(item, Release) else Release(item.id, item.receipt)
+
+
+def check_outcome(outcome: Outcome, queue: str) -> Outcome:
+    """Return a successful outcome; raise the matching ``ServerError`` for a failed one."""
+    if outcome.ok:
+        return outcome
+    code = outcome.error or "error"
+    raise error_for(None, code, outcome.message or code, queue=queue, id=outcome.id)

@@ -1,0 +1,93 @@
+"""The transport seam: one protocol whose methods are queue operations, not HTTP verbs.
+
+``Client`` and ``AsyncClient`` only call these methods, so a transport over shared
+memory (``client/shm_transport.py``: ``ShmTransport``/``AsyncShmTransport``) plugs in
+without touching them. ``open_transport(url)`` picks one by the URL's scheme:
+``http(s)://`` → HTTP, ``shm://`` → shared memory. Invariant: transports raise only
+``ClientError``s, and batch methods return one ``Outcome`` per input, in order.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from client.errors import UnsupportedAddress
+from client.types import (
+    Enqueued,
+    Extend,
+    Item,
+    NewItem,
+    Outcome,
+    QueueConfig,
+    QueueInfo,
+    Release,
+    Requeue,
+)
+
+__all__ = ["AsyncTransport", "Transport", "open_async_transport", "open_transport"]
+
+
+@runtime_checkable
+class Transport(Protocol):
+    def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]: ...
+    def dequeue(self, queue: str, count: int, lease_ms: int | None, wait_ms: int) -> list[Item]: ...
+    def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]: ...
+    def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]: ...
+    def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]: ...
+    def list_queues(self) -> list[QueueInfo]: ...
+    def get_queue(self, queue: str) -> QueueInfo: ...
+    def put_queue(self, queue: str, config: QueueConfig) -> QueueInfo: ...
+    def delete_queue(self, queue: str) -> None: ...
+    def health(self) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class AsyncTransport(Protocol):
+    async def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]: ...
+    async def dequeue(
+        self, queue: str, count: int, lease_ms: int | None, wait_ms: int
+    ) -> list[Item]: ...
+    async def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]: ...
+    async def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]: ...
+    async def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]: ...
+    async def list_queues(self) -> list[QueueInfo]: ...
+    async def get_queue(self, queue: str) -> QueueInfo: ...
+    async def put_queue(self, queue: str, config: QueueConfig) -> QueueInfo: ...
+    async def delete_queue(self, queue: str) -> None: ...
+    async def health(self) -> dict[str, Any]: ...
+    async def close(self) -> None: ...
+
+
+def _shm_class(name: str, url: str) -> Any:
+    try:
+        module = importlib.import_module("client.shm_transport")
+        return getattr(module, name)
+    except (ImportError, AttributeError) as exc:
+        raise UnsupportedAddress(
+            f"{url}: the shared-memory transport ({name}) is not available in this install"
+        ) from exc
+
+
+def open_transport(url: str, **options: Any) -> Transport:
+    if url.startswith(("http://", "https://")):
+        from client._http import HttpTransport
+
+        return HttpTransport(url, **options)
+    if url.startswith("shm://"):
+        transport: Transport = _shm_class("ShmTransport", url)(url, **options)
+        return transport
+    raise UnsupportedAddress(f"{url}: expected an http://, https:// or shm:// address")
+
+
+def open_async_transport(url: str, **options: Any) -> AsyncTransport:
+    if url.startswith(("http://", "https://")):
+        from client._http import AsyncHttpTransport
+
+        return AsyncHttpTransport(url, **options)
+    if url.startswith("shm://"):
+        transport: AsyncTransport = _shm_class("AsyncShmTransport", url)(url, **options)
+        return transport
+    raise UnsupportedAddress(f"{url}: expected an http://, https:// or shm:// address")

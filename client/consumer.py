@@ -1,0 +1,261 @@
+"""Consumer helpers: iterate due items, keep their leases alive, release or requeue.
+
+    with Client(url) as dq:
+        for job in dq.consumer("emails").jobs(stop=stop_event):
+            with job:                  # extends the lease while the block runs
+                send(job.item.value)   # clean exit → release; exception → requeue
+
+A failed job is requeued with exponential backoff (``Backoff``) keyed on the item's
+``dequeue_count``; the exception is logged, not re-raised, so the loop goes on.
+Invariant: a job's receipt is only used under its lock, so an extension that renews
+the receipt and the final release/requeue never race.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from client.errors import ClientError, Conflict, NotFound
+
+if TYPE_CHECKING:
+    from client._async_client import AsyncClient
+    from client._client import Client
+    from client.types import Item
+
+__all__ = ["AsyncConsumer", "AsyncJob", "Backoff", "Consumer", "ConsumerStats", "Job"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Delay before the n-th retry: ``base_ms * factor**(n-1)``, capped, ± ``jitter``."""
+
+    base_ms: int = 1_000
+    factor: float = 2.0
+    max_ms: int = 300_000
+    jitter: float = 0.1
+
+    def delay_ms(self, attempt: int) -> int:
+        raw = min(float(self.max_ms), self.base_ms * self.factor ** max(0, attempt - 1))
+        spread = raw * self.jitter
+        return max(0, int(raw + random.uniform(-spread, spread)))
+
+
+@dataclass(slots=True)
+class ConsumerStats:
+    released: int = 0
+    requeued: int = 0
+    lost: int = 0  # the lease ended before we finished; the item comes back to someone
+
+
+class _JobState:
+    """Shared by the sync and async jobs: the current receipt and how the job ended."""
+
+    def __init__(self, queue: str, item: Item, lease_ms: int, backoff: Backoff) -> None:
+        self.queue = queue
+        self.item = item
+        self.receipt = item.receipt
+        self.lease_ms = lease_ms
+        self.backoff = backoff
+        self.lost = False
+
+    @property
+    def extend_every_s(self) -> float:
+        return max(0.05, self.lease_ms / 3000.0)
+
+    def retry_delay_ms(self) -> int:
+        return self.backoff.delay_ms(self.item.stats.dequeue_count)
+
+
+class Job(_JobState):
+    """One leased item; ``with job:`` keeps the lease and settles the item at exit."""
+
+    def __init__(self, client: Client, queue: str, item: Item, lease_ms: int, backoff: Backoff,
+                 stats: ConsumerStats) -> None:  # fmt: skip
+        super().__init__(queue, item, lease_ms, backoff)
+        self._client = client
+        self._stats = stats
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._keeper: threading.Thread | None = None
+
+    def __enter__(self) -> Job:
+        self._keeper = threading.Thread(
+            target=self._keep, name=f"dq-lease-{self.item.id}", daemon=True
+        )
+        self._keeper.start()
+        return self
+
+    def _keep(self) -> None:
+        while not self._done.wait(self.extend_every_s):
+            with self._lock:
+                if self._done.is_set():
+                    return
+                try:
+                    out = self._client.extend(self.queue, self.item.id, self.receipt, self.lease_ms)
+                except (Conflict, NotFound):
+                    self.lost = True
+                    return
+                except ClientError as exc:  # transient: try again next period
+                    logger.warning("extending lease of item %s failed: %s", self.item.id, exc)
+                    continue
+                if out.receipt:
+                    self.receipt = out.receipt
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        self._done.set()
+        with self._lock:
+            if self._keeper is not None:
+                self._keeper.join(timeout=0)
+            if t is not None and not issubclass(t, Exception):
+                return False  # KeyboardInterrupt/SystemExit: the lease will run out
+            self._settle(failed=t is not None, error=e)
+        return True
+
+    def _settle(self, *, failed: bool, error: BaseException | None) -> None:
+        try:
+            if not failed:
+                self._client.release(self.queue, self.item.id, self.receipt)
+                self._stats.released += 1
+                return
+            delay = self.retry_delay_ms()
+            logger.warning("job %s failed (%r); requeued in %d ms", self.item.id, error, delay)
+            self._client.requeue(self.queue, self.item.id, self.receipt, delay_ms=delay)
+            self._stats.requeued += 1
+        except (Conflict, NotFound):
+            self._stats.lost += 1
+            logger.warning("lease of item %s was lost; it will be redelivered", self.item.id)
+
+
+class Consumer:
+    """Pulls items from one queue through a ``Client`` (see the module docstring)."""
+
+    def __init__(self, client: Client, queue: str, *, lease_ms: int = 30_000, count: int = 1,
+                 wait_ms: int = 20_000, backoff: Backoff | None = None) -> None:  # fmt: skip
+        self.client = client
+        self.queue = queue
+        self.lease_ms = lease_ms
+        self.count = count
+        self.wait_ms = wait_ms
+        self.backoff = backoff or Backoff()
+        self.stats = ConsumerStats()
+
+    def jobs(
+        self, *, stop: threading.Event | None = None, max_items: int | None = None
+    ) -> Iterator[Job]:
+        seen = 0
+        while (stop is None or not stop.is_set()) and (max_items is None or seen < max_items):
+            want = self.count if max_items is None else min(self.count, max_items - seen)
+            for item in self.client.dequeue(self.queue, want, self.lease_ms, self.wait_ms):
+                seen += 1
+                yield Job(self.client, self.queue, item, self.lease_ms, self.backoff, self.stats)
+
+    def run(self, handler: Callable[[Item], object], *, stop: threading.Event | None = None,
+            max_items: int | None = None) -> ConsumerStats:  # fmt: skip
+        """Call ``handler(item)`` for each item until ``stop`` is set or ``max_items`` ran."""
+        for job in self.jobs(stop=stop, max_items=max_items):
+            with job:
+                handler(job.item)
+        return self.stats
+
+
+class AsyncJob(_JobState):
+    """``async with job:`` — the asyncio twin of ``Job`` (the lease keeper is a task)."""
+
+    def __init__(self, client: AsyncClient, queue: str, item: Item, lease_ms: int,
+                 backoff: Backoff, stats: ConsumerStats) -> None:  # fmt: skip
+        super().__init__(queue, item, lease_ms, backoff)
+        self._client = client
+        self._stats = stats
+        self._lock = asyncio.Lock()
+        self._keeper: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> AsyncJob:
+        self._keeper = asyncio.create_task(self._keep())
+        return self
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(self.extend_every_s)
+            async with self._lock:
+                try:
+                    out = await self._client.extend(
+                        self.queue, self.item.id, self.receipt, self.lease_ms
+                    )
+                except (Conflict, NotFound):
+                    self.lost = True
+                    return
+                except ClientError as exc:
+                    logger.warning("extending lease of item %s failed: %s", self.item.id, exc)
+                    continue
+                if out.receipt:
+                    self.receipt = out.receipt
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+        if t is not None and not issubclass(t, Exception):
+            return False
+        async with self._lock:
+            try:
+                if t is None:
+                    await self._client.release(self.queue, self.item.id, self.receipt)
+                    self._stats.released += 1
+                else:
+                    delay = self.retry_delay_ms()
+                    logger.warning("job %s failed (%r); requeued in %d ms", self.item.id, e, delay)
+                    await self._client.requeue(
+                        self.queue, self.item.id, self.receipt, delay_ms=delay
+                    )
+                    self._stats.requeued += 1
+            except (Conflict, NotFound):
+                self._stats.lost += 1
+                logger.warning("lease of item %s was lost; it will be redelivered", self.item.id)
+        return True
+
+
+class AsyncConsumer:
+    """Pulls items from one queue through an ``AsyncClient``."""
+
+    def __init__(self, client: AsyncClient, queue: str, *, lease_ms: int = 30_000, count: int = 1,
+                 wait_ms: int = 20_000, backoff: Backoff | None = None) -> None:  # fmt: skip
+        self.client = client
+        self.queue = queue
+        self.lease_ms = lease_ms
+        self.count = count
+        self.wait_ms = wait_ms
+        self.backoff = backoff or Backoff()
+        self.stats = ConsumerStats()
+
+    async def jobs(self, *, stop: asyncio.Event | None = None,
+                   max_items: int | None = None) -> AsyncIterator[AsyncJob]:  # fmt: skip
+        seen = 0
+        while (stop is None or not stop.is_set()) and (max_items is None or seen < max_items):
+            want = self.count if max_items is None else min(self.count, max_items - seen)
+            for item in await self.client.dequeue(self.queue, want, self.lease_ms, self.wait_ms):
+                seen += 1
+                yield AsyncJob(
+                    self.client, self.queue, item, self.lease_ms, self.backoff, self.stats
+                )
+
+    async def run(self, handler: Callable[[Item], Awaitable[object]], *,
+                  stop: asyncio.Event | None = None, max_items: int | None = None) -> ConsumerStats:  # fmt: skip
+        async for job in self.jobs(stop=stop, max_items=max_items):
+            async with job:
+                await handler(job.item)
+        return self.stats

@@ -1,0 +1,119 @@
+"""The client's value types: what you hand in and what comes back.
+
+Plain frozen dataclasses, independent of the server's packages, so a transport can
+build them from JSON (HTTP) or from ring slots (shared memory). Times are integers,
+ms since the epoch; values are ``bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Enqueued",
+    "Extend",
+    "Item",
+    "ItemStats",
+    "NewItem",
+    "Outcome",
+    "QueueConfig",
+    "QueueInfo",
+    "QueueStats",
+    "Release",
+    "Requeue",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class NewItem:
+    """An item to enqueue; ``deadline`` and ``delay_ms`` are exclusive, neither means now."""
+
+    value: bytes
+    deadline: int | None = None
+    delay_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    id: int
+    deadline: int
+
+
+@dataclass(frozen=True, slots=True)
+class ItemStats:
+    enqueue_time: int
+    requeue_time: int
+    dequeue_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One delivery of one item; ``receipt`` names this delivery only."""
+
+    id: int
+    receipt: str
+    value: bytes
+    deadline: int
+    stats: ItemStats
+    lease_expires: int
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    id: int
+    receipt: str
+
+
+@dataclass(frozen=True, slots=True)
+class Requeue:
+    id: int
+    receipt: str
+    deadline: int | None = None
+    delay_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Extend:
+    id: int
+    receipt: str
+    lease_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """Per-item result of release/requeue/extend; ``error`` is a server code when not ``ok``."""
+
+    id: int
+    ok: bool
+    error: str | None = None
+    message: str | None = None
+    receipt: str | None = None
+    deadline: int | None = None
+    lease_expires: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    default_lease_ms: int = 30_000
+    max_deliveries: int | None = None
+    dead_letter_queue: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    pending: int
+    due: int
+    delayed: int
+    leased: int
+    segments: int
+    bytes_on_disk: int
+    oldest_due_age_ms: int | None
+    next_id: int
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    name: str
+    config: QueueConfig
+    stats: QueueStats

@@ -1,0 +1,61 @@
+"""The app factory: ``create_app(settings, engine=None)`` wires routers, errors, limits.
+
+It only wires: routes live in ``server/routers/``, errors in ``server/errors.py``,
+resources in ``server/lifespan.py``. Invariant: one app owns one metrics registry and
+(at most) one open engine; apps never share state, so tests can build many.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fastapi import Depends, FastAPI
+
+from server.dependencies import require_token
+from server.errors import install_error_handlers
+from server.lifespan import make_lifespan
+from server.metrics import Metrics
+from server.routers import consumers, items, ops, queues
+from server.settings import Settings
+
+if TYPE_CHECKING:
+    from storage import Engine
+
+__all__ = ["create_app", "drain"]
+
+_DESCRIPTION = """\
+A durable deadline queue. Producers enqueue items that become due at a deadline;
+consumers dequeue due items under a lease, then release or requeue them. An item whose
+lease runs out comes back. Delivery is at least once. Values travel as text with an
+`encoding` (`utf-8` or `base64`); times are integers, ms since the epoch. Errors are
+JSON `{"error": code, "message": text}`.
+"""
+
+
+def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
+    """Build the service. Without ``engine`` the lifespan opens (and closes) one."""
+    settings = settings if settings is not None else Settings.from_env()
+    app = FastAPI(
+        title="Deadline Queue",
+        version="1",
+        description=_DESCRIPTION,
+        lifespan=make_lifespan(settings, engine),
+        max_body_size=settings.body_limit,
+    )
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    app.state.service = None
+    install_error_handlers(app)
+    guarded = [Depends(require_token)] if settings.tokens else []
+    app.include_router(ops.router)
+    app.include_router(queues.router, dependencies=guarded)
+    app.include_router(items.router, dependencies=guarded)
+    app.include_router(consumers.router, dependencies=guarded)
+    return app
+
+
+def drain(app: FastAPI) -> None:
+    """Shutdown has begun: end every long-poll now (thread- and signal-safe)."""
+    service = getattr(app.state, "service", None)
+    if service is not None:
+        service.longpoll.drain()

@@ -1,0 +1,73 @@
+"""``dq queues`` and ``dq stats QUEUE``: queue listing and live figures."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from server.commands._remote import add_common, emit_json, run_remote
+
+if TYPE_CHECKING:
+    from client import Client, QueueInfo
+
+__all__ = ["register"]
+
+_COLUMNS = ("pending", "due", "delayed", "leased", "segments", "bytes_on_disk", "oldest_due_age_ms")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("queues", help="list queues with their figures")
+    add_common(p)
+    p.set_defaults(func=queues)
+    p = subparsers.add_parser("stats", help="one queue's config and live stats")
+    p.add_argument("queue")
+    add_common(p)
+    p.set_defaults(func=stats)
+
+
+def _cell(v: object) -> str:
+    return "-" if v is None else str(v)
+
+
+def queues(args: argparse.Namespace) -> int:
+    def action(dq: Client) -> int:
+        found = dq.queues()
+        if args.json:
+            emit_json(found)
+            return 0
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("queue", *_COLUMNS)
+        for q in found:
+            table.add_row(q.name, *(_cell(getattr(q.stats, c)) for c in _COLUMNS))
+        Console().print(table)
+        return 0
+
+    return run_remote(args, action)
+
+
+def _show(info: QueueInfo) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("field", "value", title=f"queue {info.name}")
+    for name in ("default_lease_ms", "max_deliveries", "dead_letter_queue"):
+        table.add_row(name, _cell(getattr(info.config, name)))
+    for name in (*_COLUMNS, "next_id"):
+        table.add_row(name, _cell(getattr(info.stats, name)))
+    for name, value in sorted(info.stats.extra.items()):
+        table.add_row(name, str(value))
+    Console().print(table)
+
+
+def stats(args: argparse.Namespace) -> int:
+    def action(dq: Client) -> int:
+        info = dq.queue(args.queue)
+        if args.json:
+            emit_json(info)
+        else:
+            _show(info)
+        return 0
+
+    return run_remote(args, action)

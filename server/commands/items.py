@@ -1,0 +1,127 @@
+"""``dq put``, ``dq get``, ``dq ack``, ``dq requeue``: item commands against a live server."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any
+
+from server.commands._remote import add_common, emit_json, run_remote, value_text
+
+if TYPE_CHECKING:
+    from client import Client
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "put", help="enqueue items", description="Enqueue one item per VALUE."
+    )
+    p.add_argument("queue")
+    p.add_argument("values", nargs="*", metavar="VALUE", help="values; none or '-': one from stdin")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--delay-ms", type=int, help="due this many ms from now")
+    when.add_argument("--deadline", type=int, help="due at this time (ms since the epoch)")
+    add_common(p)
+    p.set_defaults(func=put)
+
+    p = subparsers.add_parser("get", help="dequeue (lease) due items")
+    p.add_argument("queue")
+    p.add_argument("-n", "--count", type=int, default=1)
+    p.add_argument("--lease-ms", type=int, help="lease length (default: the queue's)")
+    p.add_argument("--wait-ms", type=int, default=0, help="long-poll this long")
+    p.add_argument("--ack", action="store_true", help="release each item right away")
+    add_common(p)
+    p.set_defaults(func=get)
+
+    p = subparsers.add_parser("ack", help="release (acknowledge) an item")
+    p.add_argument("queue")
+    p.add_argument("id", type=int)
+    p.add_argument("receipt")
+    add_common(p)
+    p.set_defaults(func=ack)
+
+    p = subparsers.add_parser("requeue", help="give an item back with a new deadline")
+    p.add_argument("queue")
+    p.add_argument("id", type=int)
+    p.add_argument("receipt")
+    when = p.add_mutually_exclusive_group()
+    when.add_argument("--delay-ms", type=int)
+    when.add_argument("--deadline", type=int)
+    add_common(p)
+    p.set_defaults(func=requeue)
+
+
+def put(args: argparse.Namespace) -> int:
+    from client import NewItem
+
+    raw = args.values if args.values and args.values != ["-"] else [sys.stdin.buffer.read()]
+    items = [
+        NewItem(v.encode() if isinstance(v, str) else v, args.deadline, args.delay_ms) for v in raw
+    ]
+
+    def action(dq: Client) -> int:
+        done = dq.enqueue_many(args.queue, items)
+        if args.json:
+            emit_json(done)
+        else:
+            for e in done:
+                print(f"{e.id}\t{e.deadline}")
+        return 0
+
+    return run_remote(args, action)
+
+
+def get(args: argparse.Namespace) -> int:
+    def action(dq: Client) -> int:
+        items = dq.dequeue(args.queue, args.count, args.lease_ms, args.wait_ms)
+        if args.ack and items:
+            dq.release_many(args.queue, items)
+        if args.json:
+            emit_json(items)
+        elif not items:
+            print("(no due items)", file=sys.stderr)
+        else:
+            from rich.console import Console
+            from rich.table import Table
+
+            table = Table("id", "receipt", "deadline", "deliveries", "value")
+            for i in items:
+                table.add_row(
+                    str(i.id),
+                    i.receipt,
+                    str(i.deadline),
+                    str(i.stats.dequeue_count),
+                    value_text(i.value),
+                )
+            Console().print(table)
+        return 0
+
+    return run_remote(args, action)
+
+
+def ack(args: argparse.Namespace) -> int:
+    def action(dq: Client) -> int:
+        dq.release(args.queue, args.id, args.receipt)
+        if args.json:
+            emit_json({"id": args.id, "ok": True})
+        else:
+            print(f"released {args.id}")
+        return 0
+
+    return run_remote(args, action)
+
+
+def requeue(args: argparse.Namespace) -> int:
+    def action(dq: Client) -> int:
+        deadline = dq.requeue(
+            args.queue, args.id, args.receipt, deadline=args.deadline, delay_ms=args.delay_ms
+        )
+        if args.json:
+            emit_json({"id": args.id, "ok": True, "deadline": deadline})
+        else:
+            print(f"requeued {args.id} (deadline {deadline})")
+        return 0
+
+    return run_remote(args, action)

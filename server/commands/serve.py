@@ -1,0 +1,73 @@
+"""``dq serve``: run the HTTP service (and the shm server with ``--shm``).
+
+Flags override ``DQ_*`` variables, which override the defaults (``server/settings.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from server.settings import FSYNC_MODES
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="run the server",
+        description="Serve the HTTP API. Every flag can also be set as a DQ_* variable.",
+    )
+    p.add_argument("--data-dir", help="data directory (DQ_DATA_DIR, default ./dq-data)")
+    p.add_argument("--host", help="bind address (DQ_HOST, default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="TCP port (DQ_PORT, default 8080)")
+    p.add_argument(
+        "--fsync", choices=FSYNC_MODES, help="durability mode (DQ_FSYNC, default always)"
+    )
+    p.add_argument(
+        "--fsync-interval-ms", type=int, help="for --fsync interval (DQ_FSYNC_INTERVAL_MS)"
+    )
+    p.add_argument("--max-batch", type=int, help="items per request (DQ_MAX_BATCH, default 1000)")
+    p.add_argument("--max-value-bytes", type=int, help="value size limit (DQ_MAX_VALUE_BYTES)")
+    p.add_argument(
+        "--max-wait-ms", type=int, help="longest long-poll (DQ_MAX_WAIT_MS, default 20000)"
+    )
+    p.add_argument("--tokens", help="comma-separated bearer tokens (DQ_TOKENS); none: no auth")
+    p.add_argument(
+        "--shm", action="store_const", const=True, help="also serve shared memory (DQ_SHM)"
+    )
+    p.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), help="(DQ_LOG_LEVEL)"
+    )
+    p.add_argument("--access-log", action="store_true", help="log every request")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from server.runner import serve
+    from server.settings import Settings, SettingsError
+
+    try:
+        settings = Settings.from_env().replace(
+            data_dir=args.data_dir,
+            host=args.host,
+            port=args.port,
+            fsync=args.fsync,
+            fsync_interval_ms=args.fsync_interval_ms,
+            max_batch=args.max_batch,
+            max_value_bytes=args.max_value_bytes,
+            max_wait_ms=args.max_wait_ms,
+            tokens=None if args.tokens is None else tuple(t for t in args.tokens.split(",") if t),
+            shm=args.shm,
+            log_level=args.log_level,
+        )
+    except SettingsError as exc:
+        print(f"dq serve: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    return serve(settings, access_log=args.access_log)

@@ -1,0 +1,69 @@
+"""Shared dependencies of the routers: the running service and bearer-token auth.
+
+Owns ``Service`` — what the lifespan opened (engine, long-poll, metrics, settings) —
+and the ``require_token`` guard. Invariant: every dependency here is ``async def``,
+so FastAPI never sends it to its thread pool (a sync dependency would cost a thread
+hop on every request).
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
+
+from fastapi import Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from server.errors import ApiError
+from server.schemas import QUEUE_NAME_REGEX
+
+if TYPE_CHECKING:
+    from server.longpoll import LongPoll
+    from server.metrics import Metrics
+    from server.settings import Settings
+    from storage import Engine
+
+__all__ = ["QueuePath", "Service", "ServiceDep", "get_service", "require_token"]
+
+
+@dataclass(slots=True)
+class Service:
+    """Everything a route needs, opened by the lifespan and stored on ``app.state``."""
+
+    engine: Engine
+    settings: Settings
+    metrics: Metrics
+    longpoll: LongPoll
+
+
+async def get_service(request: Request) -> Service:
+    service: Service | None = getattr(request.app.state, "service", None)
+    if service is None:
+        raise ApiError(503, "unavailable", "the server is starting or stopping")
+    return service
+
+
+ServiceDep = Annotated["Service", Depends(get_service)]
+
+QueuePath = Annotated[str, Path(pattern=QUEUE_NAME_REGEX, max_length=128, description="queue name")]
+
+_bearer = HTTPBearer(auto_error=False, description="a token from DQ_TOKENS")
+
+
+async def require_token(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    """401 unless the request carries ``Authorization: Bearer <one of DQ_TOKENS>``."""
+    tokens: tuple[str, ...] = request.app.state.settings.tokens
+    if not tokens:
+        return
+    if credentials is not None:
+        given = credentials.credentials.encode()
+        for token in tokens:
+            if hmac.compare_digest(given, token.encode()):
+                return
+    raise ApiError(
+        401, "unauthorized", "a valid bearer token is required", {"WWW-Authenticate": "Bearer"}
+    )

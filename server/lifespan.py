@@ -1,0 +1,113 @@
+"""The app's lifespan: open the engine, run the lease-expiry task, start plug-ins, close.
+
+Order on startup: open the engine (in a thread: recovery reads files) → publish the
+``Service`` on ``app.state`` → start the periodic ``expire_leases`` task → install the
+consumer-group state (``server.routers.consumers``) → start the shared-memory server
+if ``settings.shm``. Shutdown runs it backwards and closes the
+engine last (closing syncs). Invariant: an engine handed to ``create_app`` belongs
+to the caller and is not closed here; one the lifespan opened always is.
+
+Plug-in seam for the shm server: ``shm.server.start(engine, settings)`` returns an
+object with ``close()``; both are called in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from server.dependencies import Service
+from server.longpoll import LongPoll
+from server.routers import consumers
+from storage.errors import StorageError
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from server.settings import Settings
+    from storage import Engine
+
+__all__ = ["make_lifespan", "open_engine"]
+
+logger = logging.getLogger(__name__)
+
+Lifespan = Callable[["FastAPI"], contextlib.AbstractAsyncContextManager[None]]
+
+
+def open_engine(settings: Settings) -> Engine:
+    from storage import Engine, EngineConfig
+
+    config = EngineConfig(
+        fsync=settings.fsync,
+        fsync_interval_ms=settings.fsync_interval_ms,
+        max_value_bytes=settings.max_value_bytes,
+        max_batch=settings.max_batch,
+    )
+    return Engine.open(settings.data_dir, config)
+
+
+async def _expire_forever(engine: Engine, interval_s: float) -> None:
+    """Give expired leases back even when nobody dequeues (their items become due)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await asyncio.to_thread(engine.expire_leases)
+        except StorageError as exc:
+            logger.warning("lease expiry failed: %s", exc)
+
+
+def _start_shm(engine: Engine, settings: Settings) -> Any:
+    try:
+        module = importlib.import_module("shm.server")
+    except ImportError as exc:
+        raise RuntimeError("DQ_SHM is on but the shm.server module is not available") from exc
+    return module.start(engine, settings)
+
+
+def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = engine is None
+        opened = await asyncio.to_thread(open_engine, settings) if engine is None else engine
+        loop = asyncio.get_running_loop()
+        app.state.service = service = Service(
+            opened, settings, app.state.metrics, LongPoll(opened, loop)
+        )
+        if not getattr(app.state, "engine_watched", False):
+            app.state.metrics.watch_engine(lambda: _current_engine(app))
+            app.state.engine_watched = True
+        expiry = asyncio.create_task(
+            _expire_forever(opened, settings.expire_interval_ms / 1000.0), name="dq-expire-leases"
+        )
+        consumers.install(app, opened, max_batch=settings.max_batch)
+        shm: Any = None
+        try:
+            if settings.shm:
+                shm = await asyncio.to_thread(_start_shm, opened, settings)
+                logger.info("shared-memory server started")
+            logger.info("serving data dir %s (fsync=%s)", settings.data_dir, settings.fsync)
+            yield
+        finally:
+            service.longpoll.drain()
+            expiry.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await expiry
+            if shm is not None:
+                await asyncio.to_thread(shm.close)
+            await asyncio.to_thread(consumers.uninstall, app)
+            app.state.service = None
+            if owned:
+                await asyncio.to_thread(opened.close)
+                logger.info("engine closed")
+
+    return lifespan
+
+
+def _current_engine(app: FastAPI) -> Engine | None:
+    """The engine of the app's current lifespan, for the scrape-time collector."""
+    service: Service | None = getattr(app.state, "service", None)
+    return None if service is None else service.engine

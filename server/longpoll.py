@@ -1,0 +1,132 @@
+"""Long-poll dequeue without a thread per waiting request.
+
+Owns the per-queue wake-up signals: while at least one request waits on a queue, one
+``engine.watch`` subscription forwards "items were published" from whatever thread
+publishes them onto the event loop (``call_soon_threadsafe``) and sets every waiter's
+own ``asyncio.Event``. Between publications a waiter sleeps until the engine's
+``next_wakeup`` (the next deadline or lease expiry), so an item that becomes due by
+the clock wakes it too. Invariant: a waiter re-checks the queue *after* registering
+its event, so a publication between "nothing due" and "start waiting" is never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from storage import Engine
+    from storage.types import Delivery
+
+__all__ = ["LongPoll"]
+
+logger = logging.getLogger(__name__)
+
+#: Sleep at most this long without re-checking, as a safety net for missed signals.
+_MAX_NAP_S = 1.0
+#: Timer slack: wake a hair after the due time so the engine clock has passed it.
+_SLACK_S = 0.0005
+#: Nap when the clock says due but the queue gave nothing (avoids a busy loop).
+_RACE_NAP_S = 0.002
+
+
+class _QueueSignal:
+    __slots__ = ("events", "unsubscribe")
+
+    def __init__(self) -> None:
+        self.events: set[asyncio.Event] = set()
+        self.unsubscribe: Callable[[], None] | None = None
+
+
+class LongPoll:
+    """Waits for a queue to have due items; ``drain()`` ends every wait at once."""
+
+    def __init__(self, engine: Engine, loop: asyncio.AbstractEventLoop) -> None:
+        self._engine = engine
+        self._loop = loop
+        self._signals: dict[str, _QueueSignal] = {}
+        self._draining = False
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(s.events) for s in self._signals.values())
+
+    def drain(self) -> None:
+        """Stop long-polls (shutdown): current waits return what they have. Thread-safe."""
+        self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        self._draining = True
+        for signal in self._signals.values():
+            for event in signal.events:
+                event.set()
+
+    def _notify(self, queue: str) -> None:
+        signal = self._signals.get(queue)
+        if signal is not None:
+            for event in signal.events:
+                event.set()
+
+    @contextlib.contextmanager
+    def _registered(self, queue: str) -> Iterator[asyncio.Event]:
+        signal = self._signals.get(queue)
+        if signal is None:
+            signal = self._signals[queue] = _QueueSignal()
+            loop, notify = self._loop, self._notify
+
+            def on_publish() -> None:  # any thread
+                loop.call_soon_threadsafe(notify, queue)
+
+            try:
+                signal.unsubscribe = self._engine.watch(queue, on_publish)
+            except BaseException:
+                del self._signals[queue]
+                raise
+        event = asyncio.Event()
+        signal.events.add(event)
+        try:
+            yield event
+        finally:
+            signal.events.discard(event)
+            if not signal.events:
+                del self._signals[queue]
+                if signal.unsubscribe is not None:
+                    signal.unsubscribe()
+
+    async def dequeue(
+        self, queue: str, count: int, lease_ms: int | None, wait_ms: int
+    ) -> list[Delivery]:
+        """``engine.dequeue`` that waits up to ``wait_ms`` for something to be due."""
+        engine = self._engine
+        items = engine.dequeue(queue, count, lease_ms)
+        if items or wait_ms <= 0 or self._draining:
+            return items
+        loop = self._loop
+        give_up = loop.time() + wait_ms / 1000.0
+        with self._registered(queue) as event:
+            while True:
+                event.clear()
+                items = engine.dequeue(queue, count, lease_ms)
+                remaining = give_up - loop.time()
+                if items or remaining <= 0 or self._draining:
+                    return items
+                nap = min(remaining, _MAX_NAP_S)
+                wakeup = engine.next_wakeup(queue)
+                if wakeup is not None:
+                    ahead = (wakeup - engine.now()) / 1000.0
+                    if ahead <= 0:
+                        # Something is due by the clock yet nothing came back: a lease
+                        # ran out and the periodic expiry has not run yet, or another
+                        # consumer won the race. Expire now; otherwise nap briefly.
+                        if engine.expire_leases(queue):
+                            continue
+                        ahead = _RACE_NAP_S
+                    nap = min(nap, ahead + _SLACK_S)
+                timer = loop.call_later(nap, event.set)
+                try:
+                    await event.wait()
+                finally:
+                    timer.cancel()

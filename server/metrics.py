@@ -1,0 +1,166 @@
+"""Prometheus metrics of one app: its own ``CollectorRegistry``, never the global one.
+
+Owns: per-operation request counts and latencies, delivery lateness (dequeue time -
+deadline), items per operation, and — read live at scrape time from the engine —
+queue depths and fsync latency. Invariant: recording on the hot path is a few
+counter/histogram updates with pre-bound label children; nothing here calls the engine
+except the scrape-time collector.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from storage import Engine
+
+__all__ = ["OPERATIONS", "Metrics"]
+
+logger = logging.getLogger(__name__)
+
+OPERATIONS = (
+    "enqueue",
+    "dequeue",
+    "release",
+    "requeue",
+    "extend",
+    "queue_get",
+    "queue_put",
+    "queue_delete",
+    "queue_list",
+)
+_LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+_LATENESS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 3600.0)
+
+
+class Metrics:
+    """The app's metrics; ``observe_*`` methods are what the routes call."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._requests = Counter(
+            "dq_requests",
+            "Queue operations served over HTTP, by operation and outcome",
+            ("operation", "outcome"),
+            registry=self.registry,
+        )
+        self._latency = Histogram(
+            "dq_request_duration_seconds",
+            "Time to serve a queue operation (dequeue includes its long-poll wait)",
+            ("operation",),
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._items = Counter(
+            "dq_items",
+            "Items handled, by operation (a batch counts each item)",
+            ("operation",),
+            registry=self.registry,
+        )
+        self._lateness = Histogram(
+            "dq_delivery_lateness_seconds",
+            "Dequeue time minus the item's deadline",
+            buckets=_LATENESS_BUCKETS,
+            registry=self.registry,
+        )
+        self._ok = {op: self._requests.labels(op, "ok") for op in OPERATIONS}
+        self._lat = {op: self._latency.labels(op) for op in OPERATIONS}
+        self._count = {op: self._items.labels(op) for op in OPERATIONS}
+
+    def observe(self, operation: str, seconds: float, items: int = 1) -> None:
+        self._ok[operation].inc()
+        self._lat[operation].observe(seconds)
+        if items:
+            self._count[operation].inc(items)
+
+    def observe_error(self, operation: str, code: str, seconds: float) -> None:
+        self._requests.labels(operation, code).inc()
+        self._lat[operation].observe(seconds)
+
+    def observe_lateness(self, now_ms: int, deadlines: Iterable[int]) -> None:
+        observe = self._lateness.observe
+        for deadline in deadlines:
+            observe(max(0, now_ms - deadline) / 1000.0)
+
+    def watch_engine(self, current: Callable[[], Engine | None]) -> None:
+        """Publish live figures (depths, fsync latency) of ``current()`` at scrape time."""
+        self.registry.register(_EngineCollector(current))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _EngineCollector(Collector):
+    """Reads queue stats and the engine's fsync histogram only when scraped."""
+
+    def __init__(self, current: Callable[[], Engine | None]) -> None:
+        self._current = current
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self._current()
+        if engine is None:
+            return
+        yield from self._depths(engine)
+        fsync = self._fsync(engine)
+        if fsync is not None:
+            yield fsync
+
+    def _depths(self, engine: Engine) -> Iterator[Metric]:
+        labels = ["queue"]
+        families = {
+            name: GaugeMetricFamily(f"dq_queue_{name}", help_, labels=labels)
+            for name, help_ in (
+                ("pending", "Items stored and not released (due, delayed or leased)"),
+                ("due", "Items due now and not leased"),
+                ("delayed", "Items whose deadline is in the future"),
+                ("leased", "Items currently leased to a consumer"),
+                ("segments", "Segment files of the queue"),
+                ("bytes_on_disk", "Bytes of WAL and segment files"),
+                ("oldest_due_age_seconds", "Age of the oldest due item"),
+            )
+        }
+        try:
+            names = engine.list_queues()
+        except Exception:  # a closed engine: publish no depths rather than fail the scrape
+            logger.debug("queue depths unavailable", exc_info=True)
+            return
+        for name in names:
+            try:
+                s = engine.stats(name)
+            except Exception:  # deleted between list and stats
+                continue
+            for field in ("pending", "due", "delayed", "leased", "segments", "bytes_on_disk"):
+                families[field].add_metric([name], float(getattr(s, field)))
+            age = s.oldest_due_age_ms
+            families["oldest_due_age_seconds"].add_metric([name], (age or 0) / 1000.0)
+        yield from families.values()
+
+    def _fsync(self, engine: Engine) -> Metric | None:
+        """The engine's fsync latency histogram (``engine.fsync_stats``), if it has one."""
+        stats = getattr(engine, "fsync_stats", None)
+        if stats is None:
+            return None
+        _count, total, buckets = stats.snapshot()
+        fam = HistogramMetricFamily(
+            "dq_fsync_duration_seconds", "Time the engine spends in one (group) fsync"
+        )
+        fam.add_metric([], [(_bound(b), float(c)) for b, c in buckets], float(total))
+        return fam
+
+
+def _bound(b: object) -> str:
+    if isinstance(b, str):
+        return b
+    f = float(b)  # type: ignore[arg-type]
+    return "+Inf" if f == float("inf") else repr(f)

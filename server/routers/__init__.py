@@ -1,0 +1,1 @@
+"""HTTP routers; each owns its prefix and tags (``app.py`` only wires them)."""

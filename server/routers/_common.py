@@ -1,0 +1,64 @@
+"""Helpers shared by the routers: JSON responses, error docs, outcome conversion.
+
+Invariant: every route documents the error statuses it can answer (``ERRORS``), so
+the OpenAPI document is a complete contract (schemathesis checks it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import Response
+
+from server.errors import ITEM_ERROR_STATUS, error_response
+from server.schemas import ErrorBody
+from storage.types import ItemOutcome
+
+__all__ = ["ERRORS", "json_response", "outcome_dict", "single_outcome"]
+
+_DESCRIPTIONS = {
+    400: "Bad input (invalid queue name, receipt, deadline, malformed JSON)",
+    401: "Missing or wrong bearer token (only when DQ_TOKENS is set)",
+    404: "Queue or item not found",
+    409: "Stale receipt (that delivery is over) or conflicting config",
+    413: "Batch, value or body too large",
+    422: "Request does not match the schema",
+    503: "Engine unavailable (starting, stopping or failed)",
+    507: "No space left on the data volume",
+}
+
+#: ``responses=`` for every /v1 route.
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": text} for status, text in _DESCRIPTIONS.items()
+}
+
+
+def json_response(content: object, status: int = 200) -> Response:
+    """Serialize once with the stdlib: the routes build plain dicts on hot paths."""
+    body = json.dumps(content, separators=(",", ":")).encode()
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def outcome_dict(o: ItemOutcome) -> dict[str, object]:
+    d: dict[str, object] = {"id": o.id, "ok": o.error is None}
+    if o.error is not None:
+        d["error"] = o.error
+        d["message"] = o.message or o.error
+    if o.receipt is not None:
+        d["receipt"] = o.receipt
+    if o.deadline is not None:
+        d["deadline"] = o.deadline
+    if o.lease_expires is not None:
+        d["lease_expires"] = o.lease_expires
+    return d
+
+
+def single_outcome(outcomes: Sequence[ItemOutcome]) -> Response:
+    """A single-item route answers its item's error with that error's status."""
+    o = outcomes[0]
+    if o.error is None:
+        return json_response(outcome_dict(o))
+    status = ITEM_ERROR_STATUS.get(o.error, 400)
+    return error_response(status, o.error, o.message or o.error)

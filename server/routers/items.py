@@ -1,0 +1,227 @@
+"""Item routes under ``/v1/queues/{queue}``: enqueue, dequeue, release, requeue, extend.
+
+Invariant: durable writes go through the engine's ``*_nowait`` calls and are awaited
+with ``asyncio.wrap_future`` — the event loop never blocks on an fsync, and requests
+in flight together share one group commit. Dequeue writes nothing durable and runs on
+the loop; its long-poll is ``LongPoll`` (no thread per waiter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Annotated, TypeVar
+
+from fastapi import APIRouter, Path, Response
+
+from server.dependencies import QueuePath, Service, ServiceDep
+from server.errors import ApiError
+from server.routers._common import ERRORS, json_response, outcome_dict, single_outcome
+from server.schemas import (
+    DequeueRequest,
+    DequeueResponse,
+    EnqueueRequest,
+    EnqueueResponse,
+    ExtendOne,
+    ExtendRequest,
+    ItemResult,
+    ReleaseOne,
+    ReleaseRequest,
+    RequeueOne,
+    RequeueRequest,
+    Results,
+    encode_value,
+)
+from storage.codec import MAX_ID
+from storage.errors import StorageError
+from storage.queue import WriteStall
+from storage.types import Extend, ItemOutcome, NewItem, Release, Requeue
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1/queues/{queue}", tags=["items"], responses=ERRORS)
+
+ItemIdPath = Annotated[int, Path(ge=0, le=MAX_ID, description="item id")]
+_perf = time.perf_counter
+_STALL_TIMEOUT_S = 30.0
+_STALL_NAP_S = 0.005
+T = TypeVar("T")
+
+
+def _check_batch(service: Service, n: int) -> None:
+    if n > service.settings.max_batch:
+        raise ApiError(
+            413,
+            "batch_too_large",
+            f"{n} items in one request; the limit is {service.settings.max_batch}",
+        )
+
+
+async def _durable(start: Callable[[], Future[T]]) -> T:
+    """Await a durable write without blocking the loop; wait out short write stalls."""
+    give_up = _perf() + _STALL_TIMEOUT_S
+    while True:
+        try:
+            return await asyncio.wrap_future(start())
+        except WriteStall:
+            if _perf() > give_up:
+                raise
+            await asyncio.sleep(_STALL_NAP_S)
+
+
+def _failed(service: Service, op: str, exc: StorageError, t0: float) -> None:
+    service.metrics.observe_error(op, exc.code, _perf() - t0)
+
+
+@router.post("/items", response_model=EnqueueResponse, summary="Enqueue one item or a batch")
+async def enqueue(queue: QueuePath, body: EnqueueRequest, service: ServiceDep) -> Response:
+    t0 = _perf()
+    items = body.items
+    _check_batch(service, len(items))
+    new = [NewItem(i.data, i.deadline, i.delay_ms) for i in items]
+    try:
+        done = await _durable(lambda: service.engine.enqueue_nowait(queue, new))
+    except StorageError as exc:
+        _failed(service, "enqueue", exc, t0)
+        raise
+    service.metrics.observe("enqueue", _perf() - t0, len(done))
+    return json_response({"items": [{"id": e.id, "deadline": e.deadline} for e in done]})
+
+
+@router.post(
+    "/dequeue",
+    response_model=DequeueResponse,
+    summary="Lease up to `count` due items, long-polling up to `wait_ms`",
+)
+async def dequeue(queue: QueuePath, body: DequeueRequest, service: ServiceDep) -> Response:
+    t0 = _perf()
+    settings = service.settings
+    if body.count > settings.max_batch:
+        raise ApiError(
+            400, "invalid_argument", f"count {body.count} exceeds the limit {settings.max_batch}"
+        )
+    wait_ms = min(body.wait_ms, settings.max_wait_ms)
+    try:
+        got = await service.longpoll.dequeue(queue, body.count, body.lease_ms, wait_ms)
+    except StorageError as exc:
+        _failed(service, "dequeue", exc, t0)
+        raise
+    now = service.engine.now()
+    encoding = body.encoding
+    out = []
+    for d in got:
+        text, enc = encode_value(d.value, encoding)
+        s = d.stats
+        out.append(
+            {
+                "id": d.id,
+                "receipt": d.receipt,
+                "value": text,
+                "encoding": enc,
+                "deadline": d.deadline,
+                "stats": {
+                    "enqueue_time": s.enqueue_time,
+                    "requeue_time": s.requeue_time,
+                    "dequeue_count": s.dequeue_count,
+                },
+                "lease_expires": d.lease_expires,
+            }
+        )
+    metrics = service.metrics
+    metrics.observe("dequeue", _perf() - t0, len(got))
+    metrics.observe_lateness(now, (d.deadline for d in got))
+    return json_response({"items": out})
+
+
+async def _release(service: Service, queue: str, batch: Sequence[Release]) -> list[ItemOutcome]:
+    t0 = _perf()
+    _check_batch(service, len(batch))
+    try:
+        outcomes = await _durable(lambda: service.engine.release_nowait(queue, batch))
+    except StorageError as exc:
+        _failed(service, "release", exc, t0)
+        raise
+    service.metrics.observe("release", _perf() - t0, len(outcomes))
+    return outcomes
+
+
+async def _requeue(service: Service, queue: str, batch: Sequence[Requeue]) -> list[ItemOutcome]:
+    t0 = _perf()
+    _check_batch(service, len(batch))
+    try:
+        outcomes = await _durable(lambda: service.engine.requeue_nowait(queue, batch))
+    except StorageError as exc:
+        _failed(service, "requeue", exc, t0)
+        raise
+    service.metrics.observe("requeue", _perf() - t0, len(outcomes))
+    return outcomes
+
+
+def _extend(service: Service, queue: str, batch: Sequence[Extend]) -> list[ItemOutcome]:
+    t0 = _perf()
+    _check_batch(service, len(batch))
+    try:
+        outcomes = service.engine.extend(queue, batch)  # in memory: no durable write
+    except StorageError as exc:
+        _failed(service, "extend", exc, t0)
+        raise
+    service.metrics.observe("extend", _perf() - t0, len(outcomes))
+    return outcomes
+
+
+def _results(outcomes: Sequence[ItemOutcome]) -> Response:
+    return json_response({"results": [outcome_dict(o) for o in outcomes]})
+
+
+@router.post("/release", response_model=Results, summary="Release (acknowledge) a batch")
+async def release(queue: QueuePath, body: ReleaseRequest, service: ServiceDep) -> Response:
+    batch = [Release(i.id, i.receipt) for i in body.items]
+    return _results(await _release(service, queue, batch))
+
+
+@router.post("/requeue", response_model=Results, summary="Requeue a batch with new deadlines")
+async def requeue(queue: QueuePath, body: RequeueRequest, service: ServiceDep) -> Response:
+    batch = [Requeue(i.id, i.receipt, i.deadline, i.delay_ms) for i in body.items]
+    return _results(await _requeue(service, queue, batch))
+
+
+@router.post("/extend", response_model=Results, summary="Extend a batch of leases")
+async def extend(queue: QueuePath, body: ExtendRequest, service: ServiceDep) -> Response:
+    batch = [Extend(i.id, i.receipt, i.lease_ms) for i in body.items]
+    return _results(_extend(service, queue, batch))
+
+
+@router.post(
+    "/items/{item_id}/release",
+    response_model=ItemResult,
+    summary="Release one item; a stale receipt is a 409",
+)
+async def release_one(
+    queue: QueuePath, item_id: ItemIdPath, body: ReleaseOne, service: ServiceDep
+) -> Response:
+    return single_outcome(await _release(service, queue, [Release(item_id, body.receipt)]))
+
+
+@router.post(
+    "/items/{item_id}/requeue",
+    response_model=ItemResult,
+    summary="Requeue one item; a stale receipt is a 409",
+)
+async def requeue_one(
+    queue: QueuePath, item_id: ItemIdPath, body: RequeueOne, service: ServiceDep
+) -> Response:
+    batch = [Requeue(item_id, body.receipt, body.deadline, body.delay_ms)]
+    return single_outcome(await _requeue(service, queue, batch))
+
+
+@router.post(
+    "/items/{item_id}/extend",
+    response_model=ItemResult,
+    summary="Extend one lease; a stale receipt is a 409",
+)
+async def extend_one(
+    queue: QueuePath, item_id: ItemIdPath, body: ExtendOne, service: ServiceDep
+) -> Response:
+    return single_outcome(_extend(service, queue, [Extend(item_id, body.receipt, body.lease_ms)]))

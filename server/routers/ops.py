@@ -1,0 +1,39 @@
+"""Operational routes: ``/healthz`` (liveness) and ``/metrics`` (Prometheus text).
+
+Neither needs a bearer token: probes and scrapers run without one. Invariant:
+``/healthz`` is 200 only while the lifespan's engine is open.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from server.dependencies import ServiceDep
+from server.routers._common import ERRORS, json_response
+from server.schemas import Health
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["ops"])
+
+
+@router.get(
+    "/healthz",
+    response_model=Health,
+    responses={503: ERRORS[503]},
+    summary="Liveness: 200 while the engine is open",
+)
+async def healthz(service: ServiceDep) -> Response:
+    return json_response({"status": "ok", "queues": len(service.engine.list_queues())})
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
+    summary="Prometheus metrics",
+)
+async def metrics(request: Request) -> Response:
+    body = request.app.state.metrics.render()
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

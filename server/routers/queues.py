@@ -1,0 +1,99 @@
+"""Queue admin routes: list, read (config + live stats), create/update, delete.
+
+Invariant: the JSON shape of a queue (``QueueInfo``) is built in one function here,
+so ``GET /v1/queues`` and ``GET /v1/queues/{queue}`` cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import APIRouter, Response
+
+from server.dependencies import QueuePath, ServiceDep
+from server.routers._common import ERRORS, json_response
+from server.schemas import QueueConfigBody, QueueInfo, QueueList
+from storage.errors import QueueNotFound, StorageError
+from storage.types import QueueConfig, QueueStats
+
+__all__ = ["queue_info", "router"]
+
+router = APIRouter(prefix="/v1/queues", tags=["queues"], responses=ERRORS)
+_perf = time.perf_counter
+
+
+def queue_info(s: QueueStats) -> dict[str, object]:
+    c = s.config
+    return {
+        "name": s.name,
+        "config": {
+            "default_lease_ms": c.default_lease_ms,
+            "max_deliveries": c.max_deliveries,
+            "dead_letter_queue": c.dead_letter_queue,
+        },
+        "stats": {
+            "pending": s.pending,
+            "due": s.due,
+            "delayed": s.delayed,
+            "leased": s.leased,
+            "segments": s.segments,
+            "bytes_on_disk": s.bytes_on_disk,
+            "oldest_due_age_ms": s.oldest_due_age_ms,
+            "next_id": s.next_id,
+            "extra": dict(s.extra),
+        },
+    }
+
+
+@router.get("", response_model=QueueList, summary="Every queue with its config and stats")
+async def list_queues(service: ServiceDep) -> Response:
+    t0 = _perf()
+    engine = service.engine
+    out = []
+    for name in engine.list_queues():
+        try:
+            out.append(queue_info(engine.stats(name)))
+        except QueueNotFound:  # deleted meanwhile
+            continue
+    service.metrics.observe("queue_list", _perf() - t0, 0)
+    return json_response({"queues": out})
+
+
+@router.get("/{queue}", response_model=QueueInfo, summary="A queue's config and live stats")
+async def get_queue(queue: QueuePath, service: ServiceDep) -> Response:
+    t0 = _perf()
+    try:
+        info = queue_info(service.engine.stats(queue))
+    except StorageError as exc:
+        service.metrics.observe_error("queue_get", exc.code, _perf() - t0)
+        raise
+    service.metrics.observe("queue_get", _perf() - t0, 0)
+    return json_response(info)
+
+
+@router.put("/{queue}", response_model=QueueInfo, summary="Create a queue or replace its config")
+async def put_queue(queue: QueuePath, body: QueueConfigBody, service: ServiceDep) -> Response:
+    t0 = _perf()
+    engine = service.engine
+    config = QueueConfig(body.default_lease_ms, body.max_deliveries, body.dead_letter_queue)
+    try:
+        await asyncio.to_thread(engine.put_queue, queue, config)  # writes and syncs metadata
+        info = queue_info(engine.stats(queue))
+    except StorageError as exc:
+        service.metrics.observe_error("queue_put", exc.code, _perf() - t0)
+        raise
+    service.metrics.observe("queue_put", _perf() - t0, 0)
+    return json_response(info)
+
+
+@router.delete("/{queue}", status_code=204, summary="Delete a queue and all its items")
+async def delete_queue(queue: QueuePath, service: ServiceDep) -> Response:
+    t0 = _perf()
+    try:
+        await asyncio.to_thread(service.engine.delete_queue, queue)
+    except StorageError as exc:
+        service.metrics.observe_error("queue_delete", exc.code, _perf() - t0)
+        raise
+    service.metrics.observe("queue_delete", _perf() - t0, 0)
+    return Response(status_code=204)

@@ -1,0 +1,251 @@
+"""The JSON shapes of the HTTP API (PRODUCT §4), as pydantic models.
+
+These models are the OpenAPI contract: request models validate input (a failure is
+a 422 ``validation_error``), response models document what routes return. Values
+travel as text with an ``encoding``: ``utf-8`` text as is, anything else base64.
+Invariant: a request model that validated carries values and times the engine
+accepts structurally (non-negative, 48-bit times, 64-bit ids); limits that depend on
+settings (batch size, value size) are checked by the routes and the engine.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from storage.codec import MAX_DEADLINE, MAX_ID
+
+__all__ = [
+    "QUEUE_NAME_REGEX",
+    "DequeueRequest",
+    "DequeueResponse",
+    "Encoding",
+    "EnqueueRequest",
+    "EnqueueResponse",
+    "EnqueuedItem",
+    "ErrorBody",
+    "ExtendItem",
+    "ExtendOne",
+    "ExtendRequest",
+    "Health",
+    "ItemOut",
+    "ItemResult",
+    "ItemStatsOut",
+    "NewItemIn",
+    "QueueConfigBody",
+    "QueueInfo",
+    "QueueList",
+    "QueueStatsOut",
+    "ReleaseItem",
+    "ReleaseOne",
+    "ReleaseRequest",
+    "RequeueItem",
+    "RequeueOne",
+    "RequeueRequest",
+    "Results",
+    "decode_value",
+    "encode_value",
+]
+
+QUEUE_NAME_REGEX = r"^[A-Za-z0-9._-]{1,128}$"
+
+Encoding = Literal["utf-8", "base64"]
+Millis = Annotated[int, Field(ge=0, le=MAX_DEADLINE, description="ms since the epoch")]
+Duration = Annotated[int, Field(ge=0, le=MAX_DEADLINE, description="milliseconds")]
+Lease = Annotated[int, Field(ge=1, le=MAX_DEADLINE, description="lease length in ms")]
+ItemId = Annotated[int, Field(ge=0, le=MAX_ID)]
+Receipt = Annotated[str, Field(min_length=1, max_length=512)]
+QueueName = Annotated[str, Field(pattern=QUEUE_NAME_REGEX)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _When(_Strict):
+    """``deadline`` and ``delay_ms`` are two ways to say when; at most one may be given."""
+
+    deadline: Millis | None = Field(None, description="due time; default now")
+    delay_ms: Duration | None = Field(None, description="due this many ms from now")
+
+    @model_validator(mode="after")
+    def _one_when(self) -> Any:
+        if self.deadline is not None and self.delay_ms is not None:
+            raise ValueError("give deadline or delay_ms, not both")
+        return self
+
+
+def decode_value(value: str, encoding: Encoding) -> bytes:
+    if encoding == "utf-8":
+        return value.encode("utf-8")  # a lone surrogate raises: not representable
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"value is not valid base64: {exc}") from exc
+
+
+def encode_value(value: bytes, encoding: Encoding | None) -> tuple[str, Encoding]:
+    """Text for UTF-8 values unless base64 was asked for; base64 for anything else."""
+    if encoding != "base64":
+        try:
+            return value.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            pass
+    return base64.b64encode(value).decode("ascii"), "base64"
+
+
+class NewItemIn(_When):
+    value: str = Field(description="the item's value, as text in `encoding`")
+    encoding: Encoding = "utf-8"
+    _data: bytes = PrivateAttr(default=b"")
+
+    @model_validator(mode="after")
+    def _decode(self) -> NewItemIn:
+        self._data = decode_value(self.value, self.encoding)
+        return self
+
+    @property
+    def data(self) -> bytes:
+        return self._data
+
+
+class EnqueueRequest(_Strict):
+    items: list[NewItemIn] = Field(min_length=1)
+
+
+class EnqueuedItem(BaseModel):
+    id: int
+    deadline: int
+
+
+class EnqueueResponse(BaseModel):
+    items: list[EnqueuedItem]
+
+
+class DequeueRequest(_Strict):
+    count: int = Field(1, ge=1, le=1_000_000, description="at most this many items")
+    lease_ms: Lease | None = Field(None, description="lease length; default: the queue's")
+    wait_ms: Duration = Field(
+        0, description="long-poll up to this long (clamped to the server's max)"
+    )
+    encoding: Encoding | None = Field(
+        None, description="force base64 values; default text when UTF-8"
+    )
+
+
+class ItemStatsOut(BaseModel):
+    enqueue_time: int
+    requeue_time: int
+    dequeue_count: int
+
+
+class ItemOut(BaseModel):
+    id: int
+    receipt: str
+    value: str
+    encoding: Encoding
+    deadline: int
+    stats: ItemStatsOut
+    lease_expires: int
+
+
+class DequeueResponse(BaseModel):
+    items: list[ItemOut]
+
+
+class ReleaseItem(_Strict):
+    id: ItemId
+    receipt: Receipt
+
+
+class ReleaseRequest(_Strict):
+    items: list[ReleaseItem] = Field(min_length=1)
+
+
+class RequeueItem(_When):
+    id: ItemId
+    receipt: Receipt
+
+
+class RequeueRequest(_Strict):
+    items: list[RequeueItem] = Field(min_length=1)
+
+
+class ExtendItem(_Strict):
+    id: ItemId
+    receipt: Receipt
+    lease_ms: Lease
+
+
+class ExtendRequest(_Strict):
+    items: list[ExtendItem] = Field(min_length=1)
+
+
+class ReleaseOne(_Strict):
+    receipt: Receipt
+
+
+class RequeueOne(_When):
+    receipt: Receipt
+
+
+class ExtendOne(_Strict):
+    receipt: Receipt
+    lease_ms: Lease
+
+
+class ItemResult(BaseModel):
+    """One item's outcome; ``error`` is a stable code when ``ok`` is false."""
+
+    id: int
+    ok: bool
+    error: str | None = None
+    message: str | None = None
+    receipt: str | None = Field(None, description="extend: the new receipt")
+    deadline: int | None = Field(None, description="requeue: the new deadline")
+    lease_expires: int | None = Field(None, description="extend: when the lease now ends")
+
+
+class Results(BaseModel):
+    results: list[ItemResult]
+
+
+class QueueConfigBody(_Strict):
+    default_lease_ms: Lease = 30_000
+    max_deliveries: int | None = Field(None, ge=1, le=0xFFFFFFFF)
+    dead_letter_queue: QueueName | None = None
+
+
+class QueueStatsOut(BaseModel):
+    pending: int
+    due: int
+    delayed: int
+    leased: int
+    segments: int
+    bytes_on_disk: int
+    oldest_due_age_ms: int | None
+    next_id: int
+    extra: dict[str, int] = Field(default_factory=dict)
+
+
+class QueueInfo(BaseModel):
+    name: str
+    config: QueueConfigBody
+    stats: QueueStatsOut
+
+
+class QueueList(BaseModel):
+    queues: list[QueueInfo]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    queues: int
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="stable machine-readable code")
+    message: str

@@ -1,0 +1,118 @@
+"""The one typed settings object of the server, read from ``DQ_*`` variables and CLI flags.
+
+Invariant: settings are loaded once (``Settings.from_env`` then ``replace`` with flags)
+and never mutated afterwards; tests build their own ``Settings`` and hand it to
+``create_app``. Every field has a documented ``DQ_*`` variable (see ``docs/http.md``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from storage.types import FsyncMode
+
+__all__ = ["FSYNC_MODES", "Settings", "SettingsError"]
+
+FSYNC_MODES: tuple[FsyncMode, ...] = ("always", "interval", "never")
+
+#: Room for a value's base64 expansion plus its JSON framing, per item of a batch.
+_BASE64_RATIO = 4 / 3
+_PER_ITEM_OVERHEAD = 256
+
+
+class SettingsError(ValueError):
+    """A ``DQ_*`` variable or flag holds a value the server cannot use."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the server needs to start, with the product's defaults."""
+
+    data_dir: str = "./dq-data"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    fsync: FsyncMode = "always"
+    fsync_interval_ms: int = 50
+    tokens: tuple[str, ...] = ()
+    max_batch: int = 1000
+    max_value_bytes: int = 1 << 20
+    #: 0 means "derive from max_value_bytes x max_batch" (PRODUCT §4).
+    max_body_bytes: int = 0
+    max_wait_ms: int = 20_000
+    expire_interval_ms: int = 250
+    shutdown_timeout_s: float = 30.0
+    shm: bool = False
+    log_level: str = "info"
+    #: Every other ``DQ_*`` variable, lower-cased without the prefix, for plug-ins
+    #: (the shm server reads its ring sizes from here).
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def body_limit(self) -> int:
+        """The largest request body accepted, in bytes."""
+        if self.max_body_bytes > 0:
+            return self.max_body_bytes
+        per_item = int(self.max_value_bytes * _BASE64_RATIO) + _PER_ITEM_OVERHEAD
+        return per_item * self.max_batch + 64 * 1024
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` applied (``None`` values are ignored), validated."""
+        clean = {k: v for k, v in changes.items() if v is not None}
+        return dataclasses.replace(self, **clean).validated()
+
+    def validated(self) -> Settings:
+        if self.fsync not in FSYNC_MODES:
+            raise SettingsError(f"fsync must be one of {', '.join(FSYNC_MODES)}: {self.fsync!r}")
+        for name in ("port", "max_batch", "max_value_bytes", "expire_interval_ms"):
+            if getattr(self, name) < (0 if name == "port" else 1):
+                raise SettingsError(f"{name} must be positive: {getattr(self, name)!r}")
+        if self.max_wait_ms < 0 or self.fsync_interval_ms < 1 or self.max_body_bytes < 0:
+            raise SettingsError(
+                "max_wait_ms, fsync_interval_ms and max_body_bytes are out of range"
+            )
+        return self
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Defaults overridden by every ``DQ_<FIELD>`` variable that is set."""
+        env = os.environ if environ is None else environ
+        changes: dict[str, Any] = {}
+        known = {"DQ_" + f.name.upper(): f for f in dataclasses.fields(cls) if f.name != "extra"}
+        extra: dict[str, str] = {}
+        for key, raw in env.items():
+            if not key.startswith("DQ_") or raw == "":
+                continue
+            f = known.get(key)
+            if f is None:
+                extra[key[3:].lower()] = raw
+            else:
+                changes[f.name] = _parse(f.name, cast(str, f.type), raw)
+        return cls().replace(extra=extra, **changes)
+
+
+def _parse(name: str, kind: str, raw: str) -> object:
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        if kind == "bool":
+            return _parse_bool(raw)
+        if kind.startswith("tuple"):
+            return tuple(t.strip() for t in raw.split(",") if t.strip())
+    except ValueError as exc:
+        raise SettingsError(f"DQ_{name.upper()}={raw!r}: {exc}") from exc
+    return raw
+
+
+def _parse_bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError("expected a boolean (1/0, true/false, yes/no, on/off)")
