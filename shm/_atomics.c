@@ -343,8 +343,9 @@ load_sized(const char *p, int size)
 /*
  * Wait until the `size`-byte value at `p` differs from `old`. Spin for `spin_ns`, then
  * park on the aligned 32-bit futex word `w` (which must change whenever the value does, or
- * be woken by the writer). Runs without the GIL. Returns 0 with *out set, ETIMEDOUT, or
- * EINTR (the caller checks signals and calls again with the remaining time).
+ * be woken by the writer). Runs without the GIL. Returns 0 with *out set (the new value;
+ * or the unchanged one after a FUTEX_WAKE, so a waker can interrupt the wait), ETIMEDOUT,
+ * or EINTR (the caller checks signals and calls again with the remaining time).
  */
 static int
 spin_then_park(const char *p, int size, uint64_t old, uint32_t *w, int64_t spin_ns,
@@ -382,6 +383,12 @@ spin_then_park(const char *p, int size, uint64_t old, uint32_t *w, int64_t spin_
         int err = futex_wait_raw(w, wv, left);
         if (err == EINTR) {
             return EINTR;
+        }
+        if (err == 0) {
+            /* woken: report the current value even if unchanged, so that a futex_wake
+               without a change (e.g. "stop waiting") reaches the caller */
+            *out = load_sized(p, size);
+            return 0;
         }
     }
 }

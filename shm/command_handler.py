@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 ASYNC_OPS = frozenset({Op.PUT, Op.DELETE, Op.REQUEUE})
 _KNOWN_OPS = frozenset(int(op) for op in Op)
 FUTURE_POLL_S = 1.0
+STOP_POLL_S = 0.2  # how soon a long-polling FIND notices its session stopping
 Result = tuple[int, bytes]
 
 
@@ -192,7 +193,7 @@ class CommandHandler:
                 wakeup = engine.next_wakeup(queue)
                 if wakeup is not None:
                     left = min(left, max(0.001, (wakeup - engine.now()) / 1000))
-                published.wait(min(left, FUTURE_POLL_S))
+                published.wait(min(left, STOP_POLL_S))
                 published.clear()
                 items = engine.dequeue(queue, args.count, args.lease_ms)
         finally:

@@ -238,13 +238,16 @@ class ClientRing:
         """Wait for the response in slot ``index`` and copy it out. Caller holds lock."""
         mm = self._mm
         off = slot_offset(index)
-        ready = at.load_u8(mm, off + RESPONSE_READY)
-        if ready == 0:
-            ready = at.spin_wait_u8(mm, off + RESPONSE_READY, 0, timeout_s, self.spin_us) or 0
-        if self.closed:
-            raise RingClosed("ring closed while waiting for a response")
-        if ready == 0:
-            raise RingTimeout("no response from the server", slot=index, timeout_s=timeout_s)
+        end = time.monotonic() + timeout_s
+        spin_us = self.spin_us
+        while at.load_u8(mm, off + RESPONSE_READY) == 0:
+            if self.closed:
+                raise RingClosed("ring closed while waiting for a response")
+            left = end - time.monotonic()
+            if left <= 0:
+                raise RingTimeout("no response from the server", slot=index, timeout_s=timeout_s)
+            at.spin_wait_u8(mm, off + RESPONSE_READY, 0, left, spin_us)
+            spin_us = 0.0
         (size,) = U32.unpack_from(self._view, off + RESPONSE_SIZE)
         if not RESPONSE_HEAD.size <= size <= RESPONSE_MAX:
             raise ProtocolError("response_size out of range", slot=index, size=size)

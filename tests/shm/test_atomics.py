@@ -152,6 +152,19 @@ def test_spin_wait_parks_then_wakes_on_a_store_and_wake_from_another_thread() ->
     mm.close()
 
 
+def test_a_wake_without_a_change_interrupts_spin_wait() -> None:
+    mm = mmap.mmap(-1, 64)
+    got: list[int | None] = []
+    t = threading.Thread(target=lambda: got.append(at.spin_wait_u64(mm, 8, 0, 10.0, 0.0)))
+    t.start()
+    deadline = time.monotonic() + 5
+    while at.futex_wake(mm, 8) == 0 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    t.join(timeout=10)
+    assert got == [0]  # returned the unchanged value: the caller re-checks why it woke
+    mm.close()
+
+
 CHILD = """
 import mmap, sys
 from shm import _atomics as at
