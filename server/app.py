@@ -14,6 +14,7 @@ from fastapi import Depends, FastAPI
 from server.dependencies import require_token
 from server.errors import install_error_handlers
 from server.lifespan import make_lifespan
+from server.limits import BodyLimit
 from server.metrics import Metrics
 from server.routers import consumers, items, ops, queues
 from server.settings import Settings
@@ -40,8 +41,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         version="1",
         description=_DESCRIPTION,
         lifespan=make_lifespan(settings, engine),
-        max_body_size=settings.body_limit,
     )
+    app.add_middleware(BodyLimit, limit=settings.body_limit)
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.service = None

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from client import Client
 
-__all__ = ["add_common", "emit_json", "run_remote", "value_text"]
+__all__ = ["add_common", "console", "emit_json", "run_remote", "value_text"]
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -28,6 +28,13 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=os.environ.get("DQ_URL", DEFAULT_URL), help="server (DQ_URL)")
     p.add_argument("--token", default=os.environ.get("DQ_TOKEN"), help="bearer token (DQ_TOKEN)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def console() -> Any:
+    """A rich console; wide when piped, so names and numbers are never cut."""
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200)
 
 
 def value_text(value: bytes) -> str:

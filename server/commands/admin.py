@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from server.commands._remote import add_common, emit_json, run_remote
+from server.commands._remote import add_common, console, emit_json, run_remote
 
 if TYPE_CHECKING:
     from client import Client, QueueInfo
@@ -35,20 +35,18 @@ def queues(args: argparse.Namespace) -> int:
         if args.json:
             emit_json(found)
             return 0
-        from rich.console import Console
         from rich.table import Table
 
         table = Table("queue", *_COLUMNS)
         for q in found:
             table.add_row(q.name, *(_cell(getattr(q.stats, c)) for c in _COLUMNS))
-        Console().print(table)
+        console().print(table)
         return 0
 
     return run_remote(args, action)
 
 
 def _show(info: QueueInfo) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table("field", "value", title=f"queue {info.name}")
@@ -58,7 +56,7 @@ def _show(info: QueueInfo) -> None:
         table.add_row(name, _cell(getattr(info.stats, name)))
     for name, value in sorted(info.stats.extra.items()):
         table.add_row(name, str(value))
-    Console().print(table)
+    console().print(table)
 
 
 def stats(args: argparse.Namespace) -> int:

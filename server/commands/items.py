@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from server.commands._remote import add_common, emit_json, run_remote, value_text
+from server.commands._remote import add_common, console, emit_json, run_remote, value_text
 
 if TYPE_CHECKING:
     from client import Client
@@ -83,7 +83,6 @@ def get(args: argparse.Namespace) -> int:
         elif not items:
             print("(no due items)", file=sys.stderr)
         else:
-            from rich.console import Console
             from rich.table import Table
 
             table = Table("id", "receipt", "deadline", "deliveries", "value")
@@ -95,7 +94,7 @@ def get(args: argparse.Namespace) -> int:
                     str(i.stats.dequeue_count),
                     value_text(i.value),
                 )
-            Console().print(table)
+            console().print(table)
         return 0
 
     return run_remote(args, action)

@@ -1,0 +1,106 @@
+"""A real ``dq serve`` subprocess on 127.0.0.1 for end-to-end tests.
+
+Every wait has a timeout; ``stop()`` sends SIGTERM and falls back to SIGKILL, so a test
+never leaves a server behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import httpx
+
+__all__ = ["LiveServer", "free_port", "live_server"]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class LiveServer:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        fsync: str = "never",
+        env: Mapping[str, str] | None = None,
+        port: int | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        self.fsync = fsync
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = dict(env or {})
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / f"server-{self.port}.log"
+
+    def start(self, timeout: float = 30.0) -> LiveServer:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DQ_")}
+        env.update(self.env)
+        cmd = [
+            sys.executable, "-m", "server.cli", "serve",
+            "--data-dir", str(self.data_dir), "--port", str(self.port), "--fsync", self.fsync,
+            "--log-level", "warning",
+        ]  # fmt: skip
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        give_up = time.monotonic() + timeout
+        while time.monotonic() < give_up:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
+                    return self
+            time.sleep(0.05)
+        self.kill()
+        raise RuntimeError(f"server did not come up in {timeout}s: {self.log()}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def terminate(self, timeout: float = 30.0) -> int:
+        """SIGTERM (graceful drain); returns the exit status."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+
+@contextlib.contextmanager
+def live_server(data_dir: Path, **options: object) -> Iterator[LiveServer]:
+    server = LiveServer(data_dir, **options)  # type: ignore[arg-type]
+    server.start()
+    try:
+        yield server
+    finally:
+        try:
+            server.terminate(timeout=15)
+        except subprocess.TimeoutExpired:
+            pass
+        server.kill()

@@ -1,0 +1,115 @@
+"""``dq`` as a subprocess: client commands against a live server, and ``dq serve`` itself."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.server.live import REPO, LiveServer
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def dq(
+    server: LiveServer, *args: str, stdin: bytes | None = None
+) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "server.cli", *args, "--url", server.url]
+    return subprocess.run(
+        cmd,
+        cwd=REPO,
+        input=stdin.decode() if stdin else None,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_put_get_ack_json(server: LiveServer, queue: str) -> None:
+    put = dq(server, "put", queue, "one", "two", "--json")
+    assert put.returncode == 0, put.stderr
+    ids = [e["id"] for e in json.loads(put.stdout)]
+    got = dq(server, "get", queue, "-n", "5", "--json")
+    items = json.loads(got.stdout)
+    assert [i["id"] for i in items] == ids and [i["value"] for i in items] == ["one", "two"]
+    ack = dq(server, "ack", queue, str(items[0]["id"]), items[0]["receipt"])
+    assert ack.returncode == 0 and f"released {ids[0]}" in ack.stdout
+    again = dq(server, "ack", queue, str(items[0]["id"]), items[0]["receipt"])
+    assert again.returncode == 1 and "stale_receipt" in again.stderr
+    rq = dq(
+        server,
+        "requeue",
+        queue,
+        str(items[1]["id"]),
+        items[1]["receipt"],
+        "--delay-ms",
+        "60000",
+        "--json",
+    )
+    assert rq.returncode == 0 and json.loads(rq.stdout)["ok"] is True
+    stats = json.loads(dq(server, "stats", queue, "--json").stdout)
+    assert (
+        stats["name"] == queue and stats["stats"]["pending"] == 1 and stats["stats"]["delayed"] == 1
+    )
+
+
+def test_human_output(server: LiveServer, queue: str) -> None:
+    assert dq(server, "put", queue, stdin=b"from stdin").returncode == 0
+    got = dq(server, "get", queue, "--ack")
+    assert got.returncode == 0 and "from stdin" in got.stdout
+    listing = dq(server, "queues")
+    assert listing.returncode == 0 and queue in listing.stdout
+    assert "pending" in dq(server, "stats", queue).stdout
+    missing = dq(server, "stats", "no-such-queue")
+    assert missing.returncode == 1 and "queue_not_found" in missing.stderr
+
+
+def test_serve_drains_long_polls_on_sigterm(tmp_path: Path) -> None:
+    server = LiveServer(tmp_path / "data", fsync="always").start()
+    try:
+        httpx.put(server.url + "/v1/queues/q", json={}, timeout=10).raise_for_status()
+        with httpx.Client(timeout=30) as http:
+            import threading
+
+            result: dict[str, object] = {}
+
+            def poll() -> None:
+                r = http.post(server.url + "/v1/queues/q/dequeue", json={"wait_ms": 20_000})
+                result["status"], result["body"] = r.status_code, r.json()
+
+            t = threading.Thread(target=poll)
+            t.start()
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            assert server.terminate(timeout=30) == 0
+            t.join(30)
+        assert result == {"status": 200, "body": {"items": []}}
+        assert time.monotonic() - t0 < 15  # drained, not waited out
+    finally:
+        server.kill()
+    # the data directory is closed cleanly: a new server opens it at once
+    again = LiveServer(tmp_path / "data").start()
+    try:
+        assert httpx.get(again.url + "/v1/queues/q").status_code == 200
+    finally:
+        again.terminate()
+
+
+def test_serve_rejects_bad_settings(tmp_path: Path) -> None:
+    cmd = [
+        sys.executable,
+        "-m",
+        "server.cli",
+        "serve",
+        "--data-dir",
+        str(tmp_path),
+        "--max-batch",
+        "0",
+    ]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "max_batch" in r.stderr
