@@ -88,7 +88,11 @@ user="$("$engine" image inspect "$DQ_IMAGE" --format '{{.Config.User}}')"
 [ -n "$user" ] && [ "$user" != root ] && [ "$user" != 0 ] || fail "image runs as root ($user)"
 ok "image runs as non-root user '$user'"
 
-container_id() { "${compose[@]}" ps -q dq 2>/dev/null | tail -n 1; }
+# Both compose implementations label their containers with project and service.
+container_id() {
+    "$engine" ps -a -q --filter "label=com.docker.compose.project=$project" \
+        --filter label=com.docker.compose.service=dq | head -n 1
+}
 
 # Bounded wait for the health check. podman without systemd never runs health checks on its
 # own, so on podman we run the image's check ourselves; docker reports its own status.
