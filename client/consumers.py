@@ -4,7 +4,8 @@
 ``KeyedEnqueuer`` speaks ``/v1/queues/{queue}/batches``; ``docs/spark.md`` specifies
 both. Every call of the protocol is safe to repeat (pull tops up, read re-reads, commit
 and ack are idempotent, a keyed batch runs once), so both classes retry transport
-errors and 503s a few times with backoff. Objects hold an ``httpx.Client``: create
+errors and 503s a few times with backoff. Errors are the client's own tree
+(``client.errors``): ``TransportError`` or a ``ServerError`` subclass with the server's code. Objects hold an ``httpx.Client``: create
 them where they are used (in a Spark task, inside ``read``/``write``), never pickle them.
 """
 
@@ -20,11 +21,12 @@ from typing import Any
 
 import httpx
 
+from client.errors import ServerError, TransportError, error_for
+
 __all__ = [
     "Acked",
     "ConsumerClient",
     "ConsumerInfo",
-    "ConsumerProtocolError",
     "KeyedEnqueuer",
     "LoggedItem",
     "PullRange",
@@ -34,16 +36,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _RETRY_STATUS = frozenset({502, 503, 504})
-
-
-class ConsumerProtocolError(Exception):
-    """The server refused a protocol call; ``code`` is its stable error code."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,9 +127,9 @@ class _Http:
         for attempt in range(self._retries + 1):
             try:
                 r = self._http.request(method, path, json=body)
-            except httpx.TransportError:
+            except httpx.TransportError as exc:
                 if attempt == self._retries:
-                    raise
+                    raise TransportError(f"{method} {path}: {exc}") from exc
                 log.warning("%s %s failed, retrying in %.1fs", method, path, delay)
             else:
                 if r.status_code not in _RETRY_STATUS or attempt == self._retries:
@@ -157,7 +149,7 @@ class _Http:
             code, message = str(err.get("error")), str(err.get("message"))
         except ValueError:
             code, message = "http_error", r.text[:200]
-        raise ConsumerProtocolError(r.status_code, code, message)
+        raise error_for(r.status_code, code, message)
 
 
 class ConsumerClient:
@@ -202,7 +194,7 @@ class ConsumerClient:
     def info(self) -> ConsumerInfo | None:
         try:
             return ConsumerInfo(**self._http.call("GET", self._base))
-        except ConsumerProtocolError as e:
+        except ServerError as e:
             if e.code == "consumer_not_found":
                 return None
             raise
@@ -247,7 +239,7 @@ class ConsumerClient:
         """Give back everything the consumer holds and forget it; False if it did not exist."""
         try:
             self._http.call("DELETE", self._base)
-        except ConsumerProtocolError as e:
+        except ServerError as e:
             if e.code == "consumer_not_found":
                 return False
             raise
