@@ -101,11 +101,18 @@ class _Base:
 
 
 class HttpTransport(_Base):
-    """Blocking transport; one pooled ``httpx.Client``."""
+    """Blocking transport; one pooled ``httpx.Client`` (``http_transport``: tests' mock)."""
 
-    def __init__(self, url: str, **options: Any) -> None:
+    def __init__(
+        self, url: str, *, http_transport: httpx.BaseTransport | None = None, **options: Any
+    ) -> None:
         super().__init__(url, **options)
-        self._http = httpx.Client(base_url=self.url, headers=self._headers, timeout=self._timeout)
+        self._http = httpx.Client(
+            base_url=self.url,
+            headers=self._headers,
+            timeout=self._timeout,
+            transport=http_transport,
+        )
 
     def _send(self, call: _Call) -> Any:
         attempt = 0
@@ -169,10 +176,15 @@ class HttpTransport(_Base):
 class AsyncHttpTransport(_Base):
     """Asyncio transport; one pooled ``httpx.AsyncClient``."""
 
-    def __init__(self, url: str, **options: Any) -> None:
+    def __init__(
+        self, url: str, *, http_transport: httpx.AsyncBaseTransport | None = None, **options: Any
+    ) -> None:
         super().__init__(url, **options)
         self._http = httpx.AsyncClient(
-            base_url=self.url, headers=self._headers, timeout=self._timeout
+            base_url=self.url,
+            headers=self._headers,
+            timeout=self._timeout,
+            transport=http_transport,
         )
 
     async def _send(self, call: _Call) -> Any:

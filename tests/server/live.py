@@ -99,8 +99,6 @@ def live_server(data_dir: Path, **options: object) -> Iterator[LiveServer]:
     try:
         yield server
     finally:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             server.terminate(timeout=15)
-        except subprocess.TimeoutExpired:
-            pass
         server.kill()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -74,8 +75,6 @@ def test_serve_drains_long_polls_on_sigterm(tmp_path: Path) -> None:
     try:
         httpx.put(server.url + "/v1/queues/q", json={}, timeout=10).raise_for_status()
         with httpx.Client(timeout=30) as http:
-            import threading
-
             result: dict[str, object] = {}
 
             def poll() -> None:

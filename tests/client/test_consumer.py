@@ -1,0 +1,99 @@
+"""The consumer helpers and the async client against a live server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from client import AsyncClient, Backoff, Client, Item
+from tests.server.live import LiveServer
+
+
+def test_backoff_grows_and_caps() -> None:
+    b = Backoff(base_ms=100, factor=2.0, max_ms=1000, jitter=0.0)
+    assert [b.delay_ms(n) for n in (1, 2, 3, 4, 5, 6)] == [100, 200, 400, 800, 1000, 1000]
+    jittered = Backoff(base_ms=1000, jitter=0.1)
+    assert all(900 <= jittered.delay_ms(1) <= 1100 for _ in range(50))
+
+
+def test_consumer_releases_on_success_and_requeues_on_failure(dq: Client, queue: str) -> None:
+    dq.enqueue_many(queue, [b"ok-1", b"boom", b"ok-2"])
+    seen: list[bytes] = []
+
+    def handler(item: Item) -> None:
+        seen.append(item.value)
+        if item.value == b"boom":
+            raise RuntimeError("handler failed")
+
+    consumer = dq.consumer(queue, count=3, wait_ms=1_000, backoff=Backoff(base_ms=60_000, jitter=0))
+    stats = consumer.run(handler, max_items=3)
+    assert seen == [b"ok-1", b"boom", b"ok-2"]
+    assert (stats.released, stats.requeued, stats.lost) == (2, 1, 0)
+    info = dq.queue(queue).stats
+    assert (info.pending, info.delayed, info.leased) == (1, 1, 0)  # boom waits out its backoff
+
+
+def test_consumer_extends_leases_while_the_handler_runs(dq: Client, queue: str) -> None:
+    dq.enqueue(queue, b"slow")
+    consumer = dq.consumer(queue, lease_ms=300, wait_ms=1_000)
+    other: list[Item] = []
+
+    def slow(item: Item) -> None:
+        give_up = time.monotonic() + 1.2  # four lease lengths
+        while time.monotonic() < give_up:
+            other.extend(dq.dequeue(queue))  # nobody else may get it meanwhile
+            time.sleep(0.1)
+
+    stats = consumer.run(slow, max_items=1)
+    assert other == [] and stats.released == 1 and stats.lost == 0
+    assert dq.queue(queue).stats.pending == 0
+
+
+def test_consumer_stops_on_event(dq: Client, queue: str) -> None:
+    dq.put_queue(queue)
+    stop = threading.Event()
+    threading.Timer(0.3, stop.set).start()
+    t0 = time.monotonic()
+    stats = dq.consumer(queue, wait_ms=200).run(lambda item: None, stop=stop)
+    assert stats.released == 0 and time.monotonic() - t0 < 5
+
+
+def test_async_client_and_consumer(server: LiveServer, queue: str) -> None:
+    async def run() -> None:
+        async with AsyncClient(server.url) as dq:
+            ids = [e.id for e in await dq.enqueue_many(queue, [b"a", b"b", b"bad"])]
+            assert await dq.enqueue(queue, b"c") == ids[-1] + 1
+            handled: list[bytes] = []
+
+            async def handler(item: Item) -> None:
+                handled.append(item.value)
+                if item.value == b"bad":
+                    raise ValueError("no")
+
+            consumer = dq.consumer(queue, count=10, wait_ms=500, backoff=Backoff(base_ms=50_000))
+            stats = await consumer.run(handler, max_items=4)
+            assert handled == [b"a", b"b", b"bad", b"c"]
+            assert (stats.released, stats.requeued) == (3, 1)
+            info = await dq.queue(queue)
+            assert info.stats.delayed == 1
+            assert queue in [q.name for q in await dq.queues()]
+            await dq.delete_queue(queue)
+            assert (await dq.health())["status"] == "ok"
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("count", [1, 5])
+def test_async_long_poll(server: LiveServer, queue: str, count: int) -> None:
+    async def run() -> list[Item]:
+        async with AsyncClient(server.url) as dq:
+            await dq.put_queue(queue)
+            waiter = asyncio.create_task(dq.dequeue(queue, count=count, wait_ms=4_000))
+            await asyncio.sleep(0.2)
+            await dq.enqueue(queue, b"x")
+            return await asyncio.wait_for(waiter, 10)
+
+    assert [i.value for i in asyncio.run(run())] == [b"x"]

@@ -1,0 +1,37 @@
+"""The one mapping from storage errors to HTTP statuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.errors import status_for
+from storage import errors as e
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [
+        (e.InvalidArgument("x"), 400),
+        (e.InvalidQueueName("x"), 400),
+        (e.InvalidDeadline("x"), 400),
+        (e.InvalidReceipt("x"), 400),
+        (e.ValueTooLarge("x"), 413),
+        (e.BatchTooLarge("x"), 413),
+        (e.QueueNotFound("x"), 404),
+        (e.ItemNotFound("x"), 404),
+        (e.StaleReceipt("x"), 409),
+        (e.ConfigConflict("x"), 409),
+        (e.StorageFull("x"), 507),
+        (e.EngineUnavailable("x"), 503),
+        (e.DataDirLocked("x"), 503),
+        (e.CorruptionError("x"), 500),
+    ],
+)
+def test_status_for(exc: e.StorageError, status: int) -> None:
+    assert status_for(exc) == status
+
+
+def test_every_storage_error_class_is_mapped_deliberately() -> None:
+    classes = {getattr(e, n) for n in e.__all__} - {e.StorageError}
+    unmapped = {c for c in classes if status_for(c("x")) == 500}
+    assert unmapped == {e.CorruptionError}  # a server fault, not bad input
