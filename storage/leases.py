@@ -61,7 +61,7 @@ class Leases:
     def receipt(self, item_id: int, lease: Lease) -> str:
         return f"{self.epoch}.{item_id:x}.{lease.delivery:x}"
 
-    def check(self, item_id: int, receipt: str, next_id: int) -> Lease:
+    def check(self, item_id: int, receipt: str, next_id: int, now: int) -> Lease:
         """The live lease ``receipt`` names, or raise why not."""
         parts = receipt.split(".") if isinstance(receipt, str) else []
         try:
@@ -75,7 +75,7 @@ class Leases:
         if item_id >= next_id or item_id <= 0:
             raise ItemNotFound("no item with this id was ever enqueued here", id=item_id)
         lease = self._by_id.get(item_id)
-        if epoch != self.epoch or lease is None or lease.delivery != delivery:
+        if epoch != self.epoch or lease is None or lease.delivery != delivery or lease.expires <= now:
             raise StaleReceipt(
                 "that delivery is over (released, requeued, expired, or the server restarted)",
                 id=item_id,

@@ -497,13 +497,14 @@ class Queue:
         return rollback
 
     def release(self, items: Sequence[Release]) -> Future[list[ItemOutcome]]:
+        now = self.engine.now()
         outcomes: list[ItemOutcome] = []
         with self.lock:
             self._check_open()
             taken: list[tuple[int, Lease]] = []
             for r in items:
                 try:
-                    lease = self.leases.check(r.id, r.receipt, self.next_id)
+                    lease = self.leases.check(r.id, r.receipt, self.next_id, now)
                 except StorageError as exc:
                     outcomes.append(ItemOutcome(r.id, exc.code, exc.message))
                     continue
@@ -537,7 +538,7 @@ class Queue:
                 order.append(r.id)
                 try:
                     deadline = resolve_deadline(r.deadline, r.delay_ms, now)
-                    lease = self.leases.check(r.id, r.receipt, self.next_id)
+                    lease = self.leases.check(r.id, r.receipt, self.next_id, now)
                 except StorageError as exc:
                     results[r.id] = ItemOutcome(r.id, exc.code, exc.message)
                     continue
@@ -565,7 +566,7 @@ class Queue:
             for e in items:
                 try:
                     check_lease_ms(e.lease_ms)
-                    lease = self.leases.check(e.id, e.receipt, self.next_id)
+                    lease = self.leases.check(e.id, e.receipt, self.next_id, now)
                 except StorageError as exc:
                     out.append(ItemOutcome(e.id, exc.code, exc.message))
                     continue

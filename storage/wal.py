@@ -74,10 +74,12 @@ class WalContents:
     records: list[tuple[int, bytes]] = field(default_factory=list)  # (offset, payload)
     valid_end: int = HEADER.size
     file_size: int = 0
+    #: everything after ``valid_end`` is zeros (preallocated space, not damage)
+    zero_tail: bool = False
 
     @property
     def torn_bytes(self) -> int:
-        return self.file_size - self.valid_end
+        return 0 if self.zero_tail else self.file_size - self.valid_end
 
 
 def _parse_header(path: str, data: bytes) -> tuple[int, int]:
@@ -140,7 +142,7 @@ def read_wal(path: str) -> WalContents:
                     )
             # preallocated space (or a torn write that left only zeros)
             contents.valid_end = pos
-            contents.file_size = len(data) if data[pos:].strip(b"\0") else pos
+            contents.zero_tail = not data[pos:].strip(b"\0")
             return contents
         rec = _record_at(data, pos)
         if rec is None:
@@ -159,7 +161,14 @@ def read_wal(path: str) -> WalContents:
 def recover_wal(path: str) -> WalContents:
     """Read a log and cut off a torn tail, copying the bad bytes aside first."""
     contents = read_wal(path)
-    if contents.torn_bytes > 0:
+    if contents.zero_tail and contents.file_size > contents.valid_end:
+        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            fileio.truncate(fd, contents.valid_end, path)
+            fileio.fsync(fd, path)
+        finally:
+            os.close(fd)
+    elif contents.torn_bytes > 0:
         with open(path, "rb") as f:
             f.seek(contents.valid_end)
             bad = f.read()

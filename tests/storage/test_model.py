@@ -1,0 +1,275 @@
+"""The engine and a trivial in-memory model, driven through the same random operations.
+
+Hypothesis picks enqueues (with past, present and future deadlines), dequeues,
+releases, requeues, extends, stale receipts, clock moves, lease expiry, freezes,
+merges of any contiguous segment range, and close-and-reopen; after every step the
+engine and the model must agree on what was delivered and on the counts.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from storage import Engine, EngineConfig, Extend, NewItem, QueueConfig, Release, Requeue
+from storage.codec import encode_key, key_deadline, key_id
+from tests.storage.conftest import FakeClock
+
+Q = "jobs"
+DLQ = "jobs.dead"
+
+
+@dataclass
+class Item:
+    id: int
+    deadline: int
+    value: bytes
+    enqueue_time: int
+    requeue_time: int = 0
+    count: int = 0  # dequeue_count as the engine holds it in memory
+    durable_count: int = 0  # as last written to the log
+    receipt: str | None = None
+    lease_expires: int = 0
+
+
+class EngineVsModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="dq-model-")
+        self.clock = FakeClock()
+        self.config = EngineConfig(
+            fsync="never", compaction="inline", auto_merge=False, memseg_bytes=4096, max_frozen=2
+        )
+        self.engine = Engine.open(self.dir, self.config, clock=self.clock)
+        self.engine.put_queue(Q, QueueConfig(default_lease_ms=1000, max_deliveries=3, dead_letter_queue=DLQ))
+        self.model: dict[str, dict[int, Item]] = {Q: {}, DLQ: {}}
+        self.stale: list[tuple[int, str]] = []
+        self.values = 0
+
+    def teardown(self) -> None:
+        self.engine.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -------------------------------------------------------------- model helpers
+
+    def place(self, queue: str, deadline: int, item_id: int) -> int:
+        """The engine's rule: a key at or below the cursor moves just past it."""
+        cursor = self.engine.queue(queue).cursor
+        if cursor and encode_key(deadline, item_id) <= cursor:
+            cd = key_deadline(cursor)
+            return cd if item_id > key_id(cursor) else cd + 1
+        return deadline
+
+    def leased(self, queue: str = Q) -> list[Item]:
+        return [i for i in self.model[queue].values() if i.receipt is not None]
+
+    def expire(self, queue: str) -> None:
+        now = self.clock.now
+        if queue not in self.engine.list_queues():
+            return
+        for item in sorted(self.model[queue].values(), key=lambda i: i.id):
+            if item.receipt is not None and item.lease_expires <= now:
+                self.stale.append((item.id, item.receipt))
+                item.receipt = None
+                item.deadline = self.place(queue, now, item.id)
+                item.requeue_time = now
+                item.durable_count = item.count
+        self.engine.expire_leases(queue)
+
+    # -------------------------------------------------------------- rules
+
+    @rule(
+        values=st.lists(st.binary(max_size=300), min_size=1, max_size=6),
+        offset=st.one_of(st.none(), st.integers(-5000, 5000)),
+        use_delay=st.booleans(),
+    )
+    def enqueue(self, values: list[bytes], offset: int | None, use_delay: bool) -> None:
+        now = self.clock.now
+        items = []
+        for v in values:
+            if offset is None:
+                items.append(NewItem(v))
+            elif use_delay and offset >= 0:
+                items.append(NewItem(v, delay_ms=offset))
+            else:
+                items.append(NewItem(v, deadline=now + offset))
+        wanted = [now if offset is None else now + offset for _ in values]
+        next_id = self.engine.queue(Q).next_id
+        expected = [self.place(Q, d, next_id + i) for i, d in enumerate(wanted)]
+        got = self.engine.enqueue(Q, items)
+        assert [g.id for g in got] == [next_id + i for i in range(len(values))]
+        assert [g.deadline for g in got] == expected
+        for g, v in zip(got, values, strict=True):
+            self.model[Q][g.id] = Item(g.id, g.deadline, v, now)
+
+    @rule(count=st.integers(1, 6), lease=st.integers(1, 3000), queue=st.sampled_from([Q, Q, DLQ]))
+    def dequeue(self, count: int, lease: int, queue: str) -> None:
+        if queue not in self.engine.list_queues():
+            return
+        self.expire(queue)
+        now = self.clock.now
+        qcfg = self.engine.get_queue(queue)
+        due = sorted(
+            (i for i in self.model[queue].values() if i.receipt is None and i.deadline <= now),
+            key=lambda i: (i.deadline, i.id),
+        )
+        expected: list[Item] = []
+        moved: list[Item] = []
+        for item in due:
+            if len(expected) == count:
+                break
+            if qcfg.max_deliveries is not None and item.count >= qcfg.max_deliveries:
+                moved.append(item)
+            else:
+                expected.append(item)
+        got = self.engine.dequeue(queue, count, lease)
+        assert [(d.id, d.deadline, d.value) for d in got] == [
+            (i.id, i.deadline, i.value) for i in expected
+        ]
+        for d, item in zip(got, expected, strict=True):
+            item.count += 1
+            item.receipt = d.receipt
+            item.lease_expires = now + lease
+            assert d.stats.dequeue_count == item.count
+            assert d.stats.enqueue_time == item.enqueue_time
+            assert d.stats.requeue_time == item.requeue_time
+        for item in moved:
+            del self.model[queue][item.id]
+        if moved:
+            assert DLQ in self.engine.list_queues()
+            dl = self.engine.queue(DLQ)
+            for item in moved:
+                new_id = dl.next_id - len(moved) + moved.index(item)
+                self.model[DLQ][new_id] = Item(
+                    new_id, self.engine.stats(DLQ) and self._dlq_deadline(new_id), item.value,
+                    item.enqueue_time, now, item.count, item.count,
+                )
+
+    def _dlq_deadline(self, item_id: int) -> int:
+        q = self.engine.queue(DLQ)
+        for m in [q.memseg, *(m for _, m in q.frozen)]:
+            for key in m.keys:
+                if key_id(key) == item_id and key[15] & 3 == 0:
+                    return key_deadline(key)
+        raise AssertionError("dead-lettered item not found in the dead-letter queue")
+
+    @precondition(lambda self: bool(self.leased()))
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        item = data.draw(st.sampled_from(sorted(self.leased(), key=lambda i: i.id)))
+        receipt = item.receipt
+        assert receipt is not None
+        self.expire(Q)
+        out = self.engine.release(Q, [Release(item.id, receipt)])
+        if item.receipt is None:  # the lease ran out: that delivery is over
+            assert out[0].error == "stale_receipt", out
+            return
+        assert out[0].ok, out
+        self.stale.append((item.id, item.receipt))
+        del self.model[Q][item.id]
+
+    @precondition(lambda self: bool(self.leased()))
+    @rule(data=st.data(), delay=st.integers(-2000, 5000))
+    def requeue(self, data: st.DataObject, delay: int) -> None:
+        item = data.draw(st.sampled_from(sorted(self.leased(), key=lambda i: i.id)))
+        now = self.clock.now
+        receipt = item.receipt
+        assert receipt is not None
+        if item.lease_expires <= now:
+            out = self.engine.requeue(Q, [Requeue(item.id, receipt, deadline=now + delay)])
+            assert out[0].error == "stale_receipt", out
+            return
+        expected = self.place(Q, now + delay, item.id)
+        out = self.engine.requeue(Q, [Requeue(item.id, item.receipt, deadline=now + delay)])
+        assert out[0].ok, out
+        assert out[0].deadline == expected
+        self.stale.append((item.id, item.receipt))
+        item.receipt = None
+        item.deadline = expected
+        item.requeue_time = now
+        item.durable_count = item.count
+
+    @precondition(lambda self: bool(self.leased()))
+    @rule(data=st.data(), lease=st.integers(1, 5000))
+    def extend(self, data: st.DataObject, lease: int) -> None:
+        item = data.draw(st.sampled_from(sorted(self.leased(), key=lambda i: i.id)))
+        assert item.receipt is not None
+        out = self.engine.extend(Q, [Extend(item.id, item.receipt, lease)])
+        if item.lease_expires <= self.clock.now:
+            assert out[0].error == "stale_receipt", out
+            return
+        assert out[0].ok and out[0].receipt == item.receipt
+        item.lease_expires = self.clock.now + lease
+
+    @precondition(lambda self: bool(self.stale))
+    @rule(data=st.data(), op=st.sampled_from(["release", "requeue", "extend"]))
+    def stale_receipt(self, data: st.DataObject, op: str) -> None:
+        item_id, receipt = data.draw(st.sampled_from(self.stale))
+        if op == "release":
+            out = self.engine.release(Q, [Release(item_id, receipt)])
+        elif op == "requeue":
+            out = self.engine.requeue(Q, [Requeue(item_id, receipt)])
+        else:
+            out = self.engine.extend(Q, [Extend(item_id, receipt, 1000)])
+        assert out[0].error == "stale_receipt", out
+
+    @rule(ms=st.integers(0, 4000))
+    def advance_clock(self, ms: int) -> None:
+        self.clock.advance(ms)
+
+    @rule()
+    def expire_leases(self) -> None:
+        for q in (Q, DLQ):
+            self.expire(q)
+
+    @rule()
+    def freeze(self) -> None:
+        self.engine.freeze(Q)
+
+    @rule(data=st.data())
+    def merge(self, data: st.DataObject) -> None:
+        n = len(self.engine.queue(Q).segments)
+        if n == 0:
+            return
+        start = data.draw(st.integers(0, n - 1))
+        stop = data.draw(st.integers(start + 1, n))
+        self.engine.queue(Q).merge(start, stop)
+
+    @rule()
+    def reopen(self) -> None:
+        self.engine.close()
+        self.engine = Engine.open(self.dir, self.config, clock=self.clock)
+        for queue in self.model.values():
+            for item in queue.values():
+                if item.receipt is not None:
+                    self.stale.append((item.id, item.receipt))
+                item.receipt = None
+                item.count = item.durable_count
+
+    # -------------------------------------------------------------- invariants
+
+    @invariant()
+    def counts_agree(self) -> None:
+        for queue, items in self.model.items():
+            if queue not in self.engine.list_queues():
+                assert not items
+                continue
+            s = self.engine.stats(queue)
+            assert s.pending == len(items), (queue, s, len(items))
+            live = sum(1 for i in items.values() if i.receipt is not None)
+            # expiry is applied lazily (dequeue, expire_leases): an expired lease still counts
+            assert s.leased == live, (s.leased, live)
+
+
+EngineVsModel.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestEngineVsModel = EngineVsModel.TestCase
