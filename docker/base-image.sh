@@ -61,5 +61,6 @@ tar -C "$rootfs" --numeric-owner -cf - . | "$engine" import \
     --change 'ENV LANG=C.UTF-8' \
     --change 'CMD ["python3"]' \
     --change "LABEL dq.base.version=$version" \
-    - "$image" >/dev/null
+    - "$image" >/dev/null 2>"$work/import.log" \
+    || { cat "$work/import.log" >&2; exit 1; }
 "$engine" image inspect "$image" --format 'base-image: {{.Id}} {{.Size}} bytes'

@@ -36,7 +36,7 @@ else
         compose=(podman-compose)
     else
         [ -x "$root/.venv/bin/podman-compose" ] \
-            || "$root/.venv/bin/python" -m pip install -q 'podman-compose>=1.2'
+            || "$root/.venv/bin/python" -m pip install -q 'podman-compose>=1.2'  # extra "deploy"
         compose=("$root/.venv/bin/podman-compose")
     fi
 fi
