@@ -1,0 +1,12 @@
+"""Exhaustive interleaving models of the shared-memory protocols (see docs/shm.md).
+
+``explore`` enumerates every interleaving of a few threads' atomic steps over a small
+shared memory; ``wpol`` states the seed's WPOL submission-ring protocol and our fixed one
+as threads for it. The tests run both: the seed's version must fail, ours must pass.
+"""
+
+from __future__ import annotations
+
+from shm.model.explore import Exploration, Op, explore
+
+__all__ = ["Exploration", "Op", "explore"]
