@@ -1,0 +1,84 @@
+"""The Python halves of the deploy: ``docker/wait-for-dq.py`` and ``docker/smoke_check.py``.
+
+Both run here against a real ``dq serve`` on 127.0.0.1 (no container engine needed), so
+``make test`` catches a change to the API that would break ``make docker-smoke``. The
+smoke check runs across a real restart of the server on the same data directory.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.server.live import LiveServer, free_port, live_server
+
+REPO = Path(__file__).resolve().parents[2]
+WAIT = REPO / "docker" / "wait-for-dq.py"
+CHECK = REPO / "docker" / "smoke_check.py"
+
+
+def run(
+    args: list[str], env: dict[str, str], timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        env=os.environ | env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[LiveServer]:
+    s = LiveServer(tmp_path / "data", fsync="always")
+    s.start()
+    try:
+        yield s
+    finally:
+        s.kill()
+
+
+def test_wait_for_dq_runs_the_command_once_healthy(server: LiveServer) -> None:
+    out = run([str(WAIT), sys.executable, "-c", "print('job ran')"], {"DQ_URL": server.url})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "job ran"
+
+
+def test_wait_for_dq_gives_up_without_running_the_command() -> None:
+    env = {"DQ_URL": f"http://127.0.0.1:{free_port()}", "DQ_WAIT_S": "1"}
+    out = run([str(WAIT), sys.executable, "-c", "print('job ran')"], env)
+    assert out.returncode == 1
+    assert "job ran" not in out.stdout
+    assert "not healthy" in out.stderr
+
+
+def test_wait_for_dq_needs_a_command() -> None:
+    assert run([str(WAIT)], {}).returncode == 2
+
+
+def test_smoke_check_passes_across_a_restart(server: LiveServer, tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    env = {"SMOKE_GAMMA_DELAY_MS": "1500"}
+    before = run([str(CHECK), "before", server.url, str(state)], env)
+    assert before.returncode == 0, before.stderr
+    assert server.terminate() == 0
+    server.start()
+    after = run([str(CHECK), "after", server.url, str(state)], env)
+    assert after.returncode == 0, after.stderr + server.log()
+    assert "beta and gamma came back" in after.stdout
+
+
+def test_smoke_check_fails_when_the_data_is_gone(server: LiveServer, tmp_path: Path) -> None:
+    state = tmp_path / "state.json"
+    env = {"SMOKE_GAMMA_DELAY_MS": "1500"}
+    assert run([str(CHECK), "before", server.url, str(state)], env).returncode == 0
+    with live_server(tmp_path / "empty", fsync="always") as empty:
+        after = run([str(CHECK), "after", empty.url, str(state)], env)
+    assert after.returncode == 1
+    assert "FAILED" in after.stderr
