@@ -33,9 +33,8 @@ def _acknowledge(
     token: str | None,
     extra: dict[str, str],
 ) -> None:
-    cols = [c for c in ("seq", "deadline", "delay_ms") if c in df.columns]
-    if action == "release":
-        cols = ["seq"]
+    # a dq read's ``deadline`` column is the old deadline: never a requeue target
+    cols = ["seq", "delay_ms"] if action == "requeue" and "delay_ms" in df.columns else ["seq"]
     options = {"url": url, "queue": queue, "consumer": consumer, "action": action} | extra
     if token:
         options["token"] = token
@@ -58,6 +57,6 @@ def requeue(
     token: str | None = None,
     delay_ms: int = 0,
 ) -> None:
-    """Give the items behind ``df``'s rows back to the queue after ``delay_ms`` (or per-row
-    ``deadline`` / ``delay_ms`` columns)."""
+    """Give the items behind ``df``'s rows back to the queue after ``delay_ms``, or after
+    a per-row ``delay_ms`` column when ``df`` has one (e.g. a backoff from ``dequeue_count``)."""
     _acknowledge(df, "requeue", url, queue, consumer, token, {"delayMs": str(delay_ms)})

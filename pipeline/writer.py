@@ -99,20 +99,21 @@ class Writer(DataSourceWriter):  # type: ignore[misc]
 
     def _acknowledge(self, partition: int, rows: Iterator[Any]) -> Written:
         o, c = self.options, self.options.conn
-        groups: dict[tuple[int | None, int | None], list[int]] = defaultdict(list)
+        # requeue takes a per-row ``delay_ms`` column, never ``deadline``: in rows of a
+        # dq read that column is the item's old deadline
+        groups: dict[int | None, list[int]] = defaultdict(list)
         for row in rows:
-            deadline = row["deadline"] if self.has_deadline else None
             delay = row["delay_ms"] if self.has_delay else o.delay_ms
-            groups[(deadline, None if deadline is not None else delay)].append(int(row["seq"]))
+            groups[delay].append(int(row["seq"]))
         count = 0
         with ConsumerClient(c.url, c.queue, c.consumer, token=c.token, timeout=c.timeout_s) as cl:
-            for (deadline, delay), seqs in groups.items():
+            for delay, seqs in groups.items():
                 for i in range(0, len(seqs), o.batch_size * 10):
                     part = seqs[i : i + o.batch_size * 10]
                     if o.action == "release":
                         cl.ack(part)
                     else:
-                        cl.requeue(part, deadline=deadline, delay_ms=delay)
+                        cl.requeue(part, delay_ms=delay)
                     count += len(part)
         return Written(partition, count, 0)
 

@@ -28,6 +28,7 @@ so a retried Spark write task does not enqueue its rows twice.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -493,11 +494,21 @@ class ConsumerGroups:
         return extended
 
 
+def _digest(items: Sequence[NewItem]) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for it in items:
+        h.update(b"%d:%r:%r:" % (len(it.value), it.deadline, it.delay_ms))
+        h.update(it.value)
+    return h.digest()
+
+
 class IdempotentBatches:
     """Remembers the result of keyed enqueue batches for ``ttl_s`` (at most ``max_keys``).
 
-    A second request with a key seen before gets the first result back and enqueues
-    nothing; concurrent requests with one key run one at a time. Memory only: after a
+    A second request with a key seen before and the same items gets the first result
+    back and enqueues nothing; concurrent requests with one key run one at a time. A
+    key seen before with *different* items (a retried task whose input changed) is
+    enqueued again: a duplicate is better than a lost row. Memory only: after a
     restart a retried batch is enqueued again (documented in ``docs/spark.md``).
     """
 
@@ -513,7 +524,10 @@ class IdempotentBatches:
         self._ttl_s = ttl_s
         self._max_keys = max_keys
         self._clock = clock
-        self._done: OrderedDict[tuple[str, str], tuple[float, list[Enqueued]]] = OrderedDict()
+        self._done: OrderedDict[tuple[str, str], tuple[float, bytes, list[Enqueued]]] = (
+            OrderedDict()
+        )
+        self.mismatches = 0
         self._running: dict[tuple[str, str], threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -522,6 +536,7 @@ class IdempotentBatches:
     ) -> tuple[list[Enqueued], bool]:
         """Enqueue ``items`` unless ``key`` ran before; returns (result, replayed)."""
         k = (queue, key)
+        digest = _digest(items)
         with self._lock:
             self._expire()
             key_lock = self._running.setdefault(k, threading.Lock())
@@ -529,10 +544,14 @@ class IdempotentBatches:
             with self._lock:
                 hit = self._done.get(k)
             if hit is not None:
-                return hit[1], True
+                if hit[1] == digest:
+                    return hit[2], True
+                self.mismatches += 1
+                log.warning("batch key %r of queue %s came back with other items", key, queue)
             result = self._engine.enqueue(queue, items)
             with self._lock:
-                self._done[k] = (self._clock(), result)
+                self._done[k] = (self._clock(), digest, result)
+                self._done.move_to_end(k)
                 self._running.pop(k, None)
                 while len(self._done) > self._max_keys:
                     self._done.popitem(last=False)
@@ -542,7 +561,7 @@ class IdempotentBatches:
         cutoff = self._clock() - self._ttl_s
         done = self._done
         while done:
-            k, (at, _) = next(iter(done.items()))
+            k, (at, _, _) = next(iter(done.items()))
             if at >= cutoff:
                 break
             del done[k]

@@ -227,3 +227,13 @@ def test_idempotent_batches_run_once(engine: Engine, clock: Clock) -> None:
     _, replayed = batches.enqueue(Q, "job:0:0", [NewItem(b"a")])
     assert not replayed
     assert engine.stats(Q).pending == 3
+
+
+def test_idempotent_batch_with_other_items_is_enqueued(engine: Engine, clock: Clock) -> None:
+    """A retried task whose input changed must not lose rows: enqueue again."""
+    batches = IdempotentBatches(engine, clock=clock.seconds)
+    batches.enqueue(Q, "job:0:0", [NewItem(b"a")])
+    _, replayed = batches.enqueue(Q, "job:0:0", [NewItem(b"b")])
+    assert not replayed
+    assert batches.mismatches == 1
+    assert engine.stats(Q).pending == 2

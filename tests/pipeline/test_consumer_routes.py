@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -12,12 +11,6 @@ from client import Client
 from client.consumers import ConsumerClient, KeyedEnqueuer
 from client.errors import ValidationError
 from tests.server.live import LiveServer, live_server
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with live_server(tmp_path_factory.mktemp("dq") / "data") as s:
-        yield s
 
 
 def test_protocol_round_trip_keeps_binary_values(server: LiveServer) -> None:
