@@ -42,6 +42,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         version="1",
         description=_DESCRIPTION,
         lifespan=make_lifespan(settings, engine),
+        # We publish Prometheus metrics ourselves; FastAPI's OpenTelemetry probe costs
+        # ~0.2 ms a request even with no provider configured.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.add_middleware(BodyLimit, limit=settings.body_limit)
     app.state.settings = settings
@@ -49,9 +52,10 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.service = None
     install_error_handlers(app)
     guarded = [Depends(require_token)] if settings.tokens else []
-    app.include_router(ops.router)
-    app.include_router(queues.router, dependencies=guarded)
+    # Routes are matched in order: the hot item routes first.
     app.include_router(items.router, dependencies=guarded)
+    app.include_router(queues.router, dependencies=guarded)
+    app.include_router(ops.router)
     app.include_router(consumers.router, dependencies=guarded, responses=ERRORS)
     return app
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Annotated, TypeVar
 
-from fastapi import APIRouter, Path, Response
+from fastapi import APIRouter, Path, Request, Response
 
-from server.dependencies import QueuePath, Service, ServiceDep
+from server.dependencies import QueuePath, Service, service_of
 from server.errors import ApiError
 from server.routers._common import ERRORS, json_response, outcome_dict, single_outcome
 from server.schemas import (
@@ -26,6 +26,7 @@ from server.schemas import (
     EnqueueResponse,
     ExtendOne,
     ExtendRequest,
+    InvalidItem,
     ItemResult,
     ReleaseOne,
     ReleaseRequest,
@@ -33,11 +34,12 @@ from server.schemas import (
     RequeueRequest,
     Results,
     encode_value,
+    to_new_items,
 )
 from storage.codec import MAX_ID
 from storage.errors import StorageError
 from storage.queue import WriteStall
-from storage.types import Extend, ItemOutcome, NewItem, Release, Requeue
+from storage.types import Extend, ItemOutcome, Release, Requeue
 
 __all__ = ["router"]
 
@@ -64,7 +66,10 @@ async def _durable(start: Callable[[], Future[T]]) -> T:
     give_up = _perf() + _STALL_TIMEOUT_S
     while True:
         try:
-            return await asyncio.wrap_future(start())
+            fut = start()
+            if fut.done():  # fsync=never/interval: skip the cross-thread wake-up
+                return fut.result()
+            return await asyncio.wrap_future(fut)
         except WriteStall:
             if _perf() > give_up:
                 raise
@@ -76,11 +81,15 @@ def _failed(service: Service, op: str, exc: StorageError, t0: float) -> None:
 
 
 @router.post("/items", response_model=EnqueueResponse, summary="Enqueue one item or a batch")
-async def enqueue(queue: QueuePath, body: EnqueueRequest, service: ServiceDep) -> Response:
+async def enqueue(queue: QueuePath, body: EnqueueRequest, request: Request) -> Response:
+    service = service_of(request)
     t0 = _perf()
     items = body.items
     _check_batch(service, len(items))
-    new = [NewItem(i.data, i.deadline, i.delay_ms) for i in items]
+    try:
+        new = to_new_items(items)
+    except InvalidItem as exc:
+        raise ApiError(422, "validation_error", str(exc)) from None
     try:
         done = await _durable(lambda: service.engine.enqueue_nowait(queue, new))
     except StorageError as exc:
@@ -95,7 +104,8 @@ async def enqueue(queue: QueuePath, body: EnqueueRequest, service: ServiceDep) -
     response_model=DequeueResponse,
     summary="Lease up to `count` due items, long-polling up to `wait_ms`",
 )
-async def dequeue(queue: QueuePath, body: DequeueRequest, service: ServiceDep) -> Response:
+async def dequeue(queue: QueuePath, body: DequeueRequest, request: Request) -> Response:
+    service = service_of(request)
     t0 = _perf()
     settings = service.settings
     if body.count > settings.max_batch:
@@ -176,19 +186,22 @@ def _results(outcomes: Sequence[ItemOutcome]) -> Response:
 
 
 @router.post("/release", response_model=Results, summary="Release (acknowledge) a batch")
-async def release(queue: QueuePath, body: ReleaseRequest, service: ServiceDep) -> Response:
+async def release(queue: QueuePath, body: ReleaseRequest, request: Request) -> Response:
+    service = service_of(request)
     batch = [Release(i.id, i.receipt) for i in body.items]
     return _results(await _release(service, queue, batch))
 
 
 @router.post("/requeue", response_model=Results, summary="Requeue a batch with new deadlines")
-async def requeue(queue: QueuePath, body: RequeueRequest, service: ServiceDep) -> Response:
+async def requeue(queue: QueuePath, body: RequeueRequest, request: Request) -> Response:
+    service = service_of(request)
     batch = [Requeue(i.id, i.receipt, i.deadline, i.delay_ms) for i in body.items]
     return _results(await _requeue(service, queue, batch))
 
 
 @router.post("/extend", response_model=Results, summary="Extend a batch of leases")
-async def extend(queue: QueuePath, body: ExtendRequest, service: ServiceDep) -> Response:
+async def extend(queue: QueuePath, body: ExtendRequest, request: Request) -> Response:
+    service = service_of(request)
     batch = [Extend(i.id, i.receipt, i.lease_ms) for i in body.items]
     return _results(_extend(service, queue, batch))
 
@@ -199,8 +212,9 @@ async def extend(queue: QueuePath, body: ExtendRequest, service: ServiceDep) -> 
     summary="Release one item; a stale receipt is a 409",
 )
 async def release_one(
-    queue: QueuePath, item_id: ItemIdPath, body: ReleaseOne, service: ServiceDep
+    queue: QueuePath, item_id: ItemIdPath, body: ReleaseOne, request: Request
 ) -> Response:
+    service = service_of(request)
     return single_outcome(await _release(service, queue, [Release(item_id, body.receipt)]))
 
 
@@ -210,8 +224,9 @@ async def release_one(
     summary="Requeue one item; a stale receipt is a 409",
 )
 async def requeue_one(
-    queue: QueuePath, item_id: ItemIdPath, body: RequeueOne, service: ServiceDep
+    queue: QueuePath, item_id: ItemIdPath, body: RequeueOne, request: Request
 ) -> Response:
+    service = service_of(request)
     batch = [Requeue(item_id, body.receipt, body.deadline, body.delay_ms)]
     return single_outcome(await _requeue(service, queue, batch))
 
@@ -222,6 +237,7 @@ async def requeue_one(
     summary="Extend one lease; a stale receipt is a 409",
 )
 async def extend_one(
-    queue: QueuePath, item_id: ItemIdPath, body: ExtendOne, service: ServiceDep
+    queue: QueuePath, item_id: ItemIdPath, body: ExtendOne, request: Request
 ) -> Response:
+    service = service_of(request)
     return single_outcome(_extend(service, queue, [Extend(item_id, body.receipt, body.lease_ms)]))

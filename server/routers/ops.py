@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from server.dependencies import ServiceDep
+from server.dependencies import service_of
 from server.routers._common import ERRORS, json_response
 from server.schemas import Health
 
@@ -24,7 +24,8 @@ router = APIRouter(tags=["ops"])
     responses={503: ERRORS[503]},
     summary="Liveness: 200 while the engine is open",
 )
-async def healthz(service: ServiceDep) -> Response:
+async def healthz(request: Request) -> Response:
+    service = service_of(request)
     return json_response({"status": "ok", "queues": len(service.engine.list_queues())})
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 
-from server.dependencies import QueuePath, ServiceDep
+from server.dependencies import QueuePath, service_of
 from server.routers._common import ERRORS, json_response
 from server.schemas import QueueConfigBody, QueueInfo, QueueList
 from storage.errors import QueueNotFound, StorageError
@@ -47,7 +47,8 @@ def queue_info(s: QueueStats) -> dict[str, object]:
 
 
 @router.get("", response_model=QueueList, summary="Every queue with its config and stats")
-async def list_queues(service: ServiceDep) -> Response:
+async def list_queues(request: Request) -> Response:
+    service = service_of(request)
     t0 = _perf()
     engine = service.engine
     out = []
@@ -61,7 +62,8 @@ async def list_queues(service: ServiceDep) -> Response:
 
 
 @router.get("/{queue}", response_model=QueueInfo, summary="A queue's config and live stats")
-async def get_queue(queue: QueuePath, service: ServiceDep) -> Response:
+async def get_queue(queue: QueuePath, request: Request) -> Response:
+    service = service_of(request)
     t0 = _perf()
     try:
         info = queue_info(service.engine.stats(queue))
@@ -73,7 +75,8 @@ async def get_queue(queue: QueuePath, service: ServiceDep) -> Response:
 
 
 @router.put("/{queue}", response_model=QueueInfo, summary="Create a queue or replace its config")
-async def put_queue(queue: QueuePath, body: QueueConfigBody, service: ServiceDep) -> Response:
+async def put_queue(queue: QueuePath, body: QueueConfigBody, request: Request) -> Response:
+    service = service_of(request)
     t0 = _perf()
     engine = service.engine
     config = QueueConfig(body.default_lease_ms, body.max_deliveries, body.dead_letter_queue)
@@ -88,7 +91,8 @@ async def put_queue(queue: QueuePath, body: QueueConfigBody, service: ServiceDep
 
 
 @router.delete("/{queue}", status_code=204, summary="Delete a queue and all its items")
-async def delete_queue(queue: QueuePath, service: ServiceDep) -> Response:
+async def delete_queue(queue: QueuePath, request: Request) -> Response:
+    service = service_of(request)
     t0 = _perf()
     try:
         await asyncio.to_thread(service.engine.delete_queue, queue)
