@@ -1,0 +1,244 @@
+"""The telemetry ring (seed 000): the doc's bytes, the seed's diagrams, torn reads, locks."""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing as mp
+import os
+import re
+import signal
+import struct
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from shm import _atomics as A
+from shm.errors import ProtocolError, RingTimeout
+from shm.telemetry_ring import MAGIC, OFF_LOCK, OFF_START, TelemetryRing, init_ring, ring_size
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "shm.md"
+CTX = mp.get_context("fork")
+
+
+def doc_example(name: str) -> bytes:
+    match = re.search(rf"<!-- example:{name} -->\n```\n(.*?)```", DOC.read_text(), re.S)
+    assert match is not None, name
+    return bytes.fromhex(match.group(1).replace("\n", " "))
+
+
+def make(qmax: int = 5, msg: int = 3, **kw: float) -> TelemetryRing:
+    buf = mmap.mmap(-1, ring_size(qmax, msg))
+    init_ring(buf, qmax, msg)
+    return TelemetryRing(buf, **kw)
+
+
+def word(ch: str) -> bytes:
+    return (ch.encode() * 8) * 3  # "aaa" in the diagrams: three words
+
+
+def state(ring: TelemetryRing) -> tuple[int, int, int, list[str]]:
+    """(HEADER_LOCK, START_IDX, QUEUE_LEN, message letters) like a diagram row."""
+    lock, start, length = ring.header()
+    letters = []
+    for i in range(ring.queue_max_len):
+        off = ring.msg_off(i)
+        assert A.load_u64(ring.buf, off) == 0, "every MSG_LOCK is '.' after an operation"
+        data = bytes(ring.buf[off + 8 : off + ring.stride])
+        letters.append("." if data == bytes(24) else chr(data[0]) * 3)
+    return lock, start, length, letters
+
+
+def preset(ring: TelemetryRing, start: int, length: int, letters: str) -> None:
+    struct.pack_into("<II", ring.buf, OFF_START, start, length)
+    for i, ch in enumerate(letters):
+        if ch != ".":
+            off = ring.msg_off(i)
+            ring.buf[off + 8 : off + ring.stride] = word(ch)
+
+
+def test_doc_example_bytes() -> None:
+    raw = doc_example("telemetry-ring")
+    ring = make(2, 1)
+    ring.enqueue(struct.pack("<Q", 42))
+    assert bytes(ring.buf[: len(raw)]) == raw
+    magic, qmax, msg, lock, start, length = struct.unpack_from("<QIIQII", raw)
+    assert (magic, qmax, msg, lock, start, length) == (MAGIC, 2, 1, 0, 0, 1)
+    assert raw[:8] == bytes.fromhex("576f726b20697320")[::-1]
+    assert struct.unpack_from("<QQ", raw, 32) == (0, 42)
+
+
+# The seed's diagrams, QUEUE_LEN=5, MSG_SIZE=3; each ends with every lock released.
+
+
+def test_enqueue_to_empty() -> None:
+    ring = make()
+    assert state(ring) == (0, 0, 0, ["."] * 5)
+    assert ring.enqueue(word("a")) == 0
+    assert state(ring) == (0, 0, 1, ["aaa", ".", ".", ".", "."])
+
+
+def test_enqueue_to_full_overwrites_the_oldest() -> None:
+    ring = make()
+    preset(ring, 0, 5, "abcde")
+    assert ring.enqueue(word("f")) == 0
+    assert state(ring) == (0, 1, 5, ["fff", "bbb", "ccc", "ddd", "eee"])
+
+
+def test_enqueue_to_full_with_max_shift_cycles_start() -> None:
+    ring = make()
+    preset(ring, 4, 5, "fghie")
+    assert ring.enqueue(word("j")) == 4
+    assert state(ring) == (0, 0, 5, ["fff", "ggg", "hhh", "iii", "jjj"])
+
+
+def test_dequeue_from_empty_waits_for_a_message() -> None:
+    ring = make()
+    preset(ring, 4, 0, ".....")
+    got: list[bytes | None] = []
+    reader = threading.Thread(target=lambda: got.append(ring.dequeue(wait_s=10.0)))
+    reader.start()
+    time.sleep(0.05)
+    assert reader.is_alive()  # "wait while QUEUE_LEN == 0"
+    ring.enqueue(word("k"))
+    ring.enqueue(word("l"))
+    reader.join(10)
+    assert got == [word("k")]
+    assert state(ring)[:3] == (0, 0, 1)
+
+
+def test_dequeue_from_half_full() -> None:
+    ring = make()
+    preset(ring, 0, 3, "abc..")
+    assert ring.dequeue() == word("a")
+    assert state(ring) == (0, 1, 2, ["aaa", "bbb", "ccc", ".", "."])
+
+
+def test_dequeue_from_shifted() -> None:
+    ring = make()
+    preset(ring, 3, 3, "f..de")
+    assert ring.dequeue() == word("d")
+    assert state(ring) == (0, 4, 2, ["fff", ".", ".", "ddd", "eee"])
+
+
+def test_dequeue_from_empty_without_waiting_returns_none() -> None:
+    assert make().dequeue() is None
+
+
+# ---- hostile content ------------------------------------------------------------------
+
+
+def test_bad_magic_and_params_are_refused() -> None:
+    buf = mmap.mmap(-1, ring_size(5, 3))
+    with pytest.raises(ProtocolError):
+        TelemetryRing(buf)
+    init_ring(buf, 5, 3)
+    struct.pack_into("<I", buf, 8, 1 << 30)  # QUEUE_MAX_LEN beyond the buffer
+    with pytest.raises(ProtocolError):
+        TelemetryRing(buf)
+    with pytest.raises(ProtocolError):
+        TelemetryRing(mmap.mmap(-1, 16))
+
+
+def test_out_of_range_header_recovers_on_write_and_errors_on_read() -> None:
+    ring = make()
+    struct.pack_into("<II", ring.buf, OFF_START, 99, 77)
+    with pytest.raises(ProtocolError):
+        ring.peek()
+    assert ring.enqueue(word("a")) == 0  # the writer starts over empty
+    assert state(ring)[:3] == (0, 0, 1)
+    assert ring.dequeue() == word("a")
+
+
+def _hold_lock_and_die(buf: mmap.mmap, off: int) -> None:
+    TelemetryRing(buf).lock(off, steal=False)
+    os._exit(0)
+
+
+def test_a_dead_holder_does_not_stall_anyone() -> None:
+    ring = make(steal_after_s=10.0, timeout_s=10.0)  # only death may free the lock
+    proc = CTX.Process(target=_hold_lock_and_die, args=(ring.buf, OFF_LOCK))
+    proc.start()
+    proc.join(10)
+    assert A.load_u64(ring.buf, OFF_LOCK) >> 32 == proc.pid
+    t0 = time.monotonic()
+    ring.enqueue(word("a"))
+    assert ring.dequeue() == word("a")
+    assert time.monotonic() - t0 < 5.0
+    assert ring.stolen >= 1
+
+
+def _hold_lock_forever(buf: mmap.mmap, off: int, ready: object) -> None:
+    TelemetryRing(buf).lock(off, steal=False)
+    ready.set()  # type: ignore[attr-defined]
+    time.sleep(60)
+
+
+def test_a_stopped_reader_does_not_stall_the_writer() -> None:
+    ring = make(steal_after_s=0.01, timeout_s=0.2)
+    ready = CTX.Event()
+    proc = CTX.Process(target=_hold_lock_forever, args=(ring.buf, ring.msg_off(0), ready))
+    proc.start()
+    try:
+        assert ready.wait(10)
+        os.kill(proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        ring.enqueue(word("a"))  # message 0: its lock is held by the stopped reader
+        assert time.monotonic() - t0 < 1.0
+        assert state(ring)[3][0] == "aaa"
+        # a reader (not the writer) waits only a bounded time for a live holder
+        holder = TelemetryRing(ring.buf, timeout_s=0.05)
+        holder.lock(OFF_LOCK, steal=False)
+        with pytest.raises(RingTimeout):
+            TelemetryRing(ring.buf, timeout_s=0.05).dequeue()
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+
+
+# ---- many processes: readers never see a torn message ----------------------------------
+
+
+def _writer(buf: mmap.mmap, count: int) -> None:
+    ring = TelemetryRing(buf)
+    for seq in range(1, count + 1):
+        ring.enqueue(struct.pack("<Q", seq) * ring.msg_size)
+    os._exit(0)
+
+
+def _reader(buf: mmap.mmap, mode: str, stop: object, out: object) -> None:
+    ring = TelemetryRing(buf, timeout_s=5.0)
+    seen, torn, last, backwards = 0, 0, 0, 0
+    while not stop.is_set():  # type: ignore[attr-defined]
+        msgs = ring.peek() if mode == "peek" else [m for m in [ring.dequeue(0.01)] if m]
+        for m in msgs:
+            words = struct.unpack(f"<{ring.msg_size}Q", m)
+            torn += len(set(words)) != 1
+            if mode == "dequeue":
+                backwards += words[0] <= last
+                last = words[0]
+            seen += 1
+    out.put((mode, seen, torn, backwards))  # type: ignore[attr-defined]
+
+
+def test_readers_never_see_a_torn_message() -> None:
+    qmax, msg = 8, 64
+    buf = mmap.mmap(-1, ring_size(qmax, msg))
+    init_ring(buf, qmax, msg)
+    stop, out = CTX.Event(), CTX.Queue()
+    readers = [CTX.Process(target=_reader, args=(buf, m, stop, out)) for m in ("dequeue", "peek")]
+    for r in readers:
+        r.start()
+    writer = CTX.Process(target=_writer, args=(buf, 20_000))
+    writer.start()
+    writer.join(120)
+    stop.set()
+    results = [out.get(timeout=30) for _ in readers]
+    for r in readers:
+        r.join(10)
+    assert writer.exitcode == 0
+    for mode, seen, torn, backwards in results:
+        assert seen > 0, mode
+        assert torn == 0, mode
+        assert backwards == 0, mode
