@@ -10,6 +10,8 @@ except the scrape-time collector.
 from __future__ import annotations
 
 import logging
+import threading
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
@@ -65,12 +67,12 @@ class Metrics:
             ("operation",),
             registry=self.registry,
         )
-        self._lateness = Histogram(
+        self._lateness = _BatchHistogram(
             "dq_delivery_lateness_seconds",
             "Dequeue time minus the item's deadline",
-            buckets=_LATENESS_BUCKETS,
-            registry=self.registry,
+            _LATENESS_BUCKETS,
         )
+        self.registry.register(self._lateness)
         self._ok = {op: self._requests.labels(op, "ok") for op in OPERATIONS}
         self._lat = {op: self._latency.labels(op) for op in OPERATIONS}
         self._count = {op: self._items.labels(op) for op in OPERATIONS}
@@ -86,9 +88,7 @@ class Metrics:
         self._lat[operation].observe(seconds)
 
     def observe_lateness(self, now_ms: int, deadlines: Iterable[int]) -> None:
-        observe = self._lateness.observe
-        for deadline in deadlines:
-            observe(max(0, now_ms - deadline) / 1000.0)
+        self._lateness.observe_many_ms([now_ms - d for d in deadlines])
 
     def watch_engine(self, current: Callable[[], Engine | None]) -> None:
         """Publish live figures (depths, fsync latency) of ``current()`` at scrape time."""
@@ -96,6 +96,48 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _BatchHistogram(Collector):
+    """A histogram fed a batch at a time: one lock and a bisect per value.
+
+    ``prometheus_client.Histogram.observe`` takes ~1 µs a value; a dequeue of 100
+    items would spend 0.1 ms on lateness alone.
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+        self._name = name
+        self._doc = documentation
+        self._bounds_ms = [b * 1000.0 for b in buckets]
+        self._bounds = buckets
+        self._counts = [0] * (len(buckets) + 1)
+        self._sum_ms = 0
+        self._lock = threading.Lock()
+
+    def observe_many_ms(self, values_ms: list[int]) -> None:
+        if not values_ms:
+            return
+        bounds, counts = self._bounds_ms, self._counts
+        with self._lock:
+            for v in values_ms:
+                if v < 0:
+                    v = 0
+                counts[bisect_left(bounds, v)] += 1
+                self._sum_ms += v
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum_ms
+        fam = HistogramMetricFamily(self._name, self._doc)
+        acc, pairs = 0, []
+        for bound, n in zip((*self._bounds, float("inf")), counts, strict=True):
+            acc += n
+            pairs.append((_bound(bound), float(acc)))
+        fam.add_metric([], pairs, total / 1000.0)
+        yield fam
 
 
 class _EngineCollector(Collector):

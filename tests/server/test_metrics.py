@@ -1,0 +1,52 @@
+"""The app's Prometheus metrics: own registry, batched lateness, live engine figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from server.metrics import Metrics
+from storage import Engine, EngineConfig, NewItem
+
+
+def _samples(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for fam in text_string_to_metric_families(m.render().decode()):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_lateness_buckets_are_cumulative() -> None:
+    m = Metrics()
+    m.observe_lateness(10_000, [10_000, 9_998, 9_000, 10_005])  # 0, 2 ms, 1 s, early → 0
+    s = _samples(m)
+    assert s[("dq_delivery_lateness_seconds_bucket", (("le", "0.001"),))] == 2
+    assert s[("dq_delivery_lateness_seconds_bucket", (("le", "0.005"),))] == 3
+    assert s[("dq_delivery_lateness_seconds_bucket", (("le", "1.0"),))] == 4
+    assert s[("dq_delivery_lateness_seconds_count", ())] == 4
+    assert abs(s[("dq_delivery_lateness_seconds_sum", ())] - 1.002) < 1e-9
+
+
+def test_operations_and_engine_figures(tmp_path: Path) -> None:
+    m = Metrics()
+    m.observe("enqueue", 0.002, 100)
+    m.observe_error("release", "stale_receipt", 0.001)
+    with Engine.open(tmp_path / "d", EngineConfig(fsync="always", compaction="inline")) as engine:
+        engine.enqueue("q", [NewItem(b"a"), NewItem(b"b", delay_ms=60_000)])
+        m.watch_engine(lambda: engine)
+        s = _samples(m)
+    assert s[("dq_requests_total", (("operation", "enqueue"), ("outcome", "ok")))] == 1
+    assert s[("dq_requests_total", (("operation", "release"), ("outcome", "stale_receipt")))] == 1
+    assert s[("dq_items_total", (("operation", "enqueue"),))] == 100
+    assert s[("dq_queue_pending", (("queue", "q"),))] == 2
+    assert s[("dq_queue_delayed", (("queue", "q"),))] == 1
+    assert s[("dq_fsync_duration_seconds_count", ())] >= 1
+
+
+def test_apps_do_not_share_registries() -> None:
+    a, b = Metrics(), Metrics()
+    a.observe("dequeue", 0.001, 1)
+    key = ("dq_requests_total", (("operation", "dequeue"), ("outcome", "ok")))
+    assert _samples(a)[key] == 1 and _samples(b)[key] == 0
