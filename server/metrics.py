@@ -2,9 +2,9 @@
 
 Owns: per-operation request counts and latencies, delivery lateness (dequeue time -
 deadline), items per operation, and — read live at scrape time from the engine —
-queue depths and fsync latency. Invariant: recording on the hot path is a few
-counter/histogram updates with pre-bound label children; nothing here calls the engine
-except the scrape-time collector.
+queue depths and fsync latency. Invariant: recording on the hot path is a few plain
+integer updates on the event loop thread (no locks, no label lookups); nothing here
+calls the engine except the scrape-time collector.
 """
 
 from __future__ import annotations
@@ -15,8 +15,13 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
@@ -48,44 +53,20 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._requests = Counter(
-            "dq_requests",
-            "Queue operations served over HTTP, by operation and outcome",
-            ("operation", "outcome"),
-            registry=self.registry,
-        )
-        self._latency = Histogram(
-            "dq_request_duration_seconds",
-            "Time to serve a queue operation (dequeue includes its long-poll wait)",
-            ("operation",),
-            buckets=_LATENCY_BUCKETS,
-            registry=self.registry,
-        )
-        self._items = Counter(
-            "dq_items",
-            "Items handled, by operation (a batch counts each item)",
-            ("operation",),
-            registry=self.registry,
-        )
+        self._ops = _Operations()
+        self.registry.register(self._ops)
         self._lateness = _BatchHistogram(
             "dq_delivery_lateness_seconds",
             "Dequeue time minus the item's deadline",
             _LATENESS_BUCKETS,
         )
         self.registry.register(self._lateness)
-        self._ok = {op: self._requests.labels(op, "ok") for op in OPERATIONS}
-        self._lat = {op: self._latency.labels(op) for op in OPERATIONS}
-        self._count = {op: self._items.labels(op) for op in OPERATIONS}
 
     def observe(self, operation: str, seconds: float, items: int = 1) -> None:
-        self._ok[operation].inc()
-        self._lat[operation].observe(seconds)
-        if items:
-            self._count[operation].inc(items)
+        self._ops.observe(operation, "ok", seconds, items)
 
     def observe_error(self, operation: str, code: str, seconds: float) -> None:
-        self._requests.labels(operation, code).inc()
-        self._lat[operation].observe(seconds)
+        self._ops.observe(operation, code, seconds, 0)
 
     def observe_lateness(self, now_ms: int, deadlines: Iterable[int]) -> None:
         self._lateness.observe_many_ms([now_ms - d for d in deadlines])
@@ -96,6 +77,69 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Op:
+    __slots__ = ("buckets", "items", "outcomes", "seconds")
+
+    def __init__(self) -> None:
+        self.outcomes: dict[str, int] = {"ok": 0}
+        self.buckets = [0] * (len(_LATENCY_BUCKETS) + 1)
+        self.seconds = 0.0
+        self.items = 0
+
+
+class _Operations(Collector):
+    """Request counts, latencies and item counts per operation.
+
+    ``prometheus_client`` metrics take a lock per update (~3 µs for the three updates of
+    a request, a tenth of a small enqueue). These plain counters are updated only on
+    the event loop thread, which also serves ``/metrics``, so they need no lock; a
+    scrape from another thread may read a count one update behind, never a torn one.
+    """
+
+    def __init__(self) -> None:
+        self._ops = {op: _Op() for op in OPERATIONS}
+
+    def observe(self, operation: str, outcome: str, seconds: float, items: int) -> None:
+        op = self._ops[operation]
+        outcomes = op.outcomes
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+        op.buckets[bisect_left(_LATENCY_BUCKETS, seconds)] += 1
+        op.seconds += seconds
+        op.items += items
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        requests = CounterMetricFamily(
+            "dq_requests",
+            "Queue operations served over HTTP, by operation and outcome",
+            labels=["operation", "outcome"],
+        )
+        latency = HistogramMetricFamily(
+            "dq_request_duration_seconds",
+            "Time to serve a queue operation (dequeue includes its long-poll wait)",
+            labels=["operation"],
+        )
+        items = CounterMetricFamily(
+            "dq_items",
+            "Items handled, by operation (a batch counts each item)",
+            labels=["operation"],
+        )
+        for name, op in self._ops.items():
+            for outcome, n in list(op.outcomes.items()):
+                requests.add_metric([name, outcome], float(n))
+            acc, pairs = 0, []
+            for bound, n in zip((*_LATENCY_BUCKETS, float("inf")), list(op.buckets), strict=True):
+                acc += n
+                pairs.append((_bound(bound), float(acc)))
+            latency.add_metric([name], pairs, op.seconds)
+            items.add_metric([name], float(op.items))
+        yield requests
+        yield latency
+        yield items
 
 
 class _BatchHistogram(Collector):
