@@ -176,7 +176,6 @@ class Session:
 
     def _cleanup(self) -> None:
         self.stopping.set()
-        self.server._forget(self)
         if self.ring is not None:
             self.ring.release()
         if self._mm is not None:
@@ -184,7 +183,9 @@ class Session:
                 self._mm.close()
         if self.name is not None:
             unlink_shm(self.name)
+        # post before forgetting: ShmServer.close() either joins us or finds the request
         self.server._post("close", self)  # the control thread unwatches and closes it
+        self.server._forget(self)
 
 
 class ShmServer:
@@ -337,6 +338,9 @@ class ShmServer:
 
     def _client_readable(self, session: Session) -> None:
         """A client socket is readable: EOF (gone) or bytes it should not send; drop it."""
+        if session.number in self._watched:  # stop select() reporting it again
+            self._watched.discard(session.number)
+            self._selector.unregister(session.sock)
         session.stop()
 
     def _forget(self, session: Session) -> None:

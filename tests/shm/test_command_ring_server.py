@@ -1,0 +1,290 @@
+"""The shared-memory server end to end: attach, every op through a ring, a C client written
+from the layout alone, and no leaked /dev/shm objects however a client goes away."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shm import command_codec as codec
+from shm.attach import SHM_DIR, Attachment, attach, shm_prefix
+from shm.command_ring import ClientRing, Op, Status
+from shm.errors import AttachError
+from shm.server import ShmServer, start
+from storage import Engine, EngineConfig
+from storage.types import NewItem, QueueConfig
+
+C_CLIENT = Path(__file__).parent / "c" / "ring_client.c"
+WAIT_S = 10.0
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Engine, ShmServer]]:
+    data = tmp_path / "data"
+    engine = Engine.open(data, EngineConfig(fsync="never"))
+    server = ShmServer(engine, data).start()
+    try:
+        yield engine, server
+    finally:
+        server.close()
+        engine.close()
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.01)
+    return check()
+
+
+def rings_of(server: ShmServer) -> list[str]:
+    return sorted(p.name for p in SHM_DIR.glob(f"{server.shm_prefix}*"))
+
+
+def connect(server: ShmServer, queue: str | None = "jobs") -> tuple[Attachment, ClientRing]:
+    a = attach(server.data_dir, queue=queue, capacity=8)
+    return a, ClientRing(a.mm, spin_us=0.0)
+
+
+def test_attach_gives_a_private_ring_and_detach_unlinks_it(
+    served: tuple[Engine, ShmServer],
+) -> None:
+    _, server = served
+    assert stat.S_IMODE(server.socket_path.stat().st_mode) == 0o600
+    a, ring = connect(server)
+    path = SHM_DIR / a.name.lstrip("/")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert path.stat().st_size == 24 + 2080 * 8 == len(a.mm)
+    assert ring.capacity == 8 and a.capacity == 8
+    assert a.name.startswith("/" + shm_prefix(server.data_dir))
+    assert eventually(lambda: server.session_count == 1)
+    ring.close()
+    a.close()
+    assert eventually(lambda: not path.exists())
+    assert eventually(lambda: server.session_count == 0)
+
+
+def test_every_op_through_the_ring(served: tuple[Engine, ShmServer]) -> None:
+    engine, server = served
+    a, ring = connect(server, queue=None)
+    try:
+        r = ring.call(Op.PUT, codec.encode_put(None, None), b"x")
+        assert r.status == Status.NOT_BOUND
+        assert ring.call(Op.BIND, bytes(16), b"no/such").status == Status.INVALID_QUEUE_NAME
+        assert ring.call(Op.BIND, bytes(16), b"jobs").status == Status.OK
+
+        ids = [
+            codec.decode_put_ok(ring.call(Op.PUT, codec.encode_put(None, None), v).body)[0]
+            for v in (b"a", b"b" * 1024, b"c")
+        ]
+        assert ids == sorted(ids) and len(set(ids)) == 3
+        future = engine.now() + 3_600_000
+        r = ring.call(Op.PUT, codec.encode_put(future, None), b"later")
+        assert codec.decode_put_ok(r.body)[1] == future
+        r = ring.call(Op.PUT, codec.encode_put(1 << 50, None), b"too far")
+        assert r.status == Status.INVALID_DEADLINE
+
+        # one FIND whose response spans two slots (the 1024-byte value): CONTINUE joins them
+        r = ring.call(Op.FIND, codec.encode_find(10, 0, 60_000))
+        got = codec.decode_deliveries(r.body)
+        assert [d.value for d in got] == [b"a", b"b" * 1024, b"c"]
+        assert ring.call(Op.CONTINUE, bytes(16)).status == Status.NO_CONTINUATION
+
+        a_, b_, c_ = got
+        key, value = codec.encode_item(a_.id, a_.receipt)
+        assert ring.call(Op.DELETE, key, value).status == Status.OK
+        assert ring.call(Op.DELETE, key, value).status == Status.STALE_RECEIPT
+        key, value = codec.encode_extend(b_.id, b_.receipt, 120_000)
+        r = ring.call(Op.EXTEND, key, value)
+        assert r.status == Status.OK
+        expires, receipt = codec.decode_extend_ok(r.body)
+        assert expires >= b_.lease_expires and receipt
+        key, value = codec.encode_requeue(c_.id, c_.receipt, None, None)
+        r = ring.call(Op.REQUEUE, key, value)
+        assert r.status == Status.OK
+        again = codec.decode_deliveries(ring.call(Op.FIND, codec.encode_find(1, 2000, None)).body)
+        assert [(d.id, d.value, d.stats.dequeue_count) for d in again] == [(c_.id, b"c", 2)]
+
+        stats = ring.call(Op.STATS, bytes(16))
+        assert stats.status == Status.OK
+        assert b'"name":"jobs"' in stats.body
+        assert ring.call(200, bytes(16)).status == Status.UNKNOWN_OP
+        key, value = codec.encode_item(10**9, "nope.1.1")
+        assert ring.call(Op.DELETE, key, value).status in (
+            Status.ITEM_NOT_FOUND,
+            Status.INVALID_RECEIPT,
+            Status.STALE_RECEIPT,
+        )
+    finally:
+        ring.close()
+        a.close()
+
+
+def test_find_waits_for_an_item_enqueued_meanwhile(served: tuple[Engine, ShmServer]) -> None:
+    engine, server = served
+    engine.put_queue("jobs", QueueConfig())
+    a, ring = connect(server)
+    try:
+        started = time.monotonic()
+        assert (
+            codec.decode_deliveries(ring.call(Op.FIND, codec.encode_find(1, 50, None)).body) == []
+        )
+        assert time.monotonic() - started >= 0.04
+        # a producer enqueues while the FIND long-polls
+        timer = threading.Timer(0.1, lambda: engine.enqueue("jobs", [NewItem(b"late")]))
+        timer.start()
+        r = ring.call(Op.FIND, codec.encode_find(1, 5_000, None))
+        timer.join(WAIT_S)
+        assert [d.value for d in codec.decode_deliveries(r.body)] == [b"late"]
+    finally:
+        ring.close()
+        a.close()
+
+
+def test_pipelined_puts_are_answered_in_order(served: tuple[Engine, ShmServer]) -> None:
+    _, server = served
+    a, ring = connect(server)
+    try:
+        with ring.lock:
+            slots = [
+                ring.submit(Op.PUT, codec.encode_put(None, None), f"v{i}".encode())
+                for i in range(7)
+            ]
+            ids = [codec.decode_put_ok(ring.wait(s).body)[0] for s in slots]
+        assert ids == sorted(ids) and len(set(ids)) == 7
+        got = codec.decode_deliveries(ring.call(Op.FIND, codec.encode_find(7, 0, None)).body)
+        assert [d.value for d in got] == [f"v{i}".encode() for i in range(7)]
+    finally:
+        ring.close()
+        a.close()
+
+
+def test_attach_is_refused_cleanly(served: tuple[Engine, ShmServer]) -> None:
+    _, server = served
+    with pytest.raises(AttachError):
+        attach(server.data_dir, queue="bad name!")
+    with pytest.raises(AttachError):
+        attach(server.data_dir, capacity=1)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(WAIT_S)
+    sock.connect(str(server.socket_path))
+    sock.sendall(b"not json\n")
+    assert sock.recv(4096) == b""  # dropped
+    sock.close()
+    assert eventually(lambda: server.session_count == 0)
+    assert rings_of(server) == []
+
+
+def _build_c_client(tmp_path: Path) -> Path:
+    cc = shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    exe = tmp_path / "ring_client"
+    subprocess.run(
+        [cc, "-O1", "-Wall", "-Werror", "-o", str(exe), str(C_CLIENT), "-lrt"],
+        check=True,
+        timeout=120,
+    )
+    return exe
+
+
+@pytest.mark.parametrize("mode", ["wake", "nowake"])
+def test_a_c_client_written_from_the_layout_enqueues_dequeues_and_releases(
+    served: tuple[Engine, ShmServer], tmp_path: Path, mode: str
+) -> None:
+    engine, server = served
+    exe = _build_c_client(tmp_path)
+    out = subprocess.run(
+        [str(exe), str(server.data_dir), "from-c", mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[1].startswith("enqueued ")
+    item_id = int(lines[1].split()[1])
+    assert lines[2] == f"dequeued {item_id} hello from C"
+    assert lines[3] == f"released {item_id} status 0"
+    assert lines[4].startswith("released again status 9")
+    stats = engine.stats("from-c")
+    assert (stats.pending, stats.leased) == (0, 0)
+    assert eventually(lambda: rings_of(server) == [])
+
+
+KILLED_CLIENT = """
+import os, signal, sys
+from shm.attach import attach
+from shm.command_ring import ClientRing, Op
+from shm import command_codec as codec
+a = attach(sys.argv[1], queue="jobs")
+ring = ClientRing(a.mm)
+print(a.name, flush=True)
+mode = sys.argv[2]
+if mode == "mid-command":
+    ring.submit(Op.PUT, codec.encode_put(None, None), b"orphan")
+elif mode == "mid-find":
+    ring.submit(Op.FIND, codec.encode_find(1, 60_000, None), b"")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("mode", ["idle", "mid-command", "mid-find"])
+def test_a_killed_client_leaves_no_ring_behind(served: tuple[Engine, ShmServer], mode: str) -> None:
+    _, server = served
+    child = subprocess.run(
+        [sys.executable, "-c", KILLED_CLIENT, str(server.data_dir), mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == -signal.SIGKILL
+    name = child.stdout.strip()
+    assert name.startswith("/dq-")
+    assert eventually(lambda: not (SHM_DIR / name.lstrip("/")).exists())
+    assert eventually(lambda: server.session_count == 0)
+    a, ring = connect(server)  # the server serves on
+    try:
+        r = ring.call(Op.PUT, codec.encode_put(None, None), b"after")
+        assert r.status == Status.OK
+    finally:
+        ring.close()
+        a.close()
+
+
+def test_server_close_unlinks_every_ring_and_the_socket(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    engine = Engine.open(data, EngineConfig(fsync="never"))
+    try:
+        # a leftover of an earlier crash of this data directory is removed at start
+        leftover = SHM_DIR / f"{shm_prefix(data)}1-deadbeef"
+        leftover.write_bytes(b"")
+        settings: Any = type(
+            "S", (), {"data_dir": str(data), "host": "0.0.0.0", "port": 8181, "extra": {}}
+        )()
+        server = start(engine, settings)
+        assert not leftover.exists()
+        attachments = [connect(server) for _ in range(3)]
+        assert attachments[0][0].http_url == "http://127.0.0.1:8181"
+        assert eventually(lambda: len(rings_of(server)) == 3)
+        server.close()
+        assert rings_of(server) == []
+        assert not server.socket_path.exists()
+        for a, ring in attachments:
+            ring.close()
+            a.close()
+    finally:
+        engine.close()
