@@ -35,16 +35,16 @@ def test_wakes_on_enqueue_from_another_thread(tmp_path: Path) -> None:
 
 def test_wakes_when_a_delayed_item_becomes_due(tmp_path: Path) -> None:
     with _engine(tmp_path) as engine:
-        engine.enqueue("q", [NewItem(b"soon", delay_ms=150)])
+        (done,) = engine.enqueue("q", [NewItem(b"soon", delay_ms=150)])
 
-        async def run() -> tuple[list[bytes], float]:
+        async def run() -> tuple[list[bytes], float, int]:
             lp = LongPoll(engine, asyncio.get_running_loop())
             t0 = time.monotonic()
             got = await lp.dequeue("q", 1, None, 5_000)
-            return [d.value for d in got], time.monotonic() - t0
+            return [d.value for d in got], time.monotonic() - t0, engine.now()
 
-        values, took = asyncio.run(run())
-    assert values == [b"soon"] and 0.1 < took < 4.0
+        values, took, now = asyncio.run(run())
+    assert values == [b"soon"] and now >= done.deadline and took < 4.0
 
 
 def test_many_waiters_share_one_subscription_and_drain_ends_them(tmp_path: Path) -> None:
