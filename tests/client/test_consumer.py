@@ -38,11 +38,11 @@ def test_consumer_releases_on_success_and_requeues_on_failure(dq: Client, queue:
 
 def test_consumer_extends_leases_while_the_handler_runs(dq: Client, queue: str) -> None:
     dq.enqueue(queue, b"slow")
-    consumer = dq.consumer(queue, lease_ms=300, wait_ms=1_000)
+    consumer = dq.consumer(queue, lease_ms=1_000, wait_ms=1_000)
     other: list[Item] = []
 
     def slow(item: Item) -> None:
-        give_up = time.monotonic() + 1.2  # four lease lengths
+        give_up = time.monotonic() + 2.5  # two and a half lease lengths
         while time.monotonic() < give_up:
             other.extend(dq.dequeue(queue))  # nobody else may get it meanwhile
             time.sleep(0.1)
