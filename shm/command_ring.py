@@ -258,14 +258,20 @@ class ClientRing:
     def call(self, op: int, key: bytes, value: bytes = b"", timeout_s: float = 30.0) -> Response:
         """One command and its whole response (following continuations)."""
         with self.lock:
-            response = self.wait(self.submit(op, key, value, timeout_s), timeout_s)
-            if not response.more:
-                return response
-            parts = [response.body]
-            while response.more:
-                response = self.wait(self.submit(Op.CONTINUE, bytes(KEY_SIZE), b""), timeout_s)
-                parts.append(response.body)
-            return Response(response.status, 0, b"".join(parts))
+            return self.call_locked(op, key, value, timeout_s)
+
+    def call_locked(
+        self, op: int, key: bytes, value: bytes = b"", timeout_s: float = 30.0
+    ) -> Response:
+        """``call`` for a caller that already holds ``lock``."""
+        response = self.wait(self.submit(op, key, value, timeout_s), timeout_s)
+        if not response.more:
+            return response
+        parts = [response.body]
+        while response.more:
+            response = self.wait(self.submit(Op.CONTINUE, bytes(KEY_SIZE), b""), timeout_s)
+            parts.append(response.body)
+        return Response(response.status, 0, b"".join(parts))
 
 
 class ServerRing:

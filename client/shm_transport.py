@@ -1,0 +1,341 @@
+"""The shared-memory transport: ``Client("shm:///path/to/data-dir")``.
+
+Speaks the command ring of ``docs/shm.md`` to a server on the same host and gives the same
+API as the HTTP transport. Invariants kept:
+  - the same answers and errors as over HTTP: ring status codes become the same
+    ``ClientError`` classes, per-item release/requeue/extend problems the same ``Outcome``s;
+  - what a ring cannot carry goes over HTTP (the URL comes from the attach handshake),
+    transparently: an enqueue batch with a value over 1024 bytes (sent whole, so the batch
+    keeps its all-or-nothing validation and id order), and queue administration;
+  - one ring per transport, used under its lock; batches are pipelined (up to
+    ``capacity - 1`` commands in flight) so their durable writes share a group commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from client.errors import ClientError, TransportError, error_for
+from client.types import (
+    Enqueued,
+    Extend,
+    Item,
+    ItemStats,
+    NewItem,
+    Outcome,
+    QueueConfig,
+    QueueInfo,
+    QueueStats,
+    Release,
+    Requeue,
+)
+from shm import command_codec as codec
+from shm.attach import attach
+from shm.command_ring import KEY_SIZE, VALUE_MAX, ClientRing, Op, Response, Status
+from shm.errors import ShmError
+
+__all__ = ["AsyncShmTransport", "ShmTransport"]
+
+_DEFAULT_TIMEOUT = 30.0
+_MAX_DEADLINE = (1 << 48) - 1
+_ITEM_ERRORS = frozenset({"stale_receipt", "item_not_found", "invalid_receipt"})
+_HTTP_STATUS = {
+    "invalid_argument": 400,
+    "invalid_queue_name": 400,
+    "value_too_large": 413,
+    "invalid_deadline": 400,
+    "invalid_receipt": 400,
+    "batch_too_large": 413,
+    "queue_not_found": 404,
+    "item_not_found": 404,
+    "stale_receipt": 409,
+    "config_conflict": 409,
+    "storage_full": 507,
+    "unavailable": 503,
+    "internal": 500,
+}
+_ZERO_KEY = bytes(KEY_SIZE)
+Command = tuple[int, bytes, bytes]
+
+
+def _code(status: int) -> str:
+    try:
+        return Status(status).code
+    except ValueError:
+        return "internal"
+
+
+def _raise(response: Response, queue: str | None, item_id: int | None = None) -> None:
+    code = _code(response.status)
+    message = response.body.decode("utf-8", "replace")
+    raise error_for(_HTTP_STATUS.get(code, 400), code, message, queue=queue, id=item_id)
+
+
+def _check_item(item: NewItem) -> None:
+    """The checks the server applies to a whole batch before writing any of it."""
+    if item.deadline is not None and item.delay_ms is not None:
+        raise error_for(400, "invalid_argument", "give either deadline or delay_ms, not both")
+    if item.deadline is not None and not 0 <= item.deadline <= _MAX_DEADLINE:
+        raise error_for(400, "invalid_deadline", "deadline must be within 48 bits")
+    if item.delay_ms is not None and not 0 <= item.delay_ms <= _MAX_DEADLINE:
+        raise error_for(400, "invalid_argument", "delay_ms must be a non-negative integer")
+
+
+def _ascii(receipt: str) -> bool:
+    return receipt.isascii() and bool(receipt)
+
+
+def _item(d: Any) -> Item:
+    s = d.stats
+    return Item(
+        d.id,
+        d.receipt,
+        d.value,
+        d.deadline,
+        ItemStats(s.enqueue_time, s.requeue_time, s.dequeue_count),
+        d.lease_expires,
+    )
+
+
+class ShmTransport:
+    """Blocking transport over one command ring (``Transport`` of ``client/_transport.py``)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout: float = _DEFAULT_TIMEOUT,
+        token: str | None = None,
+        http_url: str | None = None,
+        capacity: int = 64,
+        spin_us: float = 50.0,
+        retries: int = 3,
+    ) -> None:
+        if not url.startswith("shm://") or len(url) <= len("shm://"):
+            raise TransportError(f"{url}: expected shm:///path/to/data-dir")
+        self.url = url
+        self.data_dir = url[len("shm://") :]
+        self._timeout = timeout
+        try:
+            self._attachment = attach(self.data_dir, capacity=capacity, timeout_s=timeout)
+            self._ring = ClientRing(self._attachment.mm, spin_us=spin_us)
+        except ShmError as exc:
+            raise TransportError(f"{url}: cannot attach: {exc}") from exc
+        self.http_url = http_url or self._attachment.http_url
+        self._http_options: dict[str, Any] = {"timeout": timeout, "retries": retries}
+        if token:
+            self._http_options["token"] = token
+        self._http: Any = None
+        self._bound: str | None = None
+
+    # ---- plumbing ------------------------------------------------------------------------
+
+    def _http_transport(self) -> Any:
+        if self._http is None:
+            if self.http_url is None:
+                raise TransportError(f"{self.url}: this needs HTTP and the server has none")
+            from client._http import HttpTransport
+
+            self._http = HttpTransport(self.http_url, **self._http_options)
+        return self._http
+
+    def _run(
+        self, queue: str, commands: Sequence[Command], timeout: float | None = None
+    ) -> list[Response]:
+        """Send ``commands`` to ``queue`` pipelined; their responses, in order."""
+        ring = self._ring
+        timeout = self._timeout if timeout is None else timeout
+        try:
+            with ring.lock:
+                if self._bound != queue:
+                    bound = ring.call_locked(Op.BIND, _ZERO_KEY, queue.encode(), timeout)
+                    if bound.status != Status.OK:
+                        _raise(bound, queue)
+                    self._bound = queue
+                if len(commands) == 1:
+                    return [ring.call_locked(*commands[0], timeout)]
+                window = ring.capacity - 1
+                inflight: deque[int] = deque()
+                out: list[Response] = []
+                for op, key, value in commands:
+                    if len(inflight) == window:
+                        out.append(ring.wait(inflight.popleft(), timeout))
+                    inflight.append(ring.submit(op, key, value, timeout))
+                while inflight:
+                    out.append(ring.wait(inflight.popleft(), timeout))
+                return out
+        except ClientError:
+            raise
+        except (ShmError, ValueError) as exc:
+            self._bound = None
+            raise TransportError(f"{self.url}: {exc}") from exc
+
+    def _outcomes(
+        self,
+        queue: str,
+        ids: Sequence[int],
+        receipts: Sequence[str],
+        commands: Callable[[int], Command],
+        ok: Callable[[int, bytes], Outcome],
+    ) -> list[Outcome]:
+        sendable = [i for i, r in enumerate(receipts) if _ascii(r)]
+        responses = dict(
+            zip(sendable, self._run(queue, [commands(i) for i in sendable]), strict=True)
+        )
+        out: list[Outcome] = []
+        for i, item_id in enumerate(ids):
+            r = responses.get(i)
+            if r is None:
+                out.append(Outcome(item_id, False, "invalid_receipt", "receipt is not ASCII"))
+            elif r.status == Status.OK:
+                out.append(ok(item_id, r.body))
+            elif _code(r.status) in _ITEM_ERRORS:
+                out.append(
+                    Outcome(item_id, False, _code(r.status), r.body.decode("utf-8", "replace"))
+                )
+            else:
+                _raise(r, queue, item_id)
+        return out
+
+    # ---- the Transport protocol ---------------------------------------------------------------
+
+    def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]:
+        if any(len(item.value) > VALUE_MAX for item in items):
+            result: list[Enqueued] = self._http_transport().enqueue(queue, items)
+            return result
+        for item in items:
+            _check_item(item)
+        commands = [(Op.PUT, codec.encode_put(i.deadline, i.delay_ms), i.value) for i in items]
+        out = []
+        for r in self._run(queue, commands):
+            if r.status != Status.OK:
+                _raise(r, queue)
+            out.append(Enqueued(*codec.decode_put_ok(r.body)))
+        return out
+
+    def dequeue(self, queue: str, count: int, lease_ms: int | None, wait_ms: int) -> list[Item]:
+        wait_ms = max(0, min(wait_ms, 0xFFFFFFFF))
+        key = codec.encode_find(count, wait_ms, lease_ms)
+        (r,) = self._run(queue, [(Op.FIND, key, b"")], self._timeout + wait_ms / 1000)
+        if r.status != Status.OK:
+            _raise(r, queue)
+        return [_item(d) for d in codec.decode_deliveries(r.body)]
+
+    def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]:
+        def command(i: int) -> Command:
+            return (Op.DELETE, *codec.encode_item(batch[i].id, batch[i].receipt))
+
+        return self._outcomes(
+            queue,
+            [b.id for b in batch],
+            [b.receipt for b in batch],
+            command,
+            lambda item_id, body: Outcome(item_id, True),
+        )
+
+    def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]:
+        def command(i: int) -> Command:
+            b = batch[i]
+            return (Op.REQUEUE, *codec.encode_requeue(b.id, b.receipt, b.deadline, b.delay_ms))
+
+        return self._outcomes(
+            queue,
+            [b.id for b in batch],
+            [b.receipt for b in batch],
+            command,
+            lambda item_id, body: Outcome(item_id, True, deadline=codec.decode_u64(body)),
+        )
+
+    def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]:
+        def command(i: int) -> Command:
+            b = batch[i]
+            return (Op.EXTEND, *codec.encode_extend(b.id, b.receipt, b.lease_ms))
+
+        def ok(item_id: int, body: bytes) -> Outcome:
+            expires, receipt = codec.decode_extend_ok(body)
+            return Outcome(item_id, True, receipt=receipt, lease_expires=expires)
+
+        return self._outcomes(queue, [b.id for b in batch], [b.receipt for b in batch], command, ok)
+
+    def get_queue(self, queue: str) -> QueueInfo:
+        (r,) = self._run(queue, [(Op.STATS, _ZERO_KEY, b"")])
+        if r.status != Status.OK:
+            _raise(r, queue)
+        doc = json.loads(r.body)
+        config = QueueConfig(**doc.pop("config"))
+        name = doc.pop("name")
+        return QueueInfo(name, config, QueueStats(**doc))
+
+    def list_queues(self) -> list[QueueInfo]:
+        result: list[QueueInfo] = self._http_transport().list_queues()
+        return result
+
+    def put_queue(self, queue: str, config: QueueConfig) -> QueueInfo:
+        result: QueueInfo = self._http_transport().put_queue(queue, config)
+        return result
+
+    def delete_queue(self, queue: str) -> None:
+        self._http_transport().delete_queue(queue)
+
+    def health(self) -> dict[str, Any]:
+        """The ring answers (a CONTINUE with nothing to continue is a no-op round trip)."""
+        try:
+            r = self._ring.call(Op.CONTINUE, _ZERO_KEY, b"", self._timeout)
+        except ShmError as exc:
+            raise TransportError(f"{self.url}: {exc}") from exc
+        if r.status not in (Status.OK, Status.NO_CONTINUATION):
+            _raise(r, None)
+        return {"status": "ok", "transport": "shm", "ring": self._attachment.name}
+
+    def close(self) -> None:
+        self._ring.close()
+        self._attachment.close()
+        if self._http is not None:
+            self._http.close()
+
+
+class AsyncShmTransport:
+    """The same transport for ``AsyncClient``: ring calls run in a worker thread (the wait
+    itself releases the GIL), so the event loop never blocks on the ring."""
+
+    def __init__(self, url: str, **options: Any) -> None:
+        self._sync = ShmTransport(url, **options)
+
+    async def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]:
+        return await asyncio.to_thread(self._sync.enqueue, queue, items)
+
+    async def dequeue(
+        self, queue: str, count: int, lease_ms: int | None, wait_ms: int
+    ) -> list[Item]:
+        return await asyncio.to_thread(self._sync.dequeue, queue, count, lease_ms, wait_ms)
+
+    async def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]:
+        return await asyncio.to_thread(self._sync.release, queue, batch)
+
+    async def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]:
+        return await asyncio.to_thread(self._sync.requeue, queue, batch)
+
+    async def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]:
+        return await asyncio.to_thread(self._sync.extend, queue, batch)
+
+    async def list_queues(self) -> list[QueueInfo]:
+        return await asyncio.to_thread(self._sync.list_queues)
+
+    async def get_queue(self, queue: str) -> QueueInfo:
+        return await asyncio.to_thread(self._sync.get_queue, queue)
+
+    async def put_queue(self, queue: str, config: QueueConfig) -> QueueInfo:
+        return await asyncio.to_thread(self._sync.put_queue, queue, config)
+
+    async def delete_queue(self, queue: str) -> None:
+        await asyncio.to_thread(self._sync.delete_queue, queue)
+
+    async def health(self) -> dict[str, Any]:
+        return await asyncio.to_thread(self._sync.health)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._sync.close)
