@@ -142,7 +142,21 @@ if [ "${SMOKE_SPARK:-0}" = 1 ]; then
     log "building $DQ_SPARK_IMAGE (pyspark and a JRE: several minutes the first time)"
     timeout 1800 "${compose[@]}" --profile spark build spark-job >/tmp/dq-smoke-spark-build.log 2>&1 \
         || { tail -n 40 /tmp/dq-smoke-spark-build.log; fail "spark image build"; }
-    timeout 900 "${compose[@]}" --profile spark run --rm spark-job \
-        || fail "the Spark worked job against dq"
-    ok "Spark worked job ran against dq"
+    ok "Spark image built"
+    "$py" "$root/docker/smoke_check.py" spark-before "$base_url" "$state" || fail "enqueue events"
+    t_job=$SECONDS
+    timeout 900 "${compose[@]}" --profile spark run --rm -T spark-job \
+        >/tmp/dq-smoke-spark-job.log 2>&1 \
+        || { tail -n 40 /tmp/dq-smoke-spark-job.log; fail "the Spark worked job against dq"; }
+    ok "Spark worked job ran against dq in $((SECONDS - t_job)) s"
+    summary='import collections, json, pyarrow.dataset as ds
+t = ds.dataset("/var/lib/dq-spark/out/event-counts", format="parquet", partitioning="hive").to_table()
+c = collections.Counter()
+for event, n in zip(t.column("event").to_pylist(), t.column("events").to_pylist()):
+    c[event] += n
+print(json.dumps(dict(c)))'
+    timeout 300 "${compose[@]}" --profile spark run --rm -T spark-job python -c "$summary" \
+        2>/dev/null | tail -n 1 | "$py" "$root/docker/smoke_check.py" spark-after "$base_url" "$state" \
+        || fail "the Spark job's output"
+    ok "the job's Parquet counts every event and the queue is acknowledged"
 fi

@@ -2,7 +2,9 @@
 """The HTTP half of ``make docker-smoke``: drive a containerised ``dq`` through its published port.
 
 ``before URL STATE`` runs before the stack restarts, ``after URL STATE`` after it; the state
-file carries what ``before`` did. Together they check the deploy's promise: what was
+file carries what ``before`` did. ``spark-before`` and ``spark-after`` (``SMOKE_SPARK=1``)
+bracket a run of the Spark worked job: events in, the job's Parquet counts (JSON on stdin)
+and an acknowledged, empty queue out. Together they check the deploy's promise: what was
 enqueued and not released survives a restart of the stack (the named volume keeps the
 data), a released item stays gone, a lease does not survive a restart (at-least-once: the
 item comes back and the old receipt is stale), and ids are never reused across restarts.
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 QUEUE = "smoke"
+#: the queue the Spark worked job (pipeline/jobs/event_counts.py) reads by default
+SPARK_QUEUE = "events"
 LEASE_MS = 60_000
 #: gamma is not due before the restart and is due within a few seconds after it
 #: (the unit test, which restarts a local server in about a second, makes it shorter).
@@ -117,13 +121,49 @@ def after(base: str, state_file: Path) -> None:
     )
 
 
+def spark_before(base: str, state_file: Path) -> None:
+    """Enqueue JSON events (and one malformed value) for the worked job ``event_counts``."""
+    minute = 1_795_000_000_000 // 60_000 * 60_000
+    events = [("click", f"u{i % 7}", minute + i * 100, 1.5) for i in range(40)]
+    events += [("buy", f"u{i % 3}", minute + 60_000 + i, 10.0) for i in range(10)]
+    new = [
+        {"value": json.dumps({"event": e, "user": u, "ts": t, "amount": a})}
+        for e, u, t, a in events
+    ]
+    new.append({"value": "not json"})
+    post(base, f"/v1/queues/{SPARK_QUEUE}/items", {"items": new})
+    expected = {"click": 40, "buy": 10, "_malformed": 1}
+    state_file.write_text(json.dumps(expected))
+    print(f"smoke spark before: enqueued {len(new)} events into {SPARK_QUEUE!r}")
+
+
+def spark_after(base: str, state_file: Path) -> None:
+    """Check the job's output (``{event: events}`` JSON on stdin) and that it acknowledged."""
+    expected = json.loads(state_file.read_text())
+    counted = json.loads(sys.stdin.read())
+    expect(counted == expected, f"the job's Parquet should count {expected}", counted)
+    status, reply = call(base, "GET", f"/v1/queues/{SPARK_QUEUE}")
+    expect(status == 200, f"GET /v1/queues/{SPARK_QUEUE} should answer 200", (status, reply))
+    stats = reply["stats"]
+    expect((stats["pending"], stats["leased"]) == (0, 0), "the job released every item", stats)
+    print(f"smoke spark after: Parquet counts {counted}, queue drained and acknowledged")
+
+
+PHASES = {
+    "before": before,
+    "after": after,
+    "spark-before": spark_before,
+    "spark-after": spark_after,
+}
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[0] not in ("before", "after"):
-        print("usage: smoke_check.py before|after BASE_URL STATE_FILE", file=sys.stderr)
+    if len(argv) != 3 or argv[0] not in PHASES:
+        print(f"usage: smoke_check.py {'|'.join(PHASES)} BASE_URL STATE_FILE", file=sys.stderr)
         return 2
     phase, base, state_file = argv[0], argv[1], Path(argv[2])
     try:
-        (before if phase == "before" else after)(base, state_file)
+        PHASES[phase](base, state_file)
     except (SmokeFailure, OSError, KeyError, ValueError) as exc:
         print(f"smoke {phase}: FAILED: {exc}", file=sys.stderr)
         return 1

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from client import Client
 from tests.server.live import LiveServer, free_port, live_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,11 +24,12 @@ CHECK = REPO / "docker" / "smoke_check.py"
 
 
 def run(
-    args: list[str], env: dict[str, str], timeout: float = 60
+    args: list[str], env: dict[str, str], timeout: float = 60, stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, *args],
         env=os.environ | env,
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -82,3 +84,20 @@ def test_smoke_check_fails_when_the_data_is_gone(server: LiveServer, tmp_path: P
         after = run([str(CHECK), "after", empty.url, str(state)], env)
     assert after.returncode == 1
     assert "FAILED" in after.stderr
+
+
+def test_smoke_check_spark_phases(server: LiveServer, tmp_path: Path) -> None:
+    """spark-after accepts exactly the counts spark-before enqueued, once all are released."""
+    state = tmp_path / "state.json"
+    assert run([str(CHECK), "spark-before", server.url, str(state)], {}).returncode == 0
+    expected = state.read_text()
+    spark_after = [str(CHECK), "spark-after", server.url, str(state)]
+    leased = run(spark_after, {}, stdin=expected)
+    assert leased.returncode == 1 and "released every item" in leased.stderr
+    with Client(server.url) as dq:
+        items = dq.dequeue("events", count=100)
+        assert len(items) == 51
+        dq.release_many("events", items)
+    assert run(spark_after, {}, stdin=expected).returncode == 0
+    wrong = run(spark_after, {}, stdin='{"click": 39, "buy": 10, "_malformed": 1}')
+    assert wrong.returncode == 1 and "Parquet" in wrong.stderr
