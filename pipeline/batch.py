@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from client.consumers import ConsumerClient
 from pipeline.options import ReadOptions
-from pipeline.reading import LogRange, Row, read_range, split
+from pipeline.reading import LogRange, read_range, split
 
 __all__ = ["BatchReader"]
 
@@ -47,6 +48,6 @@ class BatchReader(DataSourceReader):  # type: ignore[misc]
         # Spark wants at least one partition even when there is nothing to read.
         return parts or [LogRange(got.start, got.start)]
 
-    def read(self, partition: InputPartition) -> Iterator[Row]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, LogRange)
         yield from read_range(self.options.conn, partition, self.options.read_page_size)

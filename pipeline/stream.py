@@ -16,6 +16,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -26,7 +27,7 @@ from pyspark.sql.streaming.datasource import (
 
 from client.consumers import ConsumerClient
 from pipeline.options import ReadOptions
-from pipeline.reading import LogRange, Row, read_range, split
+from pipeline.reading import LogRange, read_range, split
 
 __all__ = ["StreamReader"]
 
@@ -90,7 +91,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type
         n = max(o.min_partitions, -(-(hi - lo) // o.items_per_partition))
         return split(lo, hi, n)
 
-    def read(self, partition: InputPartition) -> Iterator[Row]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, LogRange)
         yield from read_range(self.options.conn, partition, self.options.read_page_size)
 

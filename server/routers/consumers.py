@@ -117,6 +117,10 @@ class ReadBody(BaseModel):
     start: int = Field(ge=0)
     end: int = Field(ge=0)
     encoding: Literal["base64", "auto"] = "base64"
+    #: ``items``: a list of item objects; ``columns``: one array per field and every
+    #: value in one base64 string (``values``) cut by ``lengths``: far cheaper to build
+    #: and to turn into Arrow, which is what Spark executors do.
+    layout: Literal["items", "columns"] = "items"
 
 
 class CommitBody(BaseModel):
@@ -243,10 +247,28 @@ def read(queue: QueueName, consumer: ConsumerName, body: ReadBody, groups: Group
     items are pending again and will be pulled into a later range).
     """
     epoch, entries = groups.read(queue, consumer, body.start, body.end)
+    head = {"found": epoch is not None, "epoch": epoch}
+    if body.layout == "columns":
+        return _json(head | {"columns": _columns(entries)})
     force = body.encoding == "base64"
-    return _json(
-        {"found": epoch is not None, "epoch": epoch, "items": [_item(e, force) for e in entries]}
-    )
+    return _json(head | {"items": [_item(e, force) for e in entries]})
+
+
+def _columns(entries: list[LogEntry]) -> dict[str, Any]:
+    ds = [e.delivery for e in entries]
+    stats = [d.stats for d in ds]
+    return {
+        "seq": [e.seq for e in entries],
+        "id": [d.id for d in ds],
+        "receipt": [e.receipt for e in entries],
+        "deadline": [d.deadline for d in ds],
+        "enqueue_time": [s.enqueue_time for s in stats],
+        "requeue_time": [s.requeue_time for s in stats],
+        "dequeue_count": [s.dequeue_count for s in stats],
+        "lease_expires": [e.lease_expires for e in entries],
+        "lengths": [len(d.value) for d in ds],
+        "values": base64.b64encode(b"".join(d.value for d in ds)).decode("ascii"),
+    }
 
 
 @router.post("/consumers/{consumer}/commit")
