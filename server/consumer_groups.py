@@ -61,6 +61,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+#: ``keep_alive`` runs every second; a lease this close to its end is always extended.
+KEEPALIVE_MARGIN_MS = 2_500
+
 
 class EngineLike(Protocol):
     """The part of ``storage.Engine`` this module uses."""
@@ -471,7 +474,8 @@ class ConsumerGroups:
         return extended
 
     def _extend_log(self, lg: _Log) -> int:
-        horizon = self._engine.now() + lg.lease_ms // 2
+        # extend past half the lease, and never later than two ticks before it ends
+        horizon = self._engine.now() + max(lg.lease_ms // 2, KEEPALIVE_MARGIN_MS)
         due = [s for s, e in lg.entries.items() if e.lease_expires <= horizon]
         extended = 0
         for part in _chunks(due, self._max_batch):
