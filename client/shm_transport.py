@@ -35,7 +35,15 @@ from client.types import (
 )
 from shm import command_codec as codec
 from shm.attach import attach
-from shm.command_ring import KEY_SIZE, VALUE_MAX, ClientRing, Op, Response, Status
+from shm.command_ring import (
+    DEFAULT_SPIN_US,
+    KEY_SIZE,
+    VALUE_MAX,
+    ClientRing,
+    Op,
+    Response,
+    Status,
+)
 from shm.errors import ShmError
 
 __all__ = ["AsyncShmTransport", "ShmTransport"]
@@ -112,7 +120,7 @@ class ShmTransport:
         token: str | None = None,
         http_url: str | None = None,
         capacity: int = 64,
-        spin_us: float = 50.0,
+        spin_us: float = DEFAULT_SPIN_US,
         retries: int = 3,
     ) -> None:
         if not url.startswith("shm://") or len(url) <= len("shm://"):

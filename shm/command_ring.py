@@ -27,6 +27,7 @@ which holds ``response_ready``.
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 import threading
 import time
@@ -44,6 +45,7 @@ from shm.errors import (
 )
 
 __all__ = [
+    "DEFAULT_SPIN_US",
     "HEADER",
     "MAX_CAPACITY",
     "RESPONSE_BODY_MAX",
@@ -93,6 +95,12 @@ RESPONSE_BODY_MAX = RESPONSE_MAX - RESPONSE_HEAD.size
 FLAG_MORE = 0x01  # the body continues: send Op.CONTINUE for the next chunk
 
 MAX_CAPACITY = 4096
+
+#: How long a waiting side spins before it parks on the futex. Spinning saves the ~3-5 us
+#: of a futex wake only when a core is free for it; on the 2-vCPU machine of
+#: docs/performance.md it cost 3-5x in p50 (the spinner starves the side it waits for),
+#: so small machines park at once.
+DEFAULT_SPIN_US = 20.0 if (os.cpu_count() or 1) > 2 else 0.0
 
 
 class Op(IntEnum):
@@ -180,7 +188,7 @@ class ClientRing:
     Thread-safe: one lock serialises use of the ring, as the seed's single producer requires.
     """
 
-    def __init__(self, mm: mmap.mmap, *, spin_us: float = 50.0) -> None:
+    def __init__(self, mm: mmap.mmap, *, spin_us: float = DEFAULT_SPIN_US) -> None:
         self._mm = mm
         self._view = memoryview(mm)
         capacity = at.load_u64(mm, CAPACITY_OFF)

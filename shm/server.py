@@ -38,7 +38,14 @@ from shm.attach import (
     unlink_shm,
 )
 from shm.command_handler import ASYNC_OPS, CommandHandler, Outcome
-from shm.command_ring import MAX_CAPACITY, SLOT_SIZE, VALUE_MAX, ServerRing, ring_size
+from shm.command_ring import (
+    DEFAULT_SPIN_US,
+    MAX_CAPACITY,
+    SLOT_SIZE,
+    VALUE_MAX,
+    ServerRing,
+    ring_size,
+)
 from shm.errors import ShmError
 from storage.types import check_queue_name
 
@@ -198,7 +205,7 @@ class ShmServer:
         *,
         http_url: str | None = None,
         max_clients: int = 256,
-        spin_us: float = 50.0,
+        spin_us: float = DEFAULT_SPIN_US,
     ) -> None:
         self.engine = engine
         self.data_dir = Path(data_dir)
@@ -369,5 +376,5 @@ def start(engine: Any, settings: Any) -> ShmServer:
         settings.data_dir,
         http_url=f"http://{host}:{settings.port}",
         max_clients=int(extra.get("shm_max_clients", 256)),
-        spin_us=float(extra.get("shm_spin_us", 50.0)),
+        spin_us=float(extra.get("shm_spin_us", DEFAULT_SPIN_US)),
     ).start()

@@ -1,0 +1,241 @@
+"""Shared-memory benchmark: the command ring beside the HTTP client, in the same run.
+
+Run from the repository root:  .venv/bin/python -m bench.shm [--seconds 2] [--json]
+
+Starts ``dq serve`` with ``DQ_SHM=1`` (once with ``--fsync never``, once with ``always``)
+and drives it from worker processes through the public ``Client`` — ``shm:///data-dir``
+and ``http://…`` — so each figure is what a user of that transport gets. Values are 256
+bytes. Printed, per fsync mode, for 1 and 4 client processes and for both transports:
+
+- single-item enqueue: ops/s and round-trip p50/p99
+- dequeue (count 1) + release of one item: items/s and p50/p99 of the pair
+
+and, once: the server process's CPU while 8 shm clients sit attached and idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+VALUE = b"v" * 256
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def dq_server(data_dir: Path, fsync: str) -> Iterator[tuple[str, int]]:
+    """``dq serve`` with shared memory on; yields (http url, pid)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DQ_")}
+    env["DQ_SHM"] = "1"
+    cmd = [
+        sys.executable, "-m", "server.cli", "serve", "--data-dir", str(data_dir),
+        "--port", str(port), "--fsync", fsync, "--log-level", "warning",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        give_up = time.monotonic() + 60
+        while time.monotonic() < give_up:
+            if proc.poll() is not None:
+                raise RuntimeError(f"dq serve exited with {proc.returncode}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            time.sleep(0.05)
+        while not (data_dir / "dq.sock").exists() and time.monotonic() < give_up:
+            time.sleep(0.05)
+        yield url, proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+# ---- worker processes -----------------------------------------------------------------------
+
+
+def worker(url: str, kind: str, seconds: float, queue: str) -> dict[str, Any]:
+    from client import Client
+
+    lat: list[float] = []
+    with Client(url) as dq:
+        clock = time.perf_counter
+        started = clock()
+        end = started + seconds
+        if kind == "enqueue":
+            while clock() < end:
+                t0 = clock()
+                dq.enqueue(queue, VALUE)
+                lat.append(clock() - t0)
+        else:
+            while clock() < end:
+                t0 = clock()
+                items = dq.dequeue(queue, 1, 60_000)
+                if not items:
+                    break
+                dq.release(queue, items[0].id, items[0].receipt)
+                lat.append(clock() - t0)
+        elapsed = clock() - started
+    return {"ops": len(lat), "seconds": elapsed, "lat_us": [x * 1e6 for x in lat]}
+
+
+def run_workers(url: str, kind: str, seconds: float, queue: str, n: int) -> dict[str, Any]:
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.shm", "--worker", url, kind, str(seconds), queue],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(n)
+    ]
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=seconds + 120)
+        results.append(json.loads(out))
+    lat = sorted(x for r in results for x in r["lat_us"])
+    ops = sum(r["ops"] for r in results)
+    wall = max(r["seconds"] for r in results)
+    return {
+        "ops_s": ops / wall if wall else 0.0,
+        "p50_us": lat[len(lat) // 2] if lat else None,
+        "p99_us": lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else None,
+        "ops": ops,
+    }
+
+
+def prefill(url: str, queue: str, count: int) -> None:
+    from client import Client
+
+    with Client(url) as dq:
+        for start in range(0, count, 1000):
+            dq.enqueue_many(queue, [VALUE] * min(1000, count - start))
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+IDLE_CLIENTS = """
+import sys, time
+from client import Client
+clients = [Client(sys.argv[1]) for _ in range(8)]
+for c in clients:
+    c.health()
+print("ready", flush=True)
+time.sleep(float(sys.argv[2]))
+for c in clients:
+    c.close()
+"""
+
+
+def idle_cpu(data_dir: Path, pid: int, seconds: float) -> dict[str, float]:
+    time.sleep(0.5)
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    base = (cpu_seconds(pid) - c0) / (time.monotonic() - t0) * 100
+    proc = subprocess.Popen(
+        [sys.executable, "-c", IDLE_CLIENTS, f"shm://{data_dir}", str(seconds + 1.5)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    proc.stdout.readline()
+    time.sleep(0.5)
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    attached = (cpu_seconds(pid) - c0) / (time.monotonic() - t0) * 100
+    proc.wait(seconds + 60)
+    return {"no_clients_pct": base, "eight_idle_shm_clients_pct": attached}
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+
+def bench(seconds: float) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "machine": f"{os.cpu_count()} CPU {platform.machine()}, {platform.python_implementation()} "
+        f"{platform.python_version()}",
+        "load_avg": os.getloadavg(),
+        "results": [],
+    }
+    for fsync in ("never", "always"):
+        with tempfile.TemporaryDirectory(prefix="dq-bench-") as tmp:
+            data = Path(tmp) / "data"
+            with dq_server(data, fsync) as (url, pid):
+                for n in (1, 4):
+                    for name, target in (("shm", f"shm://{data}"), ("http", url)):
+                        q = f"{name}-{n}"
+                        enq = run_workers(target, "enqueue", seconds, q + "-e", n)
+                        prefill(url, q + "-d", int(max(enq["ops"], 1000) * 1.5))
+                        deq = run_workers(target, "dequeue", seconds, q + "-d", n)
+                        for kind, r in (("enqueue", enq), ("dequeue+release", deq)):
+                            row = {"fsync": fsync, "clients": n, "transport": name, "op": kind}
+                            row.update({k: v for k, v in r.items() if k != "ops"})
+                            report["results"].append(row)
+                            print_row(row)
+                if fsync == "never":
+                    report["idle_cpu"] = idle_cpu(data, pid, max(seconds, 3.0))
+                    print("server CPU, idle:", json.dumps(report["idle_cpu"]))
+    return report
+
+
+def print_row(row: dict[str, Any]) -> None:
+    def us(v: float | None) -> str:
+        return "-" if v is None else f"{v:8.0f}"
+
+    print(
+        f"fsync={row['fsync']:6} clients={row['clients']} {row['transport']:4} "
+        f"{row['op']:16} {row['ops_s']:9.0f} ops/s  p50 {us(row['p50_us'])} us"
+        f"  p99 {us(row['p99_us'])} us",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--json", action="store_true", help="print the report as JSON too")
+    parser.add_argument("--worker", nargs=4, metavar=("URL", "KIND", "SECONDS", "QUEUE"))
+    args = parser.parse_args()
+    if args.worker:
+        url, kind, secs, queue = args.worker
+        print(json.dumps(worker(url, kind, float(secs), queue)))
+        return
+    print("load average at start:", os.getloadavg(), flush=True)
+    report = bench(args.seconds)
+    print("load average at end:", os.getloadavg())
+    if args.json:
+        print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
