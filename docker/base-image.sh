@@ -19,7 +19,7 @@ suite="${DQ_BASE_SUITE:-bookworm}"
 engine="${CONTAINER_ENGINE:-podman}"
 version=2  # bump when the image content below changes
 
-have="$("$engine" image inspect "$image" --format '{{index .Labels "dq.base.version"}}' 2>/dev/null || true)"
+have="$("$engine" image inspect "$image" --format '{{index .Config.Labels "dq.base.version"}}' 2>/dev/null || true)"
 if [ "${FORCE:-0}" != 1 ] && [ "$have" = "$version" ]; then
     echo "base-image: $image (version $version) already present, reusing it"
     exit 0
