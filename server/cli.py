@@ -20,6 +20,7 @@ COMMAND_MODULES: list[str] = [
     "server.commands.serve",
     "server.commands.items",
     "server.commands.admin",
+    "server.cli_shm",
 ]
 
 
