@@ -65,7 +65,9 @@ def _start_shm(engine: Engine, settings: Settings) -> Any:
         module = importlib.import_module("shm.server")
     except ImportError as exc:
         raise RuntimeError("DQ_SHM is on but the shm.server module is not available") from exc
-    return module.start(engine, settings)
+    server = module.start(engine, settings)
+    # issue 8: the submission, broadcast and telemetry rings ride along (shm/rings_host.py)
+    return importlib.import_module("shm.rings_host").with_rings(server, engine, settings)
 
 
 def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
