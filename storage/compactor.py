@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import heapq
 import logging
-import multiprocessing
 import os
+import queue
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from storage.codec import TOMBSTONE, decode_stats, key_id, tombstone_of
 from storage.segment import SegmentReader, iter_entries_keys, segment_name, write_segment
@@ -147,33 +150,104 @@ def merge_segments(
             r.close()
 
 
+class _WorkerProcess:
+    """One ``python -m storage.worker`` child, fed jobs in order by a dispatcher thread.
+
+    The child is started by the dispatcher thread, which lives as long as the
+    compactor, because ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the
+    child exits.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[tuple[Future[Any], str, tuple[Any, ...], dict[str, Any]] | None] = (
+            queue.Queue()
+        )
+        self._thread = threading.Thread(target=self._run, name="dq-compactor", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+        fut: Future[Any] = Future()
+        self._jobs.put((fut, fn.__name__, args, kwargs))
+        return fut
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "storage.worker", str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+
+    def _run(self) -> None:
+        from storage.worker import read_message, write_message
+
+        proc: subprocess.Popen[bytes] | None = None
+        n = 0
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                break
+            fut, name, args, kwargs = job
+            if not fut.set_running_or_notify_cancel():
+                continue
+            n += 1
+            try:
+                if proc is None or proc.poll() is not None:
+                    proc = self._spawn()
+                assert proc.stdin is not None and proc.stdout is not None
+                write_message(proc.stdin, (n, name, args, kwargs))
+                reply = read_message(proc.stdout)
+                if reply is None:
+                    raise RuntimeError(f"compaction worker died (exit {proc.wait()})")
+                _id, ok, value = reply
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(value)
+            except BaseException as exc:
+                proc = None
+                fut.set_exception(exc)
+        if proc is not None:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+
+    def shutdown(self) -> None:
+        self._jobs.put(None)
+        self._thread.join(timeout=60)
+
+
 class Compactor:
     """Runs freeze and merge jobs off the serving thread.
 
-    ``mode`` is ``"process"`` (one worker process, shared by every queue of the
-    engine), ``"thread"`` (one background thread) or ``"inline"`` (run in the
-    caller: deterministic, for tests).
+    ``mode`` is ``"process"`` (one worker process per engine: a second core, no GIL
+    contention with serving), ``"thread"`` (one background thread) or ``"inline"``
+    (run in the caller: deterministic, for tests).
     """
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
-        self._executor: Executor | None = None
+        self._executor: _WorkerProcess | ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
-        self._inflight: set[Future[object]] = set()
+        self._inflight: set[Future[Any]] = set()
 
-    def _get(self) -> Executor:
+    def _get(self) -> _WorkerProcess | ThreadPoolExecutor:
         with self._lock:
             if self._executor is None:
                 if self.mode == "process":
-                    ctx = multiprocessing.get_context("forkserver")
-                    self._executor = ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+                    self._executor = _WorkerProcess()
                 else:
                     self._executor = ThreadPoolExecutor(1, thread_name_prefix="dq-compactor")
             return self._executor
 
-    def submit(self, fn: Callable[..., object], *args: object, **kwargs: object) -> Future[object]:
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
         if self.mode == "inline":
-            fut: Future[object] = Future()
+            fut: Future[Any] = Future()
             try:
                 fut.set_result(fn(*args, **kwargs))
             except BaseException as exc:  # delivered to the done-callback
@@ -185,7 +259,7 @@ class Compactor:
         fut.add_done_callback(self._done)
         return fut
 
-    def _done(self, fut: Future[object]) -> None:
+    def _done(self, fut: Future[Any]) -> None:
         with self._lock:
             self._inflight.discard(fut)
 
@@ -201,5 +275,7 @@ class Compactor:
     def shutdown(self) -> None:
         with self._lock:
             ex, self._executor = self._executor, None
-        if ex is not None:
+        if isinstance(ex, _WorkerProcess):
+            ex.shutdown()
+        elif ex is not None:
             ex.shutdown(wait=True, cancel_futures=False)

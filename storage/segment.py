@@ -153,6 +153,9 @@ def write_segment(
         if block:
             flush_block()
         if not index:
+            os.close(fd)
+            fd = -1
+            fileio.remove(tmp)
             return None
         index_bytes = b"".join(index)
         body = FOOTER.pack(

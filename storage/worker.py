@@ -1,0 +1,76 @@
+"""The compaction worker process: runs freeze and merge jobs sent by its parent.
+
+Protocol on stdin/stdout: each message is a 4-byte big-endian length and a pickle.
+The parent sends ``(job_id, function_name, args, kwargs)``; the worker answers
+``(job_id, ok, result_or_exception)``. Only functions in ``JOBS`` can be named.
+
+The worker must never outlive the server: it asks the kernel to SIGKILL it when its
+parent dies (``PR_SET_PDEATHSIG``) and exits when stdin closes. A merge killed
+half-way leaves only a ``*.tmp`` file, which the next open deletes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import struct
+import sys
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+from storage.compactor import freeze_log, merge_segments
+
+__all__ = ["JOBS", "read_message", "write_message"]
+
+JOBS: dict[str, Callable[..., Any]] = {"freeze_log": freeze_log, "merge_segments": merge_segments}
+_LEN = struct.Struct(">I")
+PR_SET_PDEATHSIG = 1
+
+
+def read_message(stream: BinaryIO) -> Any | None:
+    head = stream.read(_LEN.size)
+    if len(head) < _LEN.size:
+        return None
+    (n,) = _LEN.unpack(head)
+    body = stream.read(n)
+    if len(body) < n:
+        return None
+    return pickle.loads(body)
+
+
+def write_message(stream: BinaryIO, message: Any) -> None:
+    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(_LEN.pack(len(body)) + body)
+    stream.flush()
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def main() -> None:
+    _die_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid())
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while True:
+        msg = read_message(stdin)
+        if msg is None:
+            return
+        job_id, name, args, kwargs = msg
+        try:
+            result = JOBS[name](*args, **kwargs)
+            reply = (job_id, True, result)
+        except Exception as exc:
+            reply = (job_id, False, exc)
+        write_message(stdout, reply)
+
+
+if __name__ == "__main__":
+    main()

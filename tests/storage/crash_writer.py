@@ -1,0 +1,55 @@
+"""A write load for the SIGKILL test: prints each acknowledgement only after it returned.
+
+Run as ``python -m tests.storage.crash_writer DATA_DIR``. Threads enqueue batches and
+release what they dequeue; every enqueue and release acknowledged by the engine is
+printed as ``E <id>`` / ``R <id>`` and flushed (``D <id>`` before a release is
+requested: such an item may end either way), so the parent knows exactly what the
+engine promised before it was killed.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+
+from storage import Engine, EngineConfig, NewItem, Release
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+    engine = Engine.open(sys.argv[1], EngineConfig(fsync="always", memseg_bytes=256 * 1024))
+    out_lock = threading.Lock()
+
+    def say(lines: list[str]) -> None:
+        with out_lock:
+            sys.stdout.write("".join(lines))
+            sys.stdout.flush()
+
+    def producer(n: int) -> None:
+        i = 0
+        while True:
+            i += 1
+            got = engine.enqueue("crash", [NewItem(f"{n}-{i}-{j}".encode() * 20) for j in range(20)])
+            say([f"E {g.id}\n" for g in got])
+
+    def consumer() -> None:
+        while True:
+            items = engine.dequeue("crash", 15, 60_000) if "crash" in engine.list_queues() else []
+            if items:
+                # a release may become durable just before a kill, unacknowledged: in doubt
+                say([f"D {d.id}\n" for d in items])
+                out = engine.release("crash", [Release(d.id, d.receipt) for d in items])
+                say([f"R {o.id}\n" for o in out if o.ok])
+
+    threads = [threading.Thread(target=producer, args=(n,), daemon=True) for n in range(3)]
+    threads.append(threading.Thread(target=consumer, daemon=True))
+    for t in threads:
+        t.start()
+    say(["READY\n"])
+    for t in threads:
+        t.join()
+
+
+if __name__ == "__main__":
+    main()
