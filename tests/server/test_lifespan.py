@@ -1,0 +1,60 @@
+"""The app factory and lifespan: engine ownership, 503 outside the lifespan, shm plug-in."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+
+from server.app import create_app
+from server.settings import Settings
+from storage import Engine, EngineConfig, NewItem
+from tests.server.live import LiveServer
+
+
+async def _get(app: object, path: str) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://dq") as http:
+        return await http.get(path)
+
+
+def test_a_given_engine_is_left_open(tmp_path: Path) -> None:
+    with Engine.open(tmp_path / "d", EngineConfig(fsync="never", compaction="inline")) as engine:
+        app = create_app(Settings(data_dir=str(tmp_path / "unused")), engine)
+
+        async def run() -> int:
+            async with app.router.lifespan_context(app):
+                return (await _get(app, "/healthz")).status_code
+
+        assert asyncio.run(run()) == 200
+        engine.enqueue("q", [NewItem(b"still open")])  # the lifespan did not close it
+        assert engine.stats("q").pending == 1
+    assert not (tmp_path / "unused").exists()
+
+
+def test_an_owned_engine_is_closed(tmp_path: Path) -> None:
+    app = create_app(Settings(data_dir=str(tmp_path / "d"), fsync="never"))
+
+    async def run() -> None:
+        async with app.router.lifespan_context(app):
+            pass
+
+    asyncio.run(run())
+    with Engine.open(tmp_path / "d", EngineConfig(fsync="never")):  # the lock was released
+        pass
+
+
+def test_outside_the_lifespan_routes_answer_503(tmp_path: Path) -> None:
+    app = create_app(Settings(data_dir=str(tmp_path / "d")))
+    r = asyncio.run(_get(app, "/v1/queues"))
+    assert r.status_code == 503 and r.json()["error"] == "unavailable"
+
+
+def test_shm_server_starts_beside_http(tmp_path: Path) -> None:
+    server = LiveServer(tmp_path / "data", env={"DQ_SHM": "1"}).start()
+    try:
+        assert (tmp_path / "data" / "dq.sock").is_socket()
+        assert httpx.get(server.url + "/healthz").json()["status"] == "ok"
+    finally:
+        assert server.terminate() == 0
