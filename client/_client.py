@@ -26,6 +26,7 @@ from client.types import (
 
 if TYPE_CHECKING:
     from client.consumer import Backoff, Consumer
+    from shm.subscriber import Subscription
 
 __all__ = ["Client"]
 
@@ -132,3 +133,16 @@ class Client:
         return Consumer(
             self, queue, lease_ms=lease_ms, count=count, wait_ms=wait_ms, backoff=backoff
         )
+
+    def subscribe(self, queue: str | None = None, *, data_dir: str | None = None) -> Subscription:
+        """The server's events for ``queue`` (all queues if None) over the broadcast ring
+        (``shm.subscriber``). Local only: the data directory comes from a ``shm://``
+        address, or pass ``data_dir`` with an ``http://`` one."""
+        from client.errors import UnsupportedAddress
+        from shm.subscriber import subscribe
+
+        if data_dir is None:
+            if not self.url.startswith("shm://"):
+                raise UnsupportedAddress(f"{self.url}: subscribe needs shm:// or data_dir=")
+            data_dir = self.url.removeprefix("shm://")
+        return subscribe(data_dir, queue)

@@ -101,3 +101,17 @@ def test_discovery_errors_are_clear(tmp_path: Path) -> None:
     (tmp_path / "dq-rings.json").write_text("{not json")
     with pytest.raises(AttachError, match="unreadable"):
         subscriber.submitter(tmp_path)
+
+
+def test_client_subscribe(host: tuple[Engine, Path]) -> None:
+    from client import Client
+    from client.errors import UnsupportedAddress
+
+    eng, data = host
+    with Client("http://127.0.0.1:9") as dq:  # never connects: events come over shm
+        with pytest.raises(UnsupportedAddress):
+            dq.subscribe("jobs")
+        with dq.subscribe("jobs", data_dir=str(data)) as sub:
+            [item] = eng.enqueue("jobs", [NewItem(b"a")])
+            got = collect(sub, 2)
+    assert [(e.kind, e.ids) for e in got[:2]] == [("queue_created", ()), ("enqueued", (item.id,))]
