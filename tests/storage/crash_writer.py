@@ -2,7 +2,7 @@
 
 Run as ``python -m tests.storage.crash_writer DATA_DIR``. Threads enqueue batches and
 release what they dequeue; every enqueue and release acknowledged by the engine is
-printed as ``E <id>`` / ``R <id>`` and flushed (``D <id>`` before a release is
+printed as ``E <id>`` / ``R <id>`` (``K <id>`` for the queue nobody consumes) and flushed (``D <id>`` before a release is
 requested: such an item may end either way), so the parent knows exactly what the
 engine promised before it was killed.
 """
@@ -27,11 +27,12 @@ def main() -> None:
             sys.stdout.flush()
 
     def producer(n: int) -> None:
+        queue, tag = ("keep", "K") if n == 0 else ("crash", "E")  # nobody consumes "keep"
         i = 0
         while True:
             i += 1
-            got = engine.enqueue("crash", [NewItem(f"{n}-{i}-{j}".encode() * 20) for j in range(20)])
-            say([f"E {g.id}\n" for g in got])
+            got = engine.enqueue(queue, [NewItem(f"{n}-{i}-{j}".encode() * 20) for j in range(20)])
+            say([f"{tag} {g.id}\n" for g in got])
 
     def consumer() -> None:
         while True:

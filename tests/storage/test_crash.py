@@ -21,7 +21,7 @@ from storage import Engine, EngineConfig
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_and_kill(data: Path, seconds: float) -> tuple[set[int], set[int], set[int]]:
+def run_and_kill(data: Path, seconds: float) -> dict[str, set[int]]:
     """Start the writer, let it run ``seconds`` after it is ready, SIGKILL it."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.storage.crash_writer", str(data)],
@@ -54,11 +54,11 @@ def run_and_kill(data: Path, seconds: float) -> tuple[set[int], set[int], set[in
             proc.wait(timeout=10)
         assert proc.stdout is not None
         proc.stdout.close()
-    sets: dict[str, set[int]] = {"E": set(), "R": set(), "D": set()}
+    sets: dict[str, set[int]] = {"E": set(), "R": set(), "D": set(), "K": set()}
     for line in lines:
-        if line[:2] in ("E ", "R ", "D "):
+        if line[:2] in ("E ", "R ", "D ", "K "):
             sets[line[0]].add(int(line[2:]))
-    return sets["E"], sets["R"], sets["D"]
+    return sets
 
 
 @pytest.mark.parametrize("seconds", [0.7, 1.5, 2.5])
@@ -67,12 +67,14 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path, seconds: float) -> 
     all_enq: set[int] = set()
     all_rel: set[int] = set()
     in_doubt: set[int] = set()
+    kept: set[int] = set()
     for _round in range(2):  # crash, recover, crash again on the recovered directory
-        enq, rel, asked = run_and_kill(data, seconds)
-        assert enq and rel, "the writer acknowledged nothing before the kill"
-        all_enq |= enq
-        all_rel |= rel
-        in_doubt |= asked - rel  # release requested, not acknowledged: either outcome is fine
+        got = run_and_kill(data, seconds)
+        assert got["E"] and got["R"] and got["K"], "the writer acknowledged nothing before the kill"
+        all_enq |= got["E"]
+        all_rel |= got["R"]
+        kept |= got["K"]
+        in_doubt |= got["D"] - got["R"]  # release requested, not acknowledged: either outcome is fine
     with Engine.open(data, EngineConfig(fsync="never", compaction="inline")) as engine:
         present: set[int] = set()
         while True:
@@ -85,3 +87,11 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path, seconds: float) -> 
         assert not missing, f"{len(missing)} acknowledged enqueues lost, e.g. {sorted(missing)[:5]}"
         assert not resurrected, f"{len(resurrected)} acknowledged releases came back"
         assert all_rel <= all_enq
+        kept_present = {d.id for d in engine.dequeue("keep", 1000, 60_000)}
+        while len(kept_present) < len(kept):
+            more = engine.dequeue("keep", 1000, 60_000)
+            if not more:
+                break
+            kept_present.update(d.id for d in more)
+        lost = kept - kept_present
+        assert not lost, f"{len(lost)} acknowledged enqueues lost from the unconsumed queue"
