@@ -14,7 +14,8 @@ the same run:
 
 Each figure is the median of ``--runs`` runs (min and max shown); every run uses a
 fresh queue filled beforehand (fill time not counted). Spark runs on ``local[4]`` so
-four partitions can be in flight at once on however many cores there are.
+four partitions can be in flight at once on however many cores there are; one warm-up
+run with four partitions first starts the JVM and the Python workers Spark then reuses.
 """
 
 from __future__ import annotations
@@ -102,14 +103,16 @@ def python_consumer(url: str, queue: str, items: int) -> float:
         return time.perf_counter() - t0
 
 
-def spark_run(spark: Any, url: str, queue: str, items: int, partitions: int, ck: Path) -> float:
+def spark_run(
+    spark: Any, url: str, queue: str, items: int, per_trigger: int, partitions: int, ck: Path
+) -> float:
     """Seconds for an availableNow query with ``partitions`` per batch to drain ``items``."""
     df = (
         spark.readStream.format("dq")
         .option("url", url)
         .option("queue", queue)
         .option("consumer", "bench")
-        .option("maxItemsPerTrigger", str(min(items, 10_000)))
+        .option("maxItemsPerTrigger", str(per_trigger))
         .option("minPartitions", str(partitions))
         .option("itemsPerPartition", str(10**6))
         .load()
@@ -141,6 +144,7 @@ def main() -> int:
     ap.add_argument("--items", type=int, default=20_000)
     ap.add_argument("--value-bytes", type=int, default=100)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--per-trigger", type=int, default=20_000, help="maxItemsPerTrigger")
     ap.add_argument("--fsync", default="always", choices=("always", "interval", "never"))
     ap.add_argument("--json", action="store_true", help="print one JSON object only")
     args = ap.parse_args()
@@ -154,6 +158,7 @@ def main() -> int:
         "value_bytes": args.value_bytes,
         "fsync": args.fsync,
         "runs": args.runs,
+        "per_trigger": args.per_trigger,
         "machine": f"{os.cpu_count()} CPU, {platform.machine()}, Python {platform.python_version()}",
     }
     with tempfile.TemporaryDirectory(prefix="dq-bench-spark-") as tmp:
@@ -181,11 +186,13 @@ def main() -> int:
             def spark_once(partitions: int) -> Callable[[int], float]:
                 def once(_: int) -> float:
                     q = fresh()
-                    return spark_run(spark, url, q, args.items, partitions, root / f"ck-{q}")
+                    return spark_run(
+                        spark, url, q, args.items, args.per_trigger, partitions, root / f"ck-{q}"
+                    )
 
                 return once
 
-            spark_once(2)(0)  # warm-up: JVM, Python workers, planner
+            spark_once(4)(0)  # warm-up: JVM, planner, and four Python workers to reuse
             results["python_consumer"] = measure(args.runs, py_once, args.items)
             for p in (1, 2, 4):
                 results[f"spark_{p}_partitions"] = measure(args.runs, spark_once(p), args.items)
