@@ -45,8 +45,8 @@ log "engine: $engine ($("$engine" --version)); compose: ${compose[0]##*/}"
 
 # ---- images -----------------------------------------------------------------------------
 if [ -z "${DQ_BASE_IMAGE:-}" ]; then
-    export DQ_BASE_IMAGE=localhost/dq-base:bookworm
-    CONTAINER_ENGINE="$engine" bash "$root/docker/base-image.sh" "$DQ_BASE_IMAGE"
+    DQ_BASE_IMAGE="$(CONTAINER_ENGINE="$engine" bash "$root/docker/base-image.sh" | tail -n 1)"
+    export DQ_BASE_IMAGE
 fi
 export DQ_IMAGE="${DQ_IMAGE:-localhost/deadline-queue:smoke}"
 export DQ_SPARK_IMAGE="${DQ_SPARK_IMAGE:-localhost/deadline-queue-spark:smoke}"
