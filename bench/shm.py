@@ -9,8 +9,11 @@ bytes. Printed, per fsync mode, for 1 and 4 client processes and for both transp
 
 - single-item enqueue: ops/s and round-trip p50/p99
 - dequeue (count 1) + release of one item: items/s and p50/p99 of the pair
+- (shm, fsync never, 1 client) a no-op round trip through the ring (``Client.health()``)
 
-and, once: the server process's CPU while 8 shm clients sit attached and idle.
+and, once: the server process's CPU while 8 shm clients sit attached and idle, and the
+floors (the C atomics per call; the engine's own enqueue, in-process, no transport; the
+disk's append+fsync rate).
 """
 
 from __future__ import annotations
@@ -87,7 +90,12 @@ def worker(url: str, kind: str, seconds: float, queue: str) -> dict[str, Any]:
         clock = time.perf_counter
         started = clock()
         end = started + seconds
-        if kind == "enqueue":
+        if kind == "ping":  # a no-op round trip through the ring: the transport's floor
+            while clock() < end:
+                t0 = clock()
+                dq.health()
+                lat.append(clock() - t0)
+        elif kind == "enqueue":
             while clock() < end:
                 t0 = clock()
                 dq.enqueue(queue, VALUE)
@@ -177,6 +185,46 @@ def idle_cpu(data_dir: Path, pid: int, seconds: float) -> dict[str, float]:
     return {"no_clients_pct": base, "eight_idle_shm_clients_pct": attached}
 
 
+def floors() -> dict[str, float]:
+    """What no transport can beat: the C atomics' cost per call, and the engine's own
+    single-item enqueue (fsync never) called in-process, p50 in us."""
+    import mmap
+    import timeit
+
+    from shm import _atomics as at
+    from storage import Engine, EngineConfig
+    from storage.types import NewItem
+
+    mm = mmap.mmap(-1, 4096)
+    n = 200_000
+    out = {
+        "load_u64_ns": timeit.timeit(lambda: at.load_u64(mm, 8), number=n) / n * 1e9,
+        "cas_u64_ns": timeit.timeit(lambda: at.cas_u64(mm, 8, 0, 0), number=n) / n * 1e9,
+        "memoryview_u64_ns": timeit.timeit(lambda: memoryview(mm)[8:16], number=n) / n * 1e9,
+    }
+    with tempfile.TemporaryDirectory(prefix="dq-bench-") as tmp:
+        engine = Engine.open(Path(tmp) / "data", EngineConfig(fsync="never"))
+        lat = []
+        for _ in range(5000):
+            t0 = time.perf_counter()
+            engine.enqueue_nowait("floor", [NewItem(VALUE)]).result()
+            lat.append((time.perf_counter() - t0) * 1e6)
+        engine.close()
+        # the disk's sync rate: what fsync "always" single-client enqueues are bounded by
+        fd = os.open(Path(tmp) / "sync-probe", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        syncs, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < 1.0:
+            os.write(fd, VALUE)
+            os.fsync(fd)
+            syncs += 1
+        out["append_fsync_per_s"] = syncs / (time.perf_counter() - t0)
+        os.close(fd)
+    lat.sort()
+    out["engine_enqueue_p50_us"] = lat[len(lat) // 2]
+    out["engine_enqueue_p99_us"] = lat[int(len(lat) * 0.99)]
+    return out
+
+
 # ---- main -------------------------------------------------------------------------------------
 
 
@@ -187,10 +235,18 @@ def bench(seconds: float) -> dict[str, Any]:
         "load_avg": os.getloadavg(),
         "results": [],
     }
+    report["floors"] = floors()
+    print("floors:", json.dumps({k: round(v, 1) for k, v in report["floors"].items()}), flush=True)
     for fsync in ("never", "always"):
         with tempfile.TemporaryDirectory(prefix="dq-bench-") as tmp:
             data = Path(tmp) / "data"
             with dq_server(data, fsync) as (url, pid):
+                if fsync == "never":
+                    ping = run_workers(f"shm://{data}", "ping", seconds, "-", 1)
+                    row = {"fsync": fsync, "clients": 1, "transport": "shm", "op": "no-op ping"}
+                    row.update({k: v for k, v in ping.items() if k != "ops"})
+                    report["results"].append(row)
+                    print_row(row)
                 for n in (1, 4):
                     for name, target in (("shm", f"shm://{data}"), ("http", url)):
                         q = f"{name}-{n}"
@@ -203,7 +259,7 @@ def bench(seconds: float) -> dict[str, Any]:
                             report["results"].append(row)
                             print_row(row)
                 if fsync == "never":
-                    report["idle_cpu"] = idle_cpu(data, pid, max(seconds, 3.0))
+                    report["idle_cpu"] = idle_cpu(data, pid, max(seconds, 5.0))
                     print("server CPU, idle:", json.dumps(report["idle_cpu"]))
     return report
 

@@ -54,7 +54,7 @@ __all__ = ["ShmServer", "start"]
 log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT_S = 5.0
-IDLE_PARK_S = 1.0  # a parked session re-checks its stop flag this often
+IDLE_PARK_S = 2.0  # a safety net: stopping a session futex-wakes it (a wake can race the park)
 POLL_MIN_S = 0.0005  # clients that do not futex-wake are polled, backing off to POLL_MAX_S
 POLL_MAX_S = 0.02
 
