@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator, with_config
+from typing_extensions import TypedDict
 
 from storage.codec import MAX_DEADLINE, MAX_ID
 from storage.types import NewItem
@@ -100,14 +101,20 @@ def encode_value(value: bytes, encoding: Encoding | None) -> tuple[str, Encoding
     return base64.b64encode(value).decode("ascii"), "base64"
 
 
-class NewItemIn(_Strict):
+@with_config(ConfigDict(extra="forbid"))
+class NewItemIn(TypedDict):
     """One item to enqueue. ``deadline`` xor ``delay_ms`` and the value's encoding are
-    checked by ``to_new_items`` (per-item Python validators cost ~10 µs an item)."""
+    checked by ``to_new_items``. A TypedDict, not a model: pydantic validates a batch of
+    dicts ~3x faster than a batch of model instances, and batches are the hot path."""
 
-    value: str = Field(description="the item's value, as text in `encoding`")
-    encoding: Encoding = "utf-8"
-    deadline: Millis | None = Field(None, description="due time; default now (not with delay_ms)")
-    delay_ms: Duration | None = Field(None, description="due this many ms from now")
+    value: Annotated[str, Field(description="the item's value, as text in `encoding`")]
+    encoding: NotRequired[Encoding]
+    deadline: NotRequired[
+        Annotated[Millis | None, Field(description="due time; default now (not with delay_ms)")]
+    ]
+    delay_ms: NotRequired[
+        Annotated[Duration | None, Field(description="due this many ms from now")]
+    ]
 
 
 class InvalidItem(ValueError):
@@ -123,13 +130,15 @@ def to_new_items(items: list[NewItemIn]) -> list[NewItem]:
     out: list[NewItem] = []
     append = out.append
     for n, i in enumerate(items):
-        deadline, delay = i.deadline, i.delay_ms
+        deadline, delay = i.get("deadline"), i.get("delay_ms")
         if deadline is not None and delay is not None:
             raise InvalidItem(n, "give deadline or delay_ms, not both")
+        encoding = i.get("encoding", "utf-8")
         try:
-            data = i.value.encode() if i.encoding == "utf-8" else decode_value(i.value, "base64")
+            value = i["value"]
+            data = value.encode() if encoding == "utf-8" else decode_value(value, "base64")
         except ValueError as exc:  # UnicodeEncodeError (lone surrogate) or bad base64
-            raise InvalidItem(n, f"value is not valid {i.encoding}: {exc}") from None
+            raise InvalidItem(n, f"value is not valid {encoding}: {exc}") from None
         append(NewItem(data, deadline, delay))
     return out
 
@@ -178,7 +187,10 @@ class DequeueResponse(BaseModel):
     items: list[ItemOut]
 
 
-class ReleaseItem(_Strict):
+@with_config(ConfigDict(extra="forbid"))
+class ReleaseItem(TypedDict):
+    """A TypedDict for the same reason as ``NewItemIn``."""
+
     id: ItemId
     receipt: Receipt
 

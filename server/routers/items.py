@@ -188,7 +188,7 @@ def _results(outcomes: Sequence[ItemOutcome]) -> Response:
 @router.post("/release", response_model=Results, summary="Release (acknowledge) a batch")
 async def release(queue: QueuePath, body: ReleaseRequest, request: Request) -> Response:
     service = service_of(request)
-    batch = [Release(i.id, i.receipt) for i in body.items]
+    batch = [Release(i["id"], i["receipt"]) for i in body.items]
     return _results(await _release(service, queue, batch))
 
 
