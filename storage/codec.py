@@ -125,8 +125,12 @@ def iter_entries(
             key, stats, length = unpack(view, pos)
             start = pos + PENDING_HEADER.size
             if start + length > end:
-                raise CorruptionError("entry value runs past its block", file=where, offset=base + pos)
+                raise CorruptionError(
+                    "entry value runs past its block", file=where, offset=base + pos
+                )
             yield key, stats, bytes(view[start : start + length]), pos
             pos = start + length
         else:
-            raise CorruptionError(f"entry type {kind:02b} is reserved", file=where, offset=base + pos)
+            raise CorruptionError(
+                f"entry type {kind:02b} is reserved", file=where, offset=base + pos
+            )

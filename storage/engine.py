@@ -241,9 +241,7 @@ class Engine:
 
     def _check_batch(self, n: int) -> None:
         if n > self.config.max_batch:
-            raise BatchTooLarge(
-                f"at most {self.config.max_batch} items per batch", count=n
-            )
+            raise BatchTooLarge(f"at most {self.config.max_batch} items per batch", count=n)
 
     def _prepare(self, items: Sequence[NewItem]) -> list[tuple[int, bytes]]:
         self._check_batch(len(items))
@@ -272,9 +270,7 @@ class Engine:
             return done
         return self._queue_for_write(name).enqueue(prepared)
 
-    def enqueue(
-        self, name: str, items: Sequence[NewItem], timeout: float = 60.0
-    ) -> list[Enqueued]:
+    def enqueue(self, name: str, items: Sequence[NewItem], timeout: float = 60.0) -> list[Enqueued]:
         """Enqueue a batch and wait until it is durable (waits out write stalls)."""
         deadline = time.monotonic() + timeout
         while True:
@@ -402,7 +398,11 @@ class Engine:
                         log.exception("queue %s: dead-letter tombstone failed", source.name)
 
             fut.add_done_callback(moved)
-        self.emit("dead_lettered", source.name, [int.from_bytes(k, "big") >> 2 & ((1 << 64) - 1) for k, _, _ in entries])
+        self.emit(
+            "dead_lettered",
+            source.name,
+            [int.from_bytes(k, "big") >> 2 & ((1 << 64) - 1) for k, _, _ in entries],
+        )
 
 
 def with_config(config: EngineConfig, **changes: Any) -> EngineConfig:

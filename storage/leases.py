@@ -75,7 +75,12 @@ class Leases:
         if item_id >= next_id or item_id <= 0:
             raise ItemNotFound("no item with this id was ever enqueued here", id=item_id)
         lease = self._by_id.get(item_id)
-        if epoch != self.epoch or lease is None or lease.delivery != delivery or lease.expires <= now:
+        if (
+            epoch != self.epoch
+            or lease is None
+            or lease.delivery != delivery
+            or lease.expires <= now
+        ):
             raise StaleReceipt(
                 "that delivery is over (released, requeued, expired, or the server restarted)",
                 id=item_id,

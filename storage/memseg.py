@@ -17,14 +17,18 @@ __all__ = ["MemSegment"]
 
 class MemSegment:
     __slots__ = (
+        "_after",
+        "_head",
+        "_seen",
+        "_version",
         "bytes",
         "entries",
         "keys",
         "pending_count",
         "replaced_by",
         "segment_no",
-        "tombstone_count",
         "tombs",
+        "tombstone_count",
     )
 
     def __init__(self, segment_no: int) -> None:
@@ -38,9 +42,29 @@ class MemSegment:
         self.bytes = 0
         #: the segment file this memseg was frozen into (a hint for value lookups)
         self.replaced_by: object | None = None
+        # next_after() is asked the same question several times per dequeued item
+        self._version = 0
+        self._seen = -1
+        self._after = b""
+        self._head: bytes | None = None
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def add_tombstone_behind(self, key: bytes) -> None:
+        """Record a tombstone written at run time.
+
+        Such a tombstone always cancels an entry that was delivered, so its key is at
+        or behind the cursor and the forward view never needs to see it: it is kept
+        for counts and lookups only, not in the sorted key lists (a log reloaded after
+        a restart adds its tombstones with ``add``, in order).
+        """
+        entries = self.entries
+        if key in entries:
+            return
+        entries[key] = None
+        self.tombstone_count += 1
+        self.bytes += 16
 
     def add(self, key: bytes, stats: bytes | None, value: bytes | None) -> None:
         entries = self.entries
@@ -57,11 +81,16 @@ class MemSegment:
             self.pending_count += 1
             self.bytes += 36 + len(value)
         self.keys.add(key)
+        self._version += 1
 
     def next_after(self, after: bytes) -> bytes | None:
+        if self._seen == self._version and after == self._after:
+            return self._head
         keys = self.keys
         i = keys.bisect_right(after)
-        return keys[i] if i < len(keys) else None
+        head = keys[i] if i < len(keys) else None
+        self._seen, self._after, self._head = self._version, after, head
+        return head
 
     def count_between(self, after: bytes, upto: bytes) -> int:
         """Pending entries with after < key <= upto."""

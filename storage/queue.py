@@ -461,7 +461,9 @@ class Queue:
         return b"".join(parts), pend, tombs
 
     def _write_moves(
-        self, built: tuple[bytes, list[tuple[bytes, bytes, bytes]], list[bytes]], result: Any,
+        self,
+        built: tuple[bytes, list[tuple[bytes, bytes, bytes]], list[bytes]],
+        result: Any,
         rollback: Callable[[], None] | None,
     ) -> Future[Any]:
         payload, pend, tombs = built
@@ -472,7 +474,7 @@ class Queue:
             for key, st, value in pend:
                 mem.add(key, st, value)
             for t in tombs:
-                mem.add(t, None, None)
+                mem.add_tombstone_behind(t)
             del self._unpublished[token]
             self._notify()
 
@@ -494,6 +496,7 @@ class Queue:
                         lease.expires,
                         lease.source,
                     )
+
         return rollback
 
     def release(self, items: Sequence[Release]) -> Future[list[ItemOutcome]]:
@@ -520,7 +523,7 @@ class Queue:
 
             def publish() -> None:
                 for t in tombs:
-                    mem.add(t, None, None)
+                    mem.add_tombstone_behind(t)
 
             fut = self._submit(b"".join(tombs), publish, outcomes, self._restore(taken))
         self.engine.emit("released", self.name, [i for i, _ in taken])
@@ -549,7 +552,9 @@ class Queue:
             built = self._requeue_locked(moves, now, moved)
             for o in moved:
                 results[o.id] = o
-            outcomes = [results.get(i, ItemOutcome(i, "item_not_found", "value not found")) for i in order]
+            outcomes = [
+                results.get(i, ItemOutcome(i, "item_not_found", "value not found")) for i in order
+            ]
             if built is None:
                 done: Future[list[ItemOutcome]] = Future()
                 done.set_result(outcomes)
@@ -573,7 +578,9 @@ class Queue:
                 self.leases.extend(e.id, lease, now + e.lease_ms)
                 out.append(
                     ItemOutcome(
-                        e.id, receipt=self.leases.receipt(e.id, lease), lease_expires=now + e.lease_ms
+                        e.id,
+                        receipt=self.leases.receipt(e.id, lease),
+                        lease_expires=now + e.lease_ms,
                     )
                 )
         return out
@@ -647,7 +654,12 @@ class Queue:
                 receipt = leases.add(item_id, key, (enq, req, cnt + 1), expires, source)
                 out.append(
                     Delivery(
-                        item_id, receipt, value, key_deadline(key), ItemStats(enq, req, cnt + 1), expires
+                        item_id,
+                        receipt,
+                        value,
+                        key_deadline(key),
+                        ItemStats(enq, req, cnt + 1),
+                        expires,
                     )
                 )
             self.cursor = after
@@ -664,7 +676,7 @@ class Queue:
 
             def publish() -> None:
                 for t in tombs:
-                    mem.add(t, None, None)
+                    mem.add_tombstone_behind(t)
 
             return self._submit(b"".join(tombs), publish, None)
 
@@ -753,10 +765,16 @@ def resolve_deadline(deadline: int | None, delay_ms: int | None, now: int) -> in
         if delay_ms is not None and (not isinstance(delay_ms, int) or delay_ms < 0):
             raise InvalidArgument("delay_ms must be a non-negative integer", delay_ms=delay_ms)
         deadline = now + (delay_ms or 0)
-    if not isinstance(deadline, int) or isinstance(deadline, bool) or not 0 <= deadline <= MAX_DEADLINE:
+    if (
+        not isinstance(deadline, int)
+        or isinstance(deadline, bool)
+        or not 0 <= deadline <= MAX_DEADLINE
+    ):
         from storage.errors import InvalidDeadline
 
-        raise InvalidDeadline("deadline must be ms since the epoch within 48 bits", deadline=deadline)
+        raise InvalidDeadline(
+            "deadline must be ms since the epoch within 48 bits", deadline=deadline
+        )
     return deadline
 
 
@@ -764,5 +782,9 @@ MAX_LEASE_MS = 12 * 3600 * 1000
 
 
 def check_lease_ms(lease_ms: int) -> None:
-    if not isinstance(lease_ms, int) or isinstance(lease_ms, bool) or not 1 <= lease_ms <= MAX_LEASE_MS:
+    if (
+        not isinstance(lease_ms, int)
+        or isinstance(lease_ms, bool)
+        or not 1 <= lease_ms <= MAX_LEASE_MS
+    ):
         raise InvalidArgument(f"lease_ms must be between 1 and {MAX_LEASE_MS}", lease_ms=lease_ms)

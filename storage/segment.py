@@ -203,8 +203,23 @@ def decode_footer(footer: bytes, path: str, offset: int = 0) -> SegmentInfo:
     if zlib.crc32(footer[:96]) != f[12]:
         raise CorruptionError("segment footer checksum mismatch", file=path, offset=offset)
     if f[13] != VERSION:
-        raise CorruptionError(f"unsupported segment version {f[13]}", file=path, offset=offset + 100)
-    return SegmentInfo(*f[:8], seg_lo=f[8], seg_hi=f[9], block_count=f[10], flags=f[11])
+        raise CorruptionError(
+            f"unsupported segment version {f[13]}", file=path, offset=offset + 100
+        )
+    return SegmentInfo(
+        pending_count=f[0],
+        tombstone_count=f[1],
+        last_key=f[2],
+        max_id=f[3],
+        first_key=f[4],
+        index_offset=f[5],
+        index_length=f[6],
+        index_crc=f[7],
+        seg_lo=f[8],
+        seg_hi=f[9],
+        block_count=f[10],
+        flags=f[11],
+    )
 
 
 class Block:
@@ -236,9 +251,7 @@ class Block:
         return self.raw[off:end]
 
 
-def iter_entries_keys(
-    raw: bytes, where: str, base: int
-) -> Iterator[tuple[bytes, None, None, int]]:
+def iter_entries_keys(raw: bytes, where: str, base: int) -> Iterator[tuple[bytes, None, None, int]]:
     """Like ``iter_entries`` but without copying values (keys and offsets only)."""
     end = len(raw)
     pos = 0
@@ -252,7 +265,9 @@ def iter_entries_keys(
         elif kind == 0 and end - pos >= 36:
             length = int.from_bytes(raw[pos + 32 : pos + 36], "big")
             if pos + 36 + length > end:
-                raise CorruptionError("entry value runs past its block", file=where, offset=base + pos)
+                raise CorruptionError(
+                    "entry value runs past its block", file=where, offset=base + pos
+                )
             yield raw[pos : pos + 16], None, None, pos
             pos += 36 + length
         else:
@@ -274,7 +289,7 @@ class SegmentReader:
             if size < HEADER.size + FOOTER.size:
                 raise CorruptionError("segment too short", file=path, offset=0, size=size)
             header = fileio.pread(self._fd, HEADER.size, 0)
-            magic, version, _flags, _r, crc = HEADER.unpack(header)
+            magic, _version, _flags, _r, crc = HEADER.unpack(header)
             if magic != MAGIC or zlib.crc32(header[:12]) != crc:
                 raise CorruptionError("bad segment header", file=path, offset=0)
             self.info = decode_footer(
@@ -282,11 +297,20 @@ class SegmentReader:
             )
             info = self.info
             if info.index_offset + info.index_length != size - FOOTER.size:
-                raise CorruptionError("segment index does not end at the footer", file=path, offset=info.index_offset)
+                raise CorruptionError(
+                    "segment index does not end at the footer", file=path, offset=info.index_offset
+                )
             index = fileio.pread(self._fd, info.index_length, info.index_offset)
-            if zlib.crc32(index) != info.index_crc or len(index) != info.block_count * INDEX_ROW.size:
-                raise CorruptionError("segment index checksum mismatch", file=path, offset=info.index_offset)
-            rows = [INDEX_ROW.unpack_from(index, i * INDEX_ROW.size) for i in range(info.block_count)]
+            if (
+                zlib.crc32(index) != info.index_crc
+                or len(index) != info.block_count * INDEX_ROW.size
+            ):
+                raise CorruptionError(
+                    "segment index checksum mismatch", file=path, offset=info.index_offset
+                )
+            rows = [
+                INDEX_ROW.unpack_from(index, i * INDEX_ROW.size) for i in range(info.block_count)
+            ]
         except BaseException:
             os.close(self._fd)
             raise
@@ -314,11 +338,15 @@ class SegmentReader:
         offset, length, crc = self._rows[i]
         comp = fileio.pread(self._fd, length, offset)
         if len(comp) != length or zlib.crc32(comp) != crc:
-            raise CorruptionError("segment block checksum mismatch", file=self.path, offset=offset, block=i)
+            raise CorruptionError(
+                "segment block checksum mismatch", file=self.path, offset=offset, block=i
+            )
         try:
             raw = self._dctx.decompress(comp)
         except zstandard.ZstdError as exc:
-            raise CorruptionError(f"segment block does not decompress: {exc}", file=self.path, offset=offset) from exc
+            raise CorruptionError(
+                f"segment block does not decompress: {exc}", file=self.path, offset=offset
+            ) from exc
         return Block(raw, self.path, offset)
 
     def block_for(self, key: bytes) -> int:

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Protocol
 
-__all__ = ["FsyncStats", "Syncer", "SyncTarget"]
+__all__ = ["FsyncStats", "SyncTarget", "Syncer"]
 
 log = logging.getLogger(__name__)
 

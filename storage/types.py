@@ -16,6 +16,7 @@ __all__ = [
     "QUEUE_NAME_PATTERN",
     "Delivery",
     "Enqueued",
+    "Extend",
     "FsyncMode",
     "ItemOutcome",
     "ItemStats",
@@ -24,7 +25,6 @@ __all__ = [
     "QueueStats",
     "Release",
     "Requeue",
-    "Extend",
     "check_queue_name",
 ]
 
@@ -35,17 +35,22 @@ QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 def check_queue_name(name: str) -> str:
     """Return ``name`` if it is a valid queue name, else raise ``InvalidQueueName``."""
-    if not isinstance(name, str) or QUEUE_NAME_PATTERN.fullmatch(name) is None or name in {
-        ".",
-        "..",
-    }:
+    if (
+        not isinstance(name, str)
+        or QUEUE_NAME_PATTERN.fullmatch(name) is None
+        or name
+        in {
+            ".",
+            "..",
+        }
+    ):
         raise InvalidQueueName(
             "queue names match [A-Za-z0-9._-]{1,128} and are not '.' or '..'", queue=name
         )
     return name
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ItemStats:
     """The seed's Stats(128): when the item was enqueued, last requeued, and how often delivered."""
 
@@ -63,7 +68,7 @@ class NewItem:
     delay_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Enqueued:
     """The id the server assigned and the deadline the item was stored with."""
 
@@ -71,7 +76,7 @@ class Enqueued:
     deadline: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Delivery:
     """One delivery of one item to a consumer, named by its receipt."""
 
@@ -104,7 +109,7 @@ class Extend:
     lease_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ItemOutcome:
     """Per-item result of a batch release/requeue/extend.
 

@@ -120,5 +120,8 @@ class MergedView:
             tombs = len(self._take(tomb, key)) if nxt is not None and nxt[0] == tomb else 0
             after = tomb if tombs else key
             if len(copies) > tombs:
-                stats, value, source = max(copies, key=lambda c: decode_stats(c[0])[1])
+                if len(copies) == 1:
+                    stats, value, source = copies[0]
+                else:  # the same key from two server lifetimes: the newest stats win
+                    stats, value, source = max(copies, key=lambda c: decode_stats(c[0])[1])
                 return after, (key, stats, value, source)

@@ -18,7 +18,7 @@ import signal
 import struct
 import sys
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from storage.compactor import freeze_log, merge_segments
 
@@ -29,7 +29,7 @@ _LEN = struct.Struct(">I")
 PR_SET_PDEATHSIG = 1
 
 
-def read_message(stream: BinaryIO) -> Any | None:
+def read_message(stream: IO[bytes]) -> Any | None:
     head = stream.read(_LEN.size)
     if len(head) < _LEN.size:
         return None
@@ -40,7 +40,7 @@ def read_message(stream: BinaryIO) -> Any | None:
     return pickle.loads(body)
 
 
-def write_message(stream: BinaryIO, message: Any) -> None:
+def write_message(stream: IO[bytes], message: Any) -> None:
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(_LEN.pack(len(body)) + body)
     stream.flush()

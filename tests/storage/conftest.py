@@ -34,7 +34,9 @@ def open_engine(tmp_path: Path, clock: FakeClock) -> Iterator:
 
     def factory(**overrides: object) -> Engine:
         path = overrides.pop("path", tmp_path / "data")
-        cfg = EngineConfig(**{"fsync": "never", "compaction": "inline", "auto_merge": False, **overrides})
+        cfg = EngineConfig(
+            **{"fsync": "never", "compaction": "inline", "auto_merge": False, **overrides}
+        )
         e = Engine.open(path, cfg, clock=clock)
         engines.append(e)
         return e

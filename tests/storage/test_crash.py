@@ -74,7 +74,9 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path, seconds: float) -> 
         all_enq |= got["E"]
         all_rel |= got["R"]
         kept |= got["K"]
-        in_doubt |= got["D"] - got["R"]  # release requested, not acknowledged: either outcome is fine
+        in_doubt |= (
+            got["D"] - got["R"]
+        )  # release requested, not acknowledged: either outcome is fine
     with Engine.open(data, EngineConfig(fsync="never", compaction="inline")) as engine:
         present: set[int] = set()
         while True:
@@ -86,7 +88,6 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path, seconds: float) -> 
         resurrected = all_rel & present
         assert not missing, f"{len(missing)} acknowledged enqueues lost, e.g. {sorted(missing)[:5]}"
         assert not resurrected, f"{len(resurrected)} acknowledged releases came back"
-        assert all_rel <= all_enq
         kept_present = {d.id for d in engine.dequeue("keep", 1000, 60_000)}
         while len(kept_present) < len(kept):
             more = engine.dequeue("keep", 1000, 60_000)

@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from storage.codec import decode_key, decode_stats, encode_key, encode_pending, encode_stats, iter_entries, tombstone_of
+from storage.codec import (
+    decode_key,
+    decode_stats,
+    encode_key,
+    encode_pending,
+    encode_stats,
+    iter_entries,
+    tombstone_of,
+)
 from storage.segment import FOOTER, HEADER, INDEX_ROW, SegmentReader
 from storage.wal import encode_header, frame_record, read_wal
 

@@ -46,7 +46,9 @@ class EngineVsModel(RuleBasedStateMachine):
             fsync="never", compaction="inline", auto_merge=False, memseg_bytes=4096, max_frozen=2
         )
         self.engine = Engine.open(self.dir, self.config, clock=self.clock)
-        self.engine.put_queue(Q, QueueConfig(default_lease_ms=1000, max_deliveries=3, dead_letter_queue=DLQ))
+        self.engine.put_queue(
+            Q, QueueConfig(default_lease_ms=1000, max_deliveries=3, dead_letter_queue=DLQ)
+        )
         self.model: dict[str, dict[int, Item]] = {Q: {}, DLQ: {}}
         self.stale: list[tuple[int, str]] = []
         self.values = 0
@@ -146,8 +148,13 @@ class EngineVsModel(RuleBasedStateMachine):
             for item in moved:
                 new_id = dl.next_id - len(moved) + moved.index(item)
                 self.model[DLQ][new_id] = Item(
-                    new_id, self.engine.stats(DLQ) and self._dlq_deadline(new_id), item.value,
-                    item.enqueue_time, now, item.count, item.count,
+                    new_id,
+                    self.engine.stats(DLQ) and self._dlq_deadline(new_id),
+                    item.value,
+                    item.enqueue_time,
+                    now,
+                    item.count,
+                    item.count,
                 )
 
     def _dlq_deadline(self, item_id: int) -> int:

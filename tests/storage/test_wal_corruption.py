@@ -20,7 +20,9 @@ D = 1_800_000_000_000
 
 
 def record(i: int) -> bytes:
-    return frame_record(encode_pending(encode_key(D, i), encode_stats(D, 0, 0), bytes([i]) * (10 + i)))
+    return frame_record(
+        encode_pending(encode_key(D, i), encode_stats(D, 0, 0), bytes([i]) * (10 + i))
+    )
 
 
 def build(tmp_path: Path, n: int = 3) -> tuple[Path, list[int], bytes]:

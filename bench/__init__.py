@@ -1,0 +1,1 @@
+"""Benchmarks: run as scripts (``python -m bench.engine``); never part of ``make test``."""

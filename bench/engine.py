@@ -1,0 +1,166 @@
+"""Storage engine benchmark: the numbers the storage issue names, printed as a table.
+
+    python -m bench.engine [--quick]
+
+- enqueue items/s, batches of 100 x 256-byte values, fsync always (1 and 4 writer
+  threads: group commit) and never;
+- dequeue+release items/s (batches of 100, fsync always);
+- bytes on disk per item for 1,000,000 items of 278 incompressible bytes, in the log
+  and in segment files, beside the seed's own figure (~67 bytes per item);
+- time to open a data directory holding 1,000,000 items in segment files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from storage import Engine, EngineConfig, NewItem, Release
+
+VALUE = os.urandom(256)
+
+
+def rate(n: int, seconds: float) -> str:
+    return f"{n / seconds:,.0f}"
+
+
+def bench_enqueue(root: Path, fsync: str, threads: int, total: int) -> float:
+    path = root / f"enq-{fsync}-{threads}"
+    engine = Engine.open(path, EngineConfig(fsync=fsync))  # type: ignore[arg-type]
+    per_thread = total // threads // 100
+    batch = [NewItem(VALUE) for _ in range(100)]
+
+    def work() -> None:
+        for _ in range(per_thread):
+            engine.enqueue("bench", batch)
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - t0
+    engine.close()
+    shutil.rmtree(path)
+    return per_thread * threads * 100 / elapsed
+
+
+def bench_dequeue_release(root: Path, total: int, consumers: int) -> float:
+    """Consumers each loop dequeue(100) -> release(batch); releases share fsyncs."""
+    path = root / f"deq-{consumers}"
+    engine = Engine.open(path, EngineConfig(fsync="never"))
+    batch = [NewItem(VALUE) for _ in range(100)]
+    for _ in range(total // 100):
+        engine.enqueue("bench", batch)
+    engine.close()
+    engine = Engine.open(path, EngineConfig(fsync="always"))
+    counts = [0] * consumers
+
+    def consume(n: int) -> None:
+        while True:
+            items = engine.dequeue("bench", 100, 60_000)
+            if not items:
+                return
+            engine.release("bench", [Release(d.id, d.receipt) for d in items])
+            counts[n] += len(items)
+
+    workers = [threading.Thread(target=consume, args=(n,)) for n in range(consumers)]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - t0
+    engine.close()
+    shutil.rmtree(path)
+    assert sum(counts) == total, (sum(counts), total)
+    return total / elapsed
+
+
+def bench_size_and_open(root: Path, n: int) -> dict[str, float]:
+    path = root / "size"
+    cfg = EngineConfig(fsync="never", memseg_bytes=1 << 40, compaction="inline")
+    engine = Engine.open(path, cfg)
+    for _ in range(n // 1000):
+        engine.enqueue("size", [NewItem(os.urandom(278)) for _ in range(1000)], timeout=600)
+    q = engine.queue("size")
+    wal_bytes = q.wal.size
+    engine.freeze("size")
+    seg_bytes = sum(r.file_size for r in q.segments)
+    engine.close()
+    opens = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        engine = Engine.open(path, EngineConfig(fsync="never"))
+        opens.append(time.perf_counter() - t0)
+        assert engine.stats("size").pending == n
+        engine.close()
+    shutil.rmtree(path)
+    return {
+        "wal_overhead": wal_bytes / n - 278,
+        "segment_overhead": seg_bytes / n - 278,
+        "wal_mb": wal_bytes / 1e6,
+        "segment_mb": seg_bytes / 1e6,
+        "open_median": statistics.median(opens),
+        "open_max": max(opens),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="smaller runs (a smoke check)")
+    ap.add_argument("--dir", default=None, help="where to put data (default: a temp dir)")
+    args = ap.parse_args()
+    scale = 10 if args.quick else 1
+    root = Path(args.dir or tempfile.mkdtemp(prefix="dq-bench-"))
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"# bench/engine.py  {time.strftime('%Y-%m-%d %H:%M')}  {platform.node()}")
+    print(f"# {os.cpu_count()} CPUs, Python {platform.python_version()}, load {os.getloadavg()}")
+    rows = []
+    for fsync, threads in (("always", 1), ("always", 4), ("never", 1)):
+        r = bench_enqueue(root, fsync, threads, 400_000 // scale)
+        rows.append(
+            (f"enqueue, batch 100, fsync {fsync}, {threads} thread(s)", f"{r:,.0f} items/s")
+        )
+        print(rows[-1])
+    for consumers in (1, 4):
+        r = bench_dequeue_release(root, 200_000 // scale, consumers)
+        rows.append(
+            (
+                f"dequeue+release, batch 100, fsync always, {consumers} consumer(s)",
+                f"{r:,.0f} items/s",
+            )
+        )
+        print(rows[-1])
+    s = bench_size_and_open(root, 1_000_000 // scale)
+    rows.append(
+        ("log overhead per item (278-byte random values)", f"{s['wal_overhead']:.1f} bytes")
+    )
+    rows.append(
+        ("segment overhead per item (278-byte random values)", f"{s['segment_overhead']:.1f} bytes")
+    )
+    rows.append(("log / segment size", f"{s['wal_mb']:.0f} MB / {s['segment_mb']:.0f} MB"))
+    rows.append(
+        (
+            "open, items in segment files",
+            f"{s['open_median'] * 1000:.0f} ms median, {s['open_max'] * 1000:.0f} ms max",
+        )
+    )
+    print()
+    print("| measure | result |")
+    print("| --- | --- |")
+    for name, value in rows:
+        print(f"| {name} | {value} |")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
