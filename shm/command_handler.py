@@ -75,10 +75,17 @@ def _item_result(outcomes: list[ItemOutcome], body: Callable[[ItemOutcome], byte
 class CommandHandler:
     """One session's op dispatcher. Used by that session's thread only."""
 
-    def __init__(self, engine: Any, queue: str | None, stopping: threading.Event) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        queue: str | None,
+        stopping: threading.Event,
+        max_wait_ms: int = 20_000,
+    ) -> None:
         self._engine = engine
         self.queue = queue
         self._stopping = stopping
+        self._max_wait_ms = max_wait_ms  # a FIND long-polls at most this long, as over HTTP
         self._rest = b""  # the part of the last response that did not fit its slot
 
     # ---- the two-step protocol used by the session loop ----------------------------------
@@ -185,7 +192,7 @@ class CommandHandler:
         published = threading.Event()
         unsubscribe = engine.watch(queue, published.set)
         try:
-            end = time.monotonic() + args.wait_ms / 1000
+            end = time.monotonic() + min(args.wait_ms, self._max_wait_ms) / 1000
             while not items and not self._stopping.is_set():
                 left = end - time.monotonic()
                 if left <= 0:

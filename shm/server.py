@@ -138,7 +138,7 @@ class Session:
             },
         )
         sock.settimeout(None)
-        return CommandHandler(self.server.engine, queue, self.stopping)
+        return CommandHandler(self.server.engine, queue, self.stopping, self.server.max_wait_ms)
 
     def _serve(self, handler: CommandHandler) -> None:
         ring = self.ring
@@ -206,8 +206,10 @@ class ShmServer:
         http_url: str | None = None,
         max_clients: int = 256,
         spin_us: float = DEFAULT_SPIN_US,
+        max_wait_ms: int = 20_000,
     ) -> None:
         self.engine = engine
+        self.max_wait_ms = max_wait_ms
         self.data_dir = Path(data_dir)
         self.http_url = http_url
         self.max_clients = max_clients
@@ -377,4 +379,5 @@ def start(engine: Any, settings: Any) -> ShmServer:
         http_url=f"http://{host}:{settings.port}",
         max_clients=int(extra.get("shm_max_clients", 256)),
         spin_us=float(extra.get("shm_spin_us", DEFAULT_SPIN_US)),
+        max_wait_ms=int(getattr(settings, "max_wait_ms", 20_000)),
     ).start()
