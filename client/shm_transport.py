@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -139,6 +140,7 @@ class ShmTransport:
             self._http_options["token"] = token
         self._http: Any = None
         self._bound: str | None = None
+        self._pid = os.getpid()
 
     # ---- plumbing ------------------------------------------------------------------------
 
@@ -157,6 +159,9 @@ class ShmTransport:
         """Send ``commands`` to ``queue`` pipelined; their responses, in order."""
         ring = self._ring
         timeout = self._timeout if timeout is None else timeout
+        if os.getpid() != self._pid:
+            # a forked child shares the ring with its parent: two producers would collide
+            raise TransportError(f"{self.url}: a shm client cannot cross fork(); open a new one")
         try:
             with ring.lock:
                 if self._bound != queue:

@@ -239,7 +239,16 @@ class ShmServer:
         tmp = self.socket_path.with_name(f".{self.socket_path.name}.{os.getpid()}")
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-        listener.bind(str(tmp))
+        try:
+            listener.bind(str(tmp))
+        except OSError as exc:
+            for resource in (listener, self._wake_r, self._wake_w, self._selector):
+                resource.close()
+            raise ShmError(
+                "cannot create the attach socket (AF_UNIX paths are limited to 107 bytes)",
+                socket=str(self.socket_path),
+                error=str(exc),
+            ) from exc
         os.chmod(tmp, 0o600)
         os.replace(tmp, self.socket_path)
         listener.listen(64)

@@ -98,3 +98,13 @@ def test_long_poll_and_the_async_client(shm_url: str) -> None:
 def test_no_server_is_a_transport_error(tmp_path: Path) -> None:
     with pytest.raises(TransportError):
         Client(f"shm://{tmp_path}")
+
+
+def test_a_client_refuses_to_be_used_across_fork(shm_url: str) -> None:
+    with Client(shm_url) as dq:
+        transport = dq.transport
+        assert isinstance(transport, ShmTransport)
+        dq.enqueue("forked", b"parent")
+        transport._pid = -1  # what a forked child would see: a pid that is not the opener's
+        with pytest.raises(TransportError, match="fork"):
+            dq.enqueue("forked", b"child")

@@ -20,7 +20,7 @@ import pytest
 from shm import command_codec as codec
 from shm.attach import SHM_DIR, Attachment, attach, shm_prefix
 from shm.command_ring import ClientRing, Op, Status
-from shm.errors import AttachError
+from shm.errors import AttachError, ShmError
 from shm.server import ShmServer, start
 from storage import Engine, EngineConfig
 from storage.types import NewItem, QueueConfig
@@ -186,6 +186,16 @@ def test_attach_is_refused_cleanly(served: tuple[Engine, ShmServer]) -> None:
     sock.close()
     assert eventually(lambda: server.session_count == 0)
     assert rings_of(server) == []
+
+
+def test_a_data_dir_too_long_for_a_unix_socket_is_a_clear_error(tmp_path: Path) -> None:
+    data = tmp_path / ("d" * 120)
+    engine = Engine.open(data, EngineConfig(fsync="never"))
+    try:
+        with pytest.raises(ShmError, match="107 bytes"):
+            ShmServer(engine, data).start()
+    finally:
+        engine.close()
 
 
 def _build_c_client(tmp_path: Path) -> Path:
