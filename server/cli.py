@@ -21,6 +21,7 @@ COMMAND_MODULES: list[str] = [
     "server.commands.items",
     "server.commands.admin",
     "server.cli_shm",
+    "server.commands.storage_tools",
 ]
 
 

@@ -74,8 +74,10 @@ class EngineConfig:
     max_frozen: int = 2
     #: "process" (a worker process), "thread", or "inline" (tests)
     compaction: str = "process"
-    #: let the merge policy start merges by itself
+    #: let the merge policy start merges (and idle freezes) by itself
     auto_merge: bool = True
+    #: a log holding tombstones is frozen after this many quiet seconds
+    idle_freeze_seconds: float = 2.0
 
     def __post_init__(self) -> None:
         if self.fsync not in ("always", "interval", "never"):
@@ -106,6 +108,12 @@ class Engine:
         self.merge_policy = MergePolicy()
         self._listeners: list[Callable[[Event], None]] = []
         self.closed = False
+        self._stop_maintenance = threading.Event()
+        self._maintenance: threading.Thread | None = None
+        if config.auto_merge:
+            self._maintenance = threading.Thread(
+                target=self._maintain, name="dq-maintenance", daemon=True
+            )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -140,7 +148,19 @@ class Engine:
         except BaseException:
             engine.close()
             raise
+        if engine._maintenance is not None:
+            engine._maintenance.start()
         return engine
+
+    def _maintain(self) -> None:
+        """Background upkeep: freeze idle logs that hold tombstones, start merges."""
+        while not self._stop_maintenance.wait(0.5):
+            for q in list(self._queues.values()):
+                try:
+                    q.freeze_if_idle(self.config.idle_freeze_seconds)
+                    self.merge_policy.consider(q)
+                except Exception:
+                    log.exception("maintenance of queue %s failed", q.name)
 
     def close(self) -> None:
         with self._lock:
@@ -148,6 +168,9 @@ class Engine:
                 return
             self.closed = True
             queues = list(self._queues.values())
+        self._stop_maintenance.set()
+        if self._maintenance is not None and self._maintenance.is_alive():
+            self._maintenance.join(timeout=30)
         if self.syncer is not None:
             self.syncer.stop()
         for q in queues:

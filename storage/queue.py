@@ -112,6 +112,7 @@ class Queue:
         self._rotate_requested = False
         self._merging = False
         self.merge_error: BaseException | None = None
+        self.last_write = time.monotonic()
 
     # ------------------------------------------------------------------ opening
 
@@ -177,6 +178,7 @@ class Queue:
         fut: Future[Any] = Future()
         wal = self.wal
         seq = wal.append(payload)
+        self.last_write = time.monotonic()
         mode = self.engine.config.fsync
         if mode == "always":
             self._waiting.append((wal, seq, publish, rollback, fut, result))
@@ -331,6 +333,19 @@ class Queue:
                 else:
                     self._rotate_locked()
         self.engine.merge_policy_hook(self)
+
+    def freeze_if_idle(self, idle_seconds: float) -> None:
+        """Freeze a log holding tombstones after a quiet spell, so merges can use them."""
+        with self.lock:
+            if self.closed or self.failed is not None or self.frozen or self._rotate_requested:
+                return
+            if self.memseg.tombstone_count == 0:
+                return
+            if time.monotonic() - self.last_write < idle_seconds:
+                return
+            self._request_rotation()
+            if self._rotate_requested and self.engine.syncer is not None:
+                self.engine.syncer.mark_dirty(self)
 
     # ------------------------------------------------------------------ merging
 
