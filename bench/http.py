@@ -38,6 +38,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
@@ -359,6 +360,115 @@ async def fsync_figures(port: int) -> dict[str, float]:
     return {"fsyncs": count, "fsync_mean_ms": mean * 1000}
 
 
+async def _asgi_post(app: Any, path: str, body: bytes) -> bytes:
+    """One request straight into an ASGI app: no sockets, no client, no other process."""
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "root_path": "",
+        "query_string": b"", "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+        "headers": [(b"host", b"dq"), (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode())],
+        "state": {},
+    }  # fmt: skip
+    sent = False
+    out: list[bytes] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.sleep(3600)
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.body":
+            out.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    return b"".join(out)
+
+
+async def cpu_costs(reps: int = 200, rounds: int = 5) -> dict[str, float]:
+    """CPU per request in this process (fsync=never), best of ``rounds``: robust to load.
+
+    The dq app against the bare app (one enqueued item), and the dq app against the
+    engine called directly (batches of 100)."""
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+
+    from server.app import create_app
+    from server.settings import Settings
+    from storage import NewItem, Release
+
+    class Item(BaseModel):
+        value: str
+        encoding: str = "utf-8"
+        deadline: int | None = None
+        delay_ms: int | None = None
+
+    class Body(BaseModel):
+        items: list[Item]
+
+    bare_app = FastAPI()
+
+    @bare_app.post("/noop")
+    async def noop(body: Body) -> dict[str, bool]:
+        return {"ok": True}
+
+    data = tempfile.mkdtemp(prefix="dq-bench-cpu-")
+    app = create_app(Settings(data_dir=data, fsync="never"))
+    one, hundred = _items_body(1, delay_ms=3_600_000), _items_body(100, delay_ms=3_600_000)
+    new = [NewItem(VALUE.encode(), delay_ms=3_600_000)] * 100
+    deq = json.dumps({"count": 100, "lease_ms": 60_000}).encode()
+    best: dict[str, float] = {}
+
+    def keep(name: str, t0: float) -> None:
+        us = (time.perf_counter() - t0) / reps * 1e6
+        best[name] = min(best.get(name, us), us)
+
+    try:
+        async with app.router.lifespan_context(app):
+            engine = app.state.service.engine
+            for _ in range(50):
+                engine.enqueue("due", [NewItem(VALUE.encode())] * 1000)
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    await _asgi_post(bare_app, "/noop", one)
+                keep("cpu_bare_us", t0)
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    await _asgi_post(app, "/v1/queues/cpu/items", one)
+                keep("cpu_enqueue1_us", t0)
+                t0 = time.perf_counter()
+                for _ in range(reps // 4):
+                    await _asgi_post(app, "/v1/queues/cpu/items", hundred)
+                keep("cpu_enqueue100_us", t0)
+                t0 = time.perf_counter()
+                for _ in range(reps // 4):
+                    engine.enqueue("cpu", new)
+                keep("cpu_engine_enqueue100_us", t0)
+                t0 = time.perf_counter()
+                for _ in range(reps // 8):
+                    got = json.loads(await _asgi_post(app, "/v1/queues/due/dequeue", deq))["items"]
+                    rel = {"items": [{"id": i["id"], "receipt": i["receipt"]} for i in got]}
+                    await _asgi_post(app, "/v1/queues/due/release", json.dumps(rel).encode())
+                keep("cpu_dequeue_release100_us", t0)
+                t0 = time.perf_counter()
+                for _ in range(reps // 8):
+                    ds = engine.dequeue("due", 100, 60_000)
+                    engine.release("due", [Release(d.id, d.receipt) for d in ds])
+                keep("cpu_engine_dequeue_release100_us", t0)
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+    for k in ("cpu_enqueue100_us", "cpu_engine_enqueue100_us"):
+        best[k] *= 4
+    for k in ("cpu_dequeue_release100_us", "cpu_engine_dequeue_release100_us"):
+        best[k] *= 8
+    return best
+
+
 def engine_floor(seconds: float) -> dict[str, float]:
     """The engine alone, in this process, fsync=always: what HTTP cannot beat."""
     import threading
@@ -420,6 +530,16 @@ def _report(r: dict[str, float], seconds: float, rounds: int) -> str:
         ("fsync (whole run, from /metrics)", f"mean {r['fsync_mean_ms']:.2f} ms over {r['fsyncs']:,.0f}", ""),
         ("long-poll delivery after enqueue sent (incl. fsync)", f"p50 {r['enqueue_p50_ms']:.1f} ms, p99 {r['enqueue_p99_ms']:.1f} ms", ""),
     ]  # fmt: skip
+    rows += [
+        ("CPU, in process, fsync=never (best of 5):", "", ""),
+        ("  bare POST / dq enqueue 1 item", f"{r['cpu_bare_us']:.0f} / {r['cpu_enqueue1_us']:.0f} us",
+         f"{r['cpu_bare_us'] / r['cpu_enqueue1_us']:.2f}x"),
+        ("  dq enqueue 100 / engine alone", f"{r['cpu_enqueue100_us']:.0f} / {r['cpu_engine_enqueue100_us']:.0f} us",
+         f"{100e6 / r['cpu_enqueue100_us']:,.0f} items/s per core"),
+        ("  dq dequeue+release 100 / engine alone",
+         f"{r['cpu_dequeue_release100_us']:.0f} / {r['cpu_engine_dequeue_release100_us']:.0f} us",
+         f"{100e6 / r['cpu_dequeue_release100_us']:,.0f} items/s per core"),
+    ]  # fmt: skip
     out = ["| measurement | result | note |", "| --- | --- | --- |"]
     out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     load = os.getloadavg()
@@ -459,6 +579,7 @@ def main() -> int:
         if args.data_dir is None:
             shutil.rmtree(data_dir, ignore_errors=True)
     results.update(engine_floor(args.seconds))
+    results.update(uvloop.run(cpu_costs()))
     print(
         json.dumps(results, indent=2) if args.json else _report(results, args.seconds, args.rounds)
     )
