@@ -9,6 +9,7 @@ reported as a note, not damage: it is what a crash leaves and recovery cuts it o
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -203,7 +204,7 @@ def _verify_queue(directory: str) -> Iterator[Problem]:
     if len(live_logs) > 1:
         yield Problem(directory, None, f"more than one open log: {live_logs}")
     ranges.sort()
-    for (lo1, hi1, p1), (lo2, hi2, p2) in zip(ranges, ranges[1:], strict=False):
+    for (lo1, hi1, p1), (lo2, hi2, p2) in itertools.pairwise(ranges):
         if lo2 <= hi1 and not (lo1 <= lo2 and hi2 <= hi1):
             yield Problem(p2, None, f"range {lo2}..{hi2} overlaps {os.path.basename(p1)}")
 
