@@ -298,6 +298,10 @@ class BroadcastReader:
             left = give_up - time.monotonic()
             if left <= 0:
                 self._check_active()
+                if not _alive(A.load_u32(buf, OFF_WRITER)):
+                    raise RingClosed(
+                        "the broadcasting server is gone", writer=A.load_u32(buf, OFF_WRITER)
+                    )
                 return out
             self._sleep(counter, min(left, self.poll_s))
         return out

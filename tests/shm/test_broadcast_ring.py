@@ -27,7 +27,7 @@ from shm.broadcast_ring import (
     init_ring,
     ring_size,
 )
-from shm.errors import ProtocolError
+from shm.errors import ProtocolError, RingClosed
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "shm.md"
 CTX = mp.get_context("fork")
@@ -225,6 +225,15 @@ def test_a_garbage_length_is_a_protocol_error_not_a_crash() -> None:
     assert reader.poll() == [b"ok"]
     with pytest.raises(ProtocolError):
         reader.poll()
+
+
+def test_a_gone_writer_is_reported() -> None:
+    buf = make(64)
+    reader = BroadcastReader(buf)
+    assert reader.poll(timeout_s=0.01) == []  # the writer (this process) is alive
+    struct.pack_into("<I", buf, 48, 0)  # no writer process
+    with pytest.raises(RingClosed):
+        reader.poll(timeout_s=0.01)
 
 
 def test_message_size_limits() -> None:
