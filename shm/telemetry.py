@@ -17,7 +17,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from shm.telemetry_ring import TelemetryRing
@@ -56,16 +56,19 @@ class QueueFigures:
     reserved: int = 0
 
 
+_NAMES = tuple(field.name for field in fields(QueueFigures))
+
+
 def encode(f: QueueFigures) -> bytes:
-    fields = list(astuple(f))
-    fields[4] = f.queue.encode("ascii")
-    return MSG.pack(*fields)
+    values = [getattr(f, name) for name in _NAMES]  # not astuple: it deep-copies (slow)
+    values[4] = f.queue.encode("ascii")
+    return MSG.pack(*values)
 
 
 def decode(raw: bytes) -> QueueFigures:
-    fields = list(MSG.unpack_from(raw))
-    fields[4] = fields[4].rstrip(b"\0").decode("ascii", "replace")
-    return QueueFigures(*fields)
+    values = list(MSG.unpack_from(raw))
+    values[4] = values[4].rstrip(b"\0").decode("ascii", "replace")
+    return QueueFigures(*values)
 
 
 def latest(ring: TelemetryRing) -> list[QueueFigures]:
