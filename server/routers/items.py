@@ -1,8 +1,8 @@
 """Item routes under ``/v1/queues/{queue}``: enqueue, dequeue, release, requeue, extend.
 
 Invariant: durable writes go through the engine's ``*_nowait`` calls and are awaited
-with ``asyncio.wrap_future`` — the event loop never blocks on an fsync, and requests
-in flight together share one group commit. Dequeue writes nothing durable and runs on
+on the loop (``_resolved``, which never cancels the engine's future) — the event loop
+never blocks on an fsync, and requests in flight together share one group commit. Dequeue writes nothing durable and runs on
 the loop; its long-poll is ``LongPoll`` (no thread per waiter).
 """
 
@@ -69,11 +69,39 @@ async def _durable(start: Callable[[], Future[T]]) -> T:
             fut = start()
             if fut.done():  # fsync=never/interval: skip the cross-thread wake-up
                 return fut.result()
-            return await asyncio.wrap_future(fut)
+            return await _resolved(fut)
         except WriteStall:
             if _perf() > give_up:
                 raise
             await asyncio.sleep(_STALL_NAP_S)
+
+
+def _resolved(fut: Future[T]) -> asyncio.Future[T]:
+    """An asyncio future that follows ``fut`` but never cancels it.
+
+    ``asyncio.wrap_future`` would cancel the engine's future when the request is
+    cancelled (a client gone, a shutdown timeout); the engine's syncer thread then fails
+    to ``set_result`` it, and the other requests of that group commit would be left
+    waiting. The write itself happens either way.
+    """
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[T] = loop.create_future()
+
+    def done(f: Future[T]) -> None:  # the syncer thread
+        loop.call_soon_threadsafe(_transfer, f, waiter)
+
+    fut.add_done_callback(done)
+    return waiter
+
+
+def _transfer(fut: Future[T], waiter: asyncio.Future[T]) -> None:
+    if waiter.cancelled():
+        return
+    exc = fut.exception()
+    if exc is not None:
+        waiter.set_exception(exc)
+    else:
+        waiter.set_result(fut.result())
 
 
 def _failed(service: Service, op: str, exc: StorageError, t0: float) -> None:
