@@ -67,9 +67,19 @@ class Sampler(threading.Thread):
             kids = self.me.children()
             worker = max((k.memory_info().rss for k in kids), default=0)
             e = self.engine_ref[0]
-            segs = len(e.queue("scale").segments) if e is not None and "scale" in e.list_queues() else 0
+            segs = (
+                len(e.queue("scale").segments)
+                if e is not None and "scale" in e.list_queues()
+                else 0
+            )
             self.rows.append(
-                (time.monotonic() - self.t0, self.me.memory_info().rss / 1e6, worker / 1e6, self.disk() / 1e6, segs)
+                (
+                    time.monotonic() - self.t0,
+                    self.me.memory_info().rss / 1e6,
+                    worker / 1e6,
+                    self.disk() / 1e6,
+                    segs,
+                )
             )
 
 
@@ -124,7 +134,9 @@ def main() -> None:
     rng = random.Random(7)
     clock = ShiftableClock()
     cfg = EngineConfig(fsync="always")
-    print(f"# bench/scale.py {time.strftime('%Y-%m-%d %H:%M')}: {args.items:,} items, data in {root}")
+    print(
+        f"# bench/scale.py {time.strftime('%Y-%m-%d %H:%M')}: {args.items:,} items, data in {root}"
+    )
 
     # dequeue+release at a 100,000-item backlog (same mix), a separate directory
     small = root / "small"
@@ -157,7 +169,9 @@ def main() -> None:
         if len(opens) < 3:
             engine.close()
     ref[0] = engine
-    print(f"open with the full backlog: {min(opens) * 1000:.0f} ms best, {max(opens) * 1000:.0f} ms worst")
+    print(
+        f"open with the full backlog: {min(opens) * 1000:.0f} ms best, {max(opens) * 1000:.0f} ms worst"
+    )
     written0 = io_written() - written_engine
     n, dt = consume(engine, args.measure)
     rate_big = n / dt
@@ -192,7 +206,9 @@ def main() -> None:
     print(f"| peak disk | {max(r[3] for r in rows):,.0f} MB | |")
     print(f"| peak segment count | {max(r[4] for r in rows)} | |")
     print(f"| dequeue+release at 100,000 backlog | {rate_small:,.0f} items/s | |")
-    print(f"| dequeue+release at {args.items:,} backlog | {rate_big:,.0f} items/s ({rate_big / rate_small:.2f}x) | ≥ 0.8x |")
+    print(
+        f"| dequeue+release at {args.items:,} backlog | {rate_big:,.0f} items/s ({rate_big / rate_small:.2f}x) | ≥ 0.8x |"
+    )
     print(f"| open with the full backlog | {min(opens) * 1000:.0f} ms | ≤ 1 s |")
     print(f"| write amplification (bytes written / bytes enqueued) | {wa:.2f} | ≤ 4 |")
     print(f"| disk at the end | {disk_end / 1e6:.3f} MB | ≤ 1 MB |")
