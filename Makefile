@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml $(wildcard setup.py) $(wildcard shm/*.c)
 run: $(STAMP)
 	$(BIN)/dq serve
 
+PY_DIRS := server storage shm client pipeline bench tests
+
 lint: $(STAMP)
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(BIN)/ruff check $(PY_DIRS)
+	$(BIN)/ruff format --check $(PY_DIRS)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
