@@ -78,21 +78,27 @@ def dq_server(data_dir: Path, fsync: str) -> Iterator[None]:
 # ---- submission ring vs command ring ---------------------------------------------------
 
 
-def _producer(data: str, seconds: float, n: int, go: object, out: Connection) -> None:
+def _producer(
+    data: str, seconds: float, n: int, go: object, out: Connection, window: int = 128
+) -> None:
     sub = submitter(data)
     go.wait(30)  # type: ignore[attr-defined]
     done, stop = 0, time.monotonic() + seconds
     while time.monotonic() < stop:
-        done += len(sub.enqueue_many(f"sub{n}", (b"x" * 64 for _ in range(512)), window=128))
+        if window == 1:
+            sub.enqueue(f"sub{n}", b"x" * 64)
+            done += 1
+            continue
+        done += len(sub.enqueue_many(f"sub{n}", (b"x" * 64 for _ in range(512)), window=window))
     out.send(done)
     os._exit(0)
 
 
-def submission_rate(data: Path, producers: int, seconds: float) -> float:
+def submission_rate(data: Path, producers: int, seconds: float, window: int = 128) -> float:
     go = CTX.Event()
     pipes = [CTX.Pipe(duplex=False) for _ in range(producers)]
     procs = [
-        CTX.Process(target=_producer, args=(str(data), seconds, n, go, pipes[n][1]))
+        CTX.Process(target=_producer, args=(str(data), seconds, n, go, pipes[n][1], window))
         for n in range(producers)
     ]
     for p in procs:
@@ -241,6 +247,10 @@ def main() -> None:
             rate, p50 = command_rate(data, args.seconds)
             print(
                 f"command ring, 1 client, single-item enqueue: {rate:,.0f} items/s (p50 {p50:.0f} us)"
+            )
+            r = submission_rate(data, 1, args.seconds, window=1)
+            print(
+                f"submission ring, 1 producer, one item at a time: {r:,.0f} items/s ({r / rate:.2f}x)"
             )
             for n in (1, 4):
                 r = submission_rate(data, n, args.seconds)
