@@ -1,0 +1,265 @@
+"""Engine behaviour a user relies on: bad input, the directory lock, group commit,
+dead letters, waiting for due items, interval durability and events."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from storage import Engine, EngineConfig, Extend, NewItem, QueueConfig, Release, Requeue
+from storage.errors import (
+    BatchTooLarge,
+    ConfigConflict,
+    DataDirLocked,
+    InvalidArgument,
+    InvalidDeadline,
+    InvalidQueueName,
+    QueueNotFound,
+    StorageError,
+    ValueTooLarge,
+)
+from tests.storage.conftest import FakeClock
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def state(e: Engine, q: str) -> tuple[int, int, int]:
+    queue = e.queue(q)
+    return queue.next_id, queue.wal.size, queue.stats().pending
+
+
+@pytest.mark.parametrize(
+    "items,error",
+    [
+        ([NewItem(b"x" * 1025)], ValueTooLarge),
+        ([NewItem(b"ok"), NewItem(b"x" * 2000)], ValueTooLarge),  # one bad item spoils the batch
+        ([NewItem(b"x", deadline=1 << 48)], InvalidDeadline),
+        ([NewItem(b"x", deadline=-1)], InvalidDeadline),
+        ([NewItem(b"x", delay_ms=-5)], InvalidArgument),
+        ([NewItem(b"x", deadline=5, delay_ms=5)], InvalidArgument),
+        ([NewItem(b"x")] * 11, BatchTooLarge),
+    ],
+)
+def test_bad_enqueue_is_refused_and_writes_nothing(
+    open_engine: Callable[..., Engine], items: list[NewItem], error: type[StorageError]
+) -> None:
+    e = open_engine(max_value_bytes=1024, max_batch=10)
+    e.enqueue("q", [NewItem(b"first")])
+    before = state(e, "q")
+    with pytest.raises(error) as exc:
+        e.enqueue("q", items)
+    assert isinstance(exc.value, StorageError) and exc.value.code
+    assert state(e, "q") == before
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "..", "x" * 129, "sp ace", "é"])
+def test_invalid_queue_names(open_engine: Callable[..., Engine], name: str) -> None:
+    e = open_engine()
+    with pytest.raises(InvalidQueueName):
+        e.enqueue(name, [NewItem(b"x")])
+    assert e.list_queues() == []
+    assert os.listdir(Path(e.root) / "queues") == []
+
+
+def test_unknown_queue_and_ids(open_engine: Callable[..., Engine]) -> None:
+    e = open_engine()
+    with pytest.raises(QueueNotFound):
+        e.dequeue("nope")
+    [item] = e.enqueue("q", [NewItem(b"x")])
+    [d] = e.dequeue("q")
+    out = e.release(
+        "q",
+        [
+            Release(99, f"{d.receipt.split('.')[0]}.63.1"),  # never assigned
+            Release(d.id, "garbage"),
+            Release(d.id, d.receipt.replace(f".{d.id:x}.", ".2.")),  # receipt of another id
+        ],
+    )
+    assert [o.error for o in out] == ["item_not_found", "invalid_receipt", "invalid_receipt"]
+    assert e.stats("q").leased == 1  # nothing changed
+    assert e.release("q", [Release(item.id, d.receipt)])[0].ok
+
+
+def test_stale_receipts_after_expiry_and_restart(
+    open_engine: Callable[..., Engine], clock: FakeClock
+) -> None:
+    e = open_engine()
+    e.enqueue("q", [NewItem(b"x")])
+    [d1] = e.dequeue("q", lease_ms=1000)
+    clock.advance(1001)
+    [d2] = e.dequeue("q", lease_ms=1000)  # the lease ran out: redelivered
+    assert d2.id == d1.id and d2.stats.dequeue_count == 2 and d2.receipt != d1.receipt
+    for op in (
+        lambda: e.release("q", [Release(d1.id, d1.receipt)]),
+        lambda: e.requeue("q", [Requeue(d1.id, d1.receipt)]),
+        lambda: e.extend("q", [Extend(d1.id, d1.receipt, 5000)]),
+    ):
+        assert op()[0].error == "stale_receipt"
+    path = e.root
+    e.close()
+    e = open_engine(path=path)
+    assert e.release("q", [Release(d2.id, d2.receipt)])[0].error == "stale_receipt"
+    [d3] = e.dequeue("q")
+    assert d3.id == d1.id and d3.stats.dequeue_count == 2  # the expiry's requeue was durable
+
+
+def test_second_process_cannot_open_the_directory(tmp_path: Path) -> None:
+    with Engine.open(tmp_path / "d", EngineConfig(fsync="never")):
+        code = (
+            "import sys\nfrom storage import Engine\nfrom storage.errors import DataDirLocked\n"
+            "try:\n    Engine.open(sys.argv[1])\nexcept DataDirLocked:\n    sys.exit(3)\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / "d")], cwd=ROOT, timeout=60
+        )
+        assert out.returncode == 3
+        with pytest.raises(DataDirLocked):
+            Engine.open(tmp_path / "d")
+    Engine.open(tmp_path / "d").close()  # free again once closed
+
+
+def test_concurrent_writers_share_fsyncs(tmp_path: Path) -> None:
+    with Engine.open(tmp_path / "d", EngineConfig(fsync="always")) as e:
+        e.enqueue("q", [NewItem(b"warm")])
+        before = e.fsync_stats.count
+        barrier = threading.Barrier(16)
+
+        def write() -> None:
+            barrier.wait(timeout=30)
+            for _ in range(20):
+                e.enqueue("q", [NewItem(b"v")])
+
+        threads = [threading.Thread(target=write) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        syncs = e.fsync_stats.count - before
+        assert e.stats("q").pending == 1 + 16 * 20
+        assert 0 < syncs < 16 * 20, f"{syncs} fsyncs for {16 * 20} acknowledged writes"
+
+
+def test_dead_letter_after_max_deliveries(
+    open_engine: Callable[..., Engine], clock: FakeClock
+) -> None:
+    e = open_engine()
+    e.put_queue(
+        "work", QueueConfig(default_lease_ms=100, max_deliveries=2, dead_letter_queue="graveyard")
+    )
+    [item] = e.enqueue("work", [NewItem(b"poison")])
+    for attempt in (1, 2):
+        [d] = e.dequeue("work")
+        assert d.stats.dequeue_count == attempt
+        clock.advance(101)
+    assert e.dequeue("work") == []  # a third delivery would exceed max_deliveries
+    [dead] = e.dequeue("graveyard")
+    assert dead.value == b"poison" and dead.stats.dequeue_count == 3  # 2 in "work" + this one
+    assert dead.stats.enqueue_time == clock.now - 202
+    assert e.stats("work").pending == 0
+    assert item.id >= 1
+
+
+def test_dead_letter_config_is_validated(open_engine: Callable[..., Engine]) -> None:
+    e = open_engine()
+    with pytest.raises(ConfigConflict):
+        e.put_queue("a", QueueConfig(dead_letter_queue="a"))
+    with pytest.raises(InvalidArgument):
+        e.put_queue("a", QueueConfig(max_deliveries=0))
+    with pytest.raises(InvalidArgument):
+        e.put_queue("a", QueueConfig(default_lease_ms=0))
+    assert e.list_queues() == []
+
+
+def test_config_survives_restart(open_engine: Callable[..., Engine]) -> None:
+    e = open_engine()
+    cfg = QueueConfig(default_lease_ms=1234, max_deliveries=5, dead_letter_queue="dlq")
+    e.put_queue("a", cfg)
+    path = e.root
+    e.close()
+    assert open_engine(path=path).get_queue("a") == cfg
+
+
+def test_next_wakeup_and_watch(open_engine: Callable[..., Engine], clock: FakeClock) -> None:
+    e = open_engine()
+    e.put_queue("q", QueueConfig())
+    assert e.next_wakeup("q") is None
+    woke: list[int] = []
+    unsubscribe = e.watch("q", lambda: woke.append(1))
+    e.enqueue("q", [NewItem(b"later", delay_ms=5000)])
+    assert woke and e.next_wakeup("q") == clock.now + 5000
+    assert e.dequeue("q") == []
+    clock.advance(5000)
+    [d] = e.dequeue("q", lease_ms=700)
+    assert e.next_wakeup("q") == clock.now + 700  # the lease expiry is the next event
+    unsubscribe()
+    e.enqueue("q", [NewItem(b"x")])
+    assert len(woke) == 1
+    assert d.value == b"later"
+
+
+def test_past_deadlines_are_kept_but_never_behind_the_cursor(
+    open_engine: Callable[..., Engine], clock: FakeClock
+) -> None:
+    e = open_engine()
+    now = clock.now
+    e.enqueue("q", [NewItem(b"a", deadline=now - 10_000), NewItem(b"b", deadline=now - 5_000)])
+    [first] = e.dequeue("q")
+    assert (first.value, first.deadline) == (b"a", now - 10_000)  # kept, ordered by deadline
+    [late] = e.enqueue("q", [NewItem(b"c", deadline=now - 20_000)])
+    assert late.deadline == now - 10_000  # advanced to the cursor's deadline
+    assert [d.value for d in e.dequeue("q", 10)] == [b"c", b"b"]
+
+
+def test_interval_mode_syncs_in_the_background(tmp_path: Path) -> None:
+    with Engine.open(tmp_path / "d", EngineConfig(fsync="interval", fsync_interval_ms=10)) as e:
+        e.enqueue("q", [NewItem(b"x")])
+        for _ in range(500):
+            if e.fsync_stats.count:
+                break
+            threading.Event().wait(0.01)
+        assert e.fsync_stats.count >= 1
+
+
+def test_events(open_engine: Callable[..., Engine]) -> None:
+    e = open_engine()
+    seen = []
+    e.on_event(lambda ev: seen.append((ev.kind, ev.queue, ev.ids)))
+    [a] = e.enqueue("q", [NewItem(b"x")])
+    [d] = e.dequeue("q")
+    e.release("q", [Release(d.id, d.receipt)])
+    e.delete_queue("q")
+    assert seen == [
+        ("queue_created", "q", ()),
+        ("enqueued", "q", (a.id,)),
+        ("released", "q", (a.id,)),
+        ("queue_deleted", "q", ()),
+    ]
+    assert e.list_queues() == []
+    assert not (Path(e.root) / "queues" / "q").exists()
+
+
+def test_ids_are_never_reused_after_everything_is_merged_away(
+    open_engine: Callable[..., Engine],
+) -> None:
+    e = open_engine()
+    ids = [x.id for x in e.enqueue("q", [NewItem(b"x") for _ in range(5)])]
+    got = e.dequeue("q", 5)
+    e.release("q", [Release(d.id, d.receipt) for d in got])
+    e.freeze("q")
+    q = e.queue("q")
+    if q.segments:
+        q.merge(0, len(q.segments))
+    assert e.queue("q").segments == []
+    path = e.root
+    e.close()
+    e = open_engine(path=path)
+    [new] = e.enqueue("q", [NewItem(b"y")])
+    assert new.id > max(ids)
+    with pytest.raises(DataDirLocked):
+        Engine.open(path)
