@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import struct
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from shm import _atomics as A
@@ -117,8 +117,16 @@ class BroadcastWriter:
     """The one writer (the server). ``publish`` may wait at a wraparound, bounded by
     ``evict_after_s`` per stuck reader."""
 
-    def __init__(self, buf: Any, *, evict_after_s: float = 10.0, check_s: float = 0.05) -> None:
+    def __init__(
+        self,
+        buf: Any,
+        *,
+        evict_after_s: float = 10.0,
+        check_s: float = 0.05,
+        stopping: Callable[[], bool] | None = None,
+    ) -> None:
         self.buf = buf
+        self.stopping = stopping  # a wrap wait gives up (RingClosed) once this says so
         self.size = check_header(buf)
         self.evict_after_s = evict_after_s
         self.check_s = check_s
@@ -181,6 +189,8 @@ class BroadcastWriter:
             missing = active & ~A.load_u64(buf, OFF_SYNC)
             if not missing:
                 return
+            if self.stopping is not None and self.stopping():
+                raise RingClosed("the writer is stopping")
             A.futex_wait(buf, OFF_SYNC, A.load_u32(buf, OFF_SYNC), self.check_s)
             now = time.monotonic()
             for i in range(MAX_READERS):

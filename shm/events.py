@@ -87,14 +87,14 @@ class EventPublisher:
         max_backlog: int = 1_000_000,
     ) -> None:
         self.engine = engine
-        self.writer = BroadcastWriter(buf, evict_after_s=evict_after_s)
+        self._stop = threading.Event()
+        self.writer = BroadcastWriter(buf, evict_after_s=evict_after_s, stopping=self._stop.is_set)
         self.due_check_s = due_check_s
         self.max_backlog = max_backlog
         self.published = 0
         self.dropped = 0
         self._backlog: deque[Event] = deque()
         self._wake = threading.Event()
-        self._stop = threading.Event()
         self._announced: dict[str, int] = {}
         self._unsubscribe: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._run, name="dq-broadcast", daemon=True)

@@ -115,3 +115,20 @@ def test_client_subscribe(host: tuple[Engine, Path]) -> None:
             [item] = eng.enqueue("jobs", [NewItem(b"a")])
             got = collect(sub, 2)
     assert [(e.kind, e.ids) for e in got[:2]] == [("queue_created", ()), ("enqueued", (item.id,))]
+
+
+def test_closing_does_not_wait_for_a_stuck_subscriber(tmp_path: Path) -> None:
+    eng = Engine.open(tmp_path, EngineConfig(fsync="never"))
+    rings = RingsHost(eng, tmp_path, broadcast_size=1024, evict_after_s=60).start()
+    stuck = subscriber.subscribe(tmp_path)  # never polls
+    try:
+        for _ in range(100):  # ~2 KiB of events: the writer must wrap, and waits
+            eng.enqueue("q", [NewItem(b"x")])
+        time.sleep(0.3)
+        assert rings.events is not None and rings.events.writer.laps == 0
+    finally:
+        t0 = time.monotonic()
+        rings.close()
+        eng.close()
+    assert time.monotonic() - t0 < 3  # not the 5 s join timeout: the wait gave up
+    stuck.close()
