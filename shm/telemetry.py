@@ -95,6 +95,7 @@ class TelemetryPublisher:
         self.seq = 0
         self.last_cost_ns = 0
         self._counts: Counter[tuple[str, str]] = Counter()
+        self._counts_lock = threading.Lock()
         self._last_counts: Counter[tuple[str, str]] = Counter()
         self._last_fsync = (0, 0.0)
         self._last_time = time.monotonic()
@@ -114,7 +115,8 @@ class TelemetryPublisher:
         self._thread.join(timeout_s)
 
     def _on_event(self, event: Event) -> None:
-        self._counts[(event.queue, event.kind)] += max(1, len(event.ids))
+        with self._counts_lock:  # engine threads add keys while a snapshot copies
+            self._counts[(event.queue, event.kind)] += max(1, len(event.ids))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -128,7 +130,8 @@ class TelemetryPublisher:
         t0 = time.perf_counter_ns()
         engine, now_s = self.engine, time.monotonic()
         elapsed = max(now_s - self._last_time, 1e-6)
-        counts = self._counts.copy()
+        with self._counts_lock:
+            counts = self._counts.copy()
         delta = counts - self._last_counts
         self._last_counts, self._last_time = counts, now_s
         fsync_us, fsyncs = self._fsync()
