@@ -26,6 +26,12 @@ def test_fixed_push_with_seed_pop_order_is_unsafe() -> None:
     assert found.violation is not None
 
 
+def test_fixed_pop_tolerates_the_seed_push() -> None:
+    # docs/shm.md, fix 1: the loss needs the seed's pop; ours skips the holes it leaves.
+    found = explore_ring("seed", "fixed", cap=2, producers=[[1], [2]], pop_attempts=3)
+    assert found.violation is None, (found.violation, found.schedule)
+
+
 def test_fixed_protocol_does_not_support_two_consumers() -> None:
     # Documented restriction: the server is the ring's only consumer.
     found = explore_ring("fixed", "fixed", cap=2, producers=[[1], [2]], consumers=2, pop_attempts=1)
