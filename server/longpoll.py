@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -97,9 +97,18 @@ class LongPoll:
                     signal.unsubscribe()
 
     async def dequeue(
-        self, queue: str, count: int, lease_ms: int | None, wait_ms: int
+        self,
+        queue: str,
+        count: int,
+        lease_ms: int | None,
+        wait_ms: int,
+        gone: Callable[[], Awaitable[object]] | None = None,
     ) -> list[Delivery]:
-        """``engine.dequeue`` that waits up to ``wait_ms`` for something to be due."""
+        """``engine.dequeue`` that waits up to ``wait_ms`` for something to be due.
+
+        ``gone`` completes when the client has disconnected: the wait then ends with
+        nothing leased, so a dead long-poll never takes items nobody will receive.
+        """
         engine = self._engine
         items = engine.dequeue(queue, count, lease_ms)
         if items or wait_ms <= 0 or self._draining:
@@ -107,26 +116,35 @@ class LongPoll:
         loop = self._loop
         give_up = loop.time() + wait_ms / 1000.0
         with self._registered(queue) as event:
-            while True:
-                event.clear()
-                items = engine.dequeue(queue, count, lease_ms)
-                remaining = give_up - loop.time()
-                if items or remaining <= 0 or self._draining:
-                    return items
-                nap = min(remaining, _MAX_NAP_S)
-                wakeup = engine.next_wakeup(queue)
-                if wakeup is not None:
-                    ahead = (wakeup - engine.now()) / 1000.0
-                    if ahead <= 0:
-                        # Something is due by the clock yet nothing came back: a lease
-                        # ran out and the periodic expiry has not run yet, or another
-                        # consumer won the race. Expire now; otherwise nap briefly.
-                        if engine.expire_leases(queue):
-                            continue
-                        ahead = _RACE_NAP_S
-                    nap = min(nap, ahead + _SLACK_S)
-                timer = loop.call_later(nap, event.set)
-                try:
-                    await event.wait()
-                finally:
-                    timer.cancel()
+            watcher = None if gone is None else asyncio.ensure_future(gone())
+            if watcher is not None:
+                watcher.add_done_callback(lambda _: event.set())
+            try:
+                while True:
+                    event.clear()
+                    if watcher is not None and watcher.done():
+                        return []
+                    items = engine.dequeue(queue, count, lease_ms)
+                    remaining = give_up - loop.time()
+                    if items or remaining <= 0 or self._draining:
+                        return items
+                    nap = min(remaining, _MAX_NAP_S)
+                    wakeup = engine.next_wakeup(queue)
+                    if wakeup is not None:
+                        ahead = (wakeup - engine.now()) / 1000.0
+                        if ahead <= 0:
+                            # Due by the clock yet nothing came back: a lease ran out and
+                            # the periodic expiry has not run yet, or another consumer won
+                            # the race. Expire now; otherwise nap briefly.
+                            if engine.expire_leases(queue):
+                                continue
+                            ahead = _RACE_NAP_S
+                        nap = min(nap, ahead + _SLACK_S)
+                    timer = loop.call_later(nap, event.set)
+                    try:
+                        await event.wait()
+                    finally:
+                        timer.cancel()
+            finally:
+                if watcher is not None:
+                    watcher.cancel()

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from functools import partial
 from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Path, Request, Response
@@ -104,6 +105,13 @@ def _transfer(fut: Future[T], waiter: asyncio.Future[T]) -> None:
         waiter.set_result(fut.result())
 
 
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone: the body is read, so the server's next message
+    is ``http.disconnect``. Anything else (a pipelined request) and we stop watching."""
+    if (await request.receive())["type"] != "http.disconnect":
+        await asyncio.Event().wait()  # never: the long-poll runs its course
+
+
 def _failed(service: Service, op: str, exc: StorageError, t0: float) -> None:
     service.metrics.observe_error(op, exc.code, _perf() - t0)
 
@@ -142,7 +150,9 @@ async def dequeue(queue: QueuePath, body: DequeueRequest, request: Request) -> R
         )
     wait_ms = min(body.wait_ms, settings.max_wait_ms)
     try:
-        got = await service.longpoll.dequeue(queue, body.count, body.lease_ms, wait_ms)
+        got = await service.longpoll.dequeue(
+            queue, body.count, body.lease_ms, wait_ms, partial(_disconnected, request)
+        )
     except StorageError as exc:
         _failed(service, "dequeue", exc, t0)
         raise

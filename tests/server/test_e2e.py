@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -212,3 +213,20 @@ def test_values_round_trip_base64(dq: Client, server: LiveServer, queue: str) ->
     (doc,) = r.json()["items"]
     assert doc["encoding"] == "base64" and doc["value"] == "aMOpbGxv"
     dq.release_many(queue, [Release(doc["id"], doc["receipt"])])
+
+
+def test_a_disconnected_long_poll_takes_nothing(dq: Client, server: LiveServer, queue: str) -> None:
+    dq.put_queue(queue)
+    body = b'{"wait_ms": 5000}'
+    request = (
+        f"POST /v1/queues/{queue}/dequeue HTTP/1.1\r\nHost: dq\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(request)
+        time.sleep(0.3)  # the long-poll is parked on the server
+    time.sleep(0.3)  # the client is gone
+    dq.enqueue(queue, b"for the living")
+    time.sleep(0.3)  # a live long-poll would have leased it by now
+    (item,) = dq.dequeue(queue)  # the dead request did not
+    assert item.value == b"for the living" and item.stats.dequeue_count == 1
