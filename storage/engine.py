@@ -70,6 +70,8 @@ class EngineConfig:
     max_batch: int = 1000
     #: a log (and its in-memory segment) is frozen when it reaches this size
     memseg_bytes: int = 16 << 20
+    #: logs grow ahead of their data in zero-filled steps of this size (0: plain appends)
+    wal_prealloc_bytes: int = 1 << 20
     #: frozen in-memory segments allowed to wait for their segment file
     max_frozen: int = 2
     #: "process" (a worker process), "thread", or "inline" (tests)

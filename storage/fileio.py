@@ -17,11 +17,12 @@ from storage.errors import StorageFull
 
 __all__ = [
     "FAULTS",
-    "append_fd",
     "fdatasync",
     "fsync",
     "fsync_dir",
+    "open_for_write",
     "pread",
+    "pwrite_all",
     "remove",
     "rename",
     "step",
@@ -100,10 +101,24 @@ def pread(fd: int, size: int, offset: int) -> bytes:
     return data
 
 
-def append_fd(path: str) -> int:
-    """Open (creating) a file for appending writes at its current end."""
+def open_for_write(path: str) -> int:
+    """Open an existing file for positioned writes (``pwrite_all``)."""
     step("open", path)
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    return os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+
+
+def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int, path: str) -> None:
+    """Write all of ``data`` at ``offset`` (the file position is not used)."""
+    step("write", path)
+    view = memoryview(data)
+    try:
+        while view:
+            n = os.pwrite(fd, view, offset)
+            view = view[n:]
+            offset += n
+    except OSError as exc:
+        _raise_full(exc, path)
+        raise
 
 
 def write_file_atomic(path: str, data: bytes) -> None:

@@ -121,7 +121,7 @@ class Queue:
         os.makedirs(directory, exist_ok=True)
         save_config(directory, config)
         q = cls(engine, name, directory, config)
-        q.wal = WalWriter.create(directory, 1, 1)
+        q.wal = WalWriter.create(directory, 1, 1, engine.config.wal_prealloc_bytes)
         q.view.memsegs = [q.memseg]
         fileio.fsync_dir(os.path.dirname(directory))
         return q
@@ -135,7 +135,9 @@ class Queue:
         for reader in q.segments:
             q.view.add_segment(reader, b"")
         q.memseg = MemSegment(rec.next_segment_no)
-        q.wal = WalWriter.create(directory, rec.next_segment_no, q.next_id)
+        q.wal = WalWriter.create(
+            directory, rec.next_segment_no, q.next_id, engine.config.wal_prealloc_bytes
+        )
         q.frozen = rec.frozen
         q.view.memsegs = [q.memseg] + [m for _, m in q.frozen]
         for path, mem in list(q.frozen):
@@ -294,7 +296,9 @@ class Queue:
         ro = old.path + "_ro"
         fileio.rename(old.path, ro)
         no = old.segment_no + 1
-        self.wal = WalWriter.create(self.directory, no, self.next_id)  # fsyncs the directory
+        self.wal = WalWriter.create(  # fsyncs the directory
+            self.directory, no, self.next_id, self.engine.config.wal_prealloc_bytes
+        )
         frozen = self.memseg
         self.memseg = MemSegment(no)
         self.frozen.append((ro, frozen))

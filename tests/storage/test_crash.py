@@ -43,6 +43,10 @@ def run_and_kill(data: Path, seconds: float) -> dict[str, set[int]]:
     reader.start()
     try:
         assert ready.wait(timeout=60), "writer never became ready"
+        limit = time.monotonic() + 60  # on a loaded machine the first releases can take a while
+        while not {"E", "R", "K"} <= {line[0] for line in list(lines)[-200:]}:
+            assert time.monotonic() < limit, "writer acknowledged no release in 60 s"
+            time.sleep(0.05)
         time.sleep(seconds)
         assert proc.poll() is None, f"writer exited early: {proc.returncode}"
         proc.send_signal(signal.SIGKILL)

@@ -263,3 +263,45 @@ def test_ids_are_never_reused_after_everything_is_merged_away(
     assert new.id > max(ids)
     with pytest.raises(DataDirLocked):
         Engine.open(path)
+
+
+def test_logs_grow_in_preallocated_steps_and_recover(tmp_path: Path) -> None:
+    cfg = EngineConfig(fsync="always", wal_prealloc_bytes=64 * 1024, auto_merge=False)
+    with Engine.open(tmp_path / "d", cfg) as e:
+        e.enqueue("q", [NewItem(b"v" * 100) for _ in range(10)])
+        wal = e.queue("q").wal
+        on_disk = os.path.getsize(wal.path)
+        assert on_disk == 64 * 1024 and wal.offset < on_disk  # zeros ahead of the data
+        e.enqueue("q", [NewItem(b"w" * 1000) for _ in range(100)])
+        assert wal.offset > 64 * 1024 and os.path.getsize(wal.path) == 2 * 64 * 1024
+    with Engine.open(tmp_path / "d", cfg) as e:  # the zeros read as the end of the log
+        assert e.stats("q").pending == 110
+
+
+def test_a_failed_log_write_is_refused_and_leaves_no_trace(
+    open_engine: Callable[..., Engine],
+) -> None:
+    import errno
+
+    from storage import fileio
+    from storage.errors import StorageFull
+
+    e = open_engine()
+    e.enqueue("q", [NewItem(b"before")])
+
+    def disk_full(step: str, path: str) -> None:
+        if step == "write" and path.endswith(".log"):
+            raise StorageFull("no space left on device", file=path, errno=errno.ENOSPC)
+
+    fileio.FAULTS.append(disk_full)
+    try:
+        with pytest.raises(StorageFull):
+            e.enqueue("q", [NewItem(b"lost")])
+    finally:
+        fileio.FAULTS.clear()
+    e.enqueue("q", [NewItem(b"after")])
+    assert [d.value for d in e.dequeue("q", 10)] == [b"before", b"after"]
+    path = e.root
+    e.close()
+    e = open_engine(path=path)
+    assert sorted(d.value for d in e.dequeue("q", 10)) == [b"after", b"before"]
