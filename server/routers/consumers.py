@@ -10,7 +10,6 @@ never on the event loop. The protocol is specified in ``docs/spark.md``.
 from __future__ import annotations
 
 import base64
-import json
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Request, Response
@@ -24,11 +23,12 @@ from server.consumer_groups import (
     LogEntry,
 )
 from server.errors import ApiError
+from server.routers._common import ERRORS, json_response
 from storage.types import NewItem, check_queue_name
 
 __all__ = ["install", "router"]
 
-router = APIRouter(prefix="/v1/queues/{queue}", tags=["consumers"])
+router = APIRouter(prefix="/v1/queues/{queue}", tags=["consumers"], responses=ERRORS)
 
 NAME = r"^[A-Za-z0-9._-]{1,128}$"
 QueueName = Annotated[str, Path(pattern=NAME)]
@@ -70,7 +70,7 @@ Batches = Annotated[IdempotentBatches, Depends(_batches)]
 
 def _json(body: Any) -> Response:
     # Plain json.dumps: the read route is the hot path of every Spark task.
-    return Response(json.dumps(body), media_type="application/json")
+    return json_response(body)
 
 
 def _not_found(queue: str, consumer: str) -> ApiError:
@@ -182,7 +182,7 @@ def get_consumer(queue: QueueName, consumer: ConsumerName, groups: Groups) -> Re
     return _json(_state(s))
 
 
-@router.delete("/consumers/{consumer}")
+@router.delete("/consumers/{consumer}", status_code=204, response_class=Response)
 def delete_consumer(queue: QueueName, consumer: ConsumerName, groups: Groups) -> Response:
     """Give back (requeue, due now) every item the consumer holds, then forget it."""
     if not groups.delete(queue, consumer):
