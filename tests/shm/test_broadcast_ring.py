@@ -242,3 +242,42 @@ def test_message_size_limits() -> None:
         writer.publish([b""])
     with pytest.raises(ValueError):
         writer.publish([b"x" * 63])
+
+
+def _write_until_stopped(buf: mmap.mmap, stop: object) -> None:
+    writer = BroadcastWriter(buf, evict_after_s=60)
+    seq = 0
+    while not stop.is_set():  # type: ignore[attr-defined]
+        writer.publish([struct.pack("<Q", s) + b"j" * (s % 13) for s in range(seq, seq + 16)])
+        seq += 16
+    os._exit(0)
+
+
+def _join_late(buf: mmap.mmap, delay: float, out: object) -> None:
+    time.sleep(delay)
+    reader = BroadcastReader(buf)
+    seqs: list[int] = []
+    give_up = time.monotonic() + 60
+    while len(seqs) < 20_000 and time.monotonic() < give_up:
+        seqs.extend(struct.unpack_from("<Q", m)[0] for m in reader.poll(timeout_s=0.5))
+    reader.close()
+    gaps = sum(b != a + 1 for a, b in zip(seqs, seqs[1:], strict=False))
+    out.put((len(seqs), gaps))  # type: ignore[attr-defined]
+
+
+def test_readers_joining_mid_stream_see_contiguous_messages() -> None:
+    buf = make(512)  # wraps every few dozen messages
+    stop, out = CTX.Event(), CTX.Queue()
+    writer = CTX.Process(target=_write_until_stopped, args=(buf, stop))
+    writer.start()
+    readers = [CTX.Process(target=_join_late, args=(buf, 0.05 * i, out)) for i in range(4)]
+    try:
+        for r in readers:
+            r.start()
+        results = [out.get(timeout=90) for _ in readers]
+    finally:
+        stop.set()
+        writer.join(30)
+        for r in readers:
+            r.join(10)
+    assert all(n >= 20_000 and gaps == 0 for n, gaps in results), results
