@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import multiprocessing as mp
 import os
@@ -261,7 +262,7 @@ def _join_late(buf: mmap.mmap, delay: float, out: object) -> None:
     while len(seqs) < 20_000 and time.monotonic() < give_up:
         seqs.extend(struct.unpack_from("<Q", m)[0] for m in reader.poll(timeout_s=0.5))
     reader.close()
-    gaps = sum(b != a + 1 for a, b in zip(seqs, seqs[1:], strict=False))
+    gaps = sum(b != a + 1 for a, b in itertools.pairwise(seqs))
     out.put((len(seqs), gaps))  # type: ignore[attr-defined]
 
 
