@@ -16,7 +16,15 @@ import pytest
 
 from shm import _atomics as A
 from shm.errors import ProtocolError, RingTimeout
-from shm.telemetry_ring import MAGIC, OFF_LOCK, OFF_START, TelemetryRing, init_ring, ring_size
+from shm.telemetry_ring import (
+    MAGIC,
+    MESSAGES,
+    OFF_LOCK,
+    OFF_START,
+    TelemetryRing,
+    init_ring,
+    ring_size,
+)
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "shm.md"
 CTX = mp.get_context("fork")
@@ -50,14 +58,6 @@ def state(ring: TelemetryRing) -> tuple[int, int, int, list[str]]:
     return lock, start, length, letters
 
 
-def preset(ring: TelemetryRing, start: int, length: int, letters: str) -> None:
-    struct.pack_into("<II", ring.buf, OFF_START, start, length)
-    for i, ch in enumerate(letters):
-        if ch != ".":
-            off = ring.msg_off(i)
-            ring.buf[off + 8 : off + ring.stride] = word(ch)
-
-
 def test_doc_example_bytes() -> None:
     raw = doc_example("telemetry-ring")
     ring = make(2, 1)
@@ -69,57 +69,164 @@ def test_doc_example_bytes() -> None:
     assert struct.unpack_from("<QQ", raw, 32) == (0, 42)
 
 
-# The seed's diagrams, QUEUE_LEN=5, MSG_SIZE=3; each ends with every lock released.
+# The seed's diagrams, QUEUE_LEN=5, MSG_SIZE=3, row by row in the seed's notation:
+# [HEADER_LOCK START_IDX QUEUE_LEN] then {MSG_LOCK data} per message. A recording ring
+# snapshots the rows at every lock and unlock (before and after), so the test sees each
+# intermediate state; consecutive equal rows collapse, as in "Read MSG_0 data".
+
+
+class Recorder(TelemetryRing):
+    def __init__(self, buf: mmap.mmap) -> None:
+        super().__init__(buf)
+        self.rows: list[str] = [row(self)]
+
+    def _note(self) -> None:
+        r = row(self)
+        if r != self.rows[-1]:
+            self.rows.append(r)
+
+    def lock(self, off: int, *, steal: bool) -> int:
+        token = super().lock(off, steal=steal)
+        self._note()
+        return token
+
+    def unlock(self, off: int, token: int) -> bool:
+        self._note()
+        ok = super().unlock(off, token)
+        self._note()
+        return ok
+
+
+def row(ring: TelemetryRing) -> str:
+    lock, start, length = ring.header()
+    cells = [f"[{'X' if lock else '.'} {start} {length}]"]
+    for i in range(ring.queue_max_len):
+        off = ring.msg_off(i)
+        data = bytes(ring.buf[off + 8 : off + ring.stride])
+        letters = "..." if data == bytes(24) else chr(data[0]) * 3
+        cells.append(f"{{{'X' if A.load_u64(ring.buf, off) else '.'} {letters}}}")
+    return "  ".join(cells)
+
+
+def diagram(text: str) -> list[str]:
+    rows = [" ".join(line.split("#")[0].split()) for line in text.strip().splitlines()]
+    out: list[str] = []
+    for r in rows:
+        if not out or r != out[-1]:
+            out.append(r)
+    return out
+
+
+def recorder(start: int, length: int, letters: str) -> Recorder:
+    buf = mmap.mmap(-1, ring_size(5, 3))
+    init_ring(buf, 5, 3)
+    struct.pack_into("<II", buf, OFF_START, start, length)
+    for i, ch in enumerate(letters):
+        if ch != ".":
+            off = MESSAGES + i * 32
+            buf[off + 8 : off + 32] = word(ch)
+    return Recorder(buf)
+
+
+def check(rec: Recorder, text: str) -> None:
+    assert [" ".join(r.split()) for r in rec.rows] == diagram(text)
 
 
 def test_enqueue_to_empty() -> None:
-    ring = make()
-    assert state(ring) == (0, 0, 0, ["."] * 5)
-    assert ring.enqueue(word("a")) == 0
-    assert state(ring) == (0, 0, 1, ["aaa", ".", ".", ".", "."])
+    rec = recorder(0, 0, ".....")
+    assert rec.enqueue(word("a")) == 0
+    check(
+        rec,
+        """
+        [. 0 0]  {. ...}  {. ...}  {. ...}  {. ...}  {. ...}    # Queue is empty
+        [X 0 0]  {. ...}  {. ...}  {. ...}  {. ...}  {. ...}    # Lock header
+        [X 0 1]  {X ...}  {. ...}  {. ...}  {. ...}  {. ...}    # Increment QUEUE_LEN, lock MSG_0
+        [. 0 1]  {X ...}  {. ...}  {. ...}  {. ...}  {. ...}    # Unlock header
+        [. 0 1]  {X aaa}  {. ...}  {. ...}  {. ...}  {. ...}    # Write MSG_0 data
+        [. 0 1]  {. aaa}  {. ...}  {. ...}  {. ...}  {. ...}    # Unlock MSG_0
+    """,
+    )
 
 
 def test_enqueue_to_full_overwrites_the_oldest() -> None:
-    ring = make()
-    preset(ring, 0, 5, "abcde")
-    assert ring.enqueue(word("f")) == 0
-    assert state(ring) == (0, 1, 5, ["fff", "bbb", "ccc", "ddd", "eee"])
+    rec = recorder(0, 5, "abcde")
+    assert rec.enqueue(word("f")) == 0
+    check(
+        rec,
+        """
+        [. 0 5]  {. aaa}  {. bbb}  {. ccc}  {. ddd}  {. eee}    # Queue is full
+        [X 0 5]  {. aaa}  {. bbb}  {. ccc}  {. ddd}  {. eee}    # Lock header
+        [X 1 5]  {X aaa}  {. bbb}  {. ccc}  {. ddd}  {. eee}    # Increment START_IDX, lock MSG_0
+        [. 1 5]  {X aaa}  {. bbb}  {. ccc}  {. ddd}  {. eee}    # Unlock header
+        [. 1 5]  {X fff}  {. bbb}  {. ccc}  {. ddd}  {. eee}    # Rewrite MSG_0 data
+        [. 1 5]  {. fff}  {. bbb}  {. ccc}  {. ddd}  {. eee}    # Unlock MSG_0
+    """,
+    )
 
 
 def test_enqueue_to_full_with_max_shift_cycles_start() -> None:
-    ring = make()
-    preset(ring, 4, 5, "fghie")
-    assert ring.enqueue(word("j")) == 4
-    assert state(ring) == (0, 0, 5, ["fff", "ggg", "hhh", "iii", "jjj"])
+    rec = recorder(4, 5, "fghie")
+    assert rec.enqueue(word("j")) == 4
+    check(
+        rec,
+        """
+        [. 4 5]  {. fff}  {. ggg}  {. hhh}  {. iii}  {. eee}    # Queue is full and shift is max
+        [X 4 5]  {. fff}  {. ggg}  {. hhh}  {. iii}  {. eee}    # Lock header
+        [X 0 5]  {. fff}  {. ggg}  {. hhh}  {. iii}  {X eee}    # Cycle START_IDX, lock MSG_4
+        [. 0 5]  {. fff}  {. ggg}  {. hhh}  {. iii}  {X eee}    # Unlock header
+        [. 0 5]  {. fff}  {. ggg}  {. hhh}  {. iii}  {X jjj}    # Rewrite MSG_4 data
+        [. 0 5]  {. fff}  {. ggg}  {. hhh}  {. iii}  {. jjj}    # Unlock MSG_4
+    """,
+    )
 
 
 def test_dequeue_from_empty_waits_for_a_message() -> None:
-    ring = make()
-    preset(ring, 4, 0, ".....")
+    rec = recorder(4, 0, ".....")
     got: list[bytes | None] = []
-    reader = threading.Thread(target=lambda: got.append(ring.dequeue(wait_s=10.0)))
+    reader = threading.Thread(target=lambda: got.append(rec.dequeue(wait_s=10.0)))
     reader.start()
     time.sleep(0.05)
     assert reader.is_alive()  # "wait while QUEUE_LEN == 0"
-    ring.enqueue(word("k"))
-    ring.enqueue(word("l"))
+    assert rec.rows == [row(rec)]  # nothing locked while waiting
+    writer = TelemetryRing(rec.buf)
+    writer.enqueue(word("k"))
+    writer.enqueue(word("l"))
     reader.join(10)
     assert got == [word("k")]
-    assert state(ring)[:3] == (0, 0, 1)
+    assert rec.rows[1].startswith("[X 4 2]")  # "Lock header", then "same as below"
+    assert " ".join(rec.rows[-1].split()) == "[. 0 1] {. lll} {. ...} {. ...} {. ...} {. kkk}"
 
 
 def test_dequeue_from_half_full() -> None:
-    ring = make()
-    preset(ring, 0, 3, "abc..")
-    assert ring.dequeue() == word("a")
-    assert state(ring) == (0, 1, 2, ["aaa", "bbb", "ccc", ".", "."])
+    rec = recorder(0, 3, "abc..")
+    assert rec.dequeue() == word("a")
+    check(
+        rec,
+        """
+        [. 0 3]  {. aaa}  {. bbb}  {. ccc}  {. ...}  {. ...}    # Queue is half full
+        [X 0 3]  {. aaa}  {. bbb}  {. ccc}  {. ...}  {. ...}    # Lock header
+        [X 1 2]  {X aaa}  {. bbb}  {. ccc}  {. ...}  {. ...}    # Decrement QUEUE_LEN, increment START_IDX, lock MSG_0
+        [. 1 2]  {X aaa}  {. bbb}  {. ccc}  {. ...}  {. ...}    # Unlock header
+        [. 1 2]  {X aaa}  {. bbb}  {. ccc}  {. ...}  {. ...}    # Read MSG_0 data
+        [. 1 2]  {. aaa}  {. bbb}  {. ccc}  {. ...}  {. ...}    # Unlock MSG_0
+    """,
+    )
 
 
 def test_dequeue_from_shifted() -> None:
-    ring = make()
-    preset(ring, 3, 3, "f..de")
-    assert ring.dequeue() == word("d")
-    assert state(ring) == (0, 4, 2, ["fff", ".", ".", "ddd", "eee"])
+    rec = recorder(3, 3, "f..de")
+    assert rec.dequeue() == word("d")
+    check(
+        rec,
+        """
+        [. 3 3]  {. fff}  {. ...}  {. ...}  {. ddd}  {. eee}    # Queue is shifted
+        [X 3 3]  {. fff}  {. ...}  {. ...}  {. ddd}  {. eee}    # Lock header
+        [X 4 2]  {. fff}  {. ...}  {. ...}  {X ddd}  {. eee}    # Decrement QUEUE_LEN, increment START_IDX, lock MSG_3
+        [. 4 2]  {. fff}  {. ...}  {. ...}  {X ddd}  {. eee}    # Unlock header
+        [. 4 2]  {. fff}  {. ...}  {. ...}  {X ddd}  {. eee}    # Read MSG_3 data
+        [. 4 2]  {. fff}  {. ...}  {. ...}  {. ddd}  {. eee}    # Unlock MSG_3
+    """,
+    )
 
 
 def test_dequeue_from_empty_without_waiting_returns_none() -> None:
