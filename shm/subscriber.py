@@ -10,6 +10,7 @@ or raises ``SubscriberEvicted``; it gives its reader entry back on ``close``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -85,6 +86,8 @@ class Subscription:
 
     def close(self) -> None:
         self.reader.close()
+        with contextlib.suppress(BufferError, ValueError, AttributeError):
+            self.reader.buf.close()  # our own mapping of the ring
 
     def __enter__(self) -> Subscription:
         return self
