@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import resource
 import shutil
 import threading
 import time
@@ -88,6 +89,17 @@ class EngineConfig:
             raise InvalidArgument("compaction must be process, thread or inline")
 
 
+def _raise_fd_limit() -> None:
+    """Each segment file holds a descriptor open: take the hard limit, as servers do."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        want = hard if hard != resource.RLIM_INFINITY else max(soft, 65536)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError):
+            log.info("could not raise the open-file limit above %d", soft)
+
+
 def _system_clock() -> int:
     return time.time_ns() // 1_000_000
 
@@ -129,6 +141,7 @@ class Engine:
     ) -> Engine:
         root = os.path.abspath(str(data_dir))
         os.makedirs(os.path.join(root, "queues"), exist_ok=True)
+        _raise_fd_limit()
         lock_path = os.path.join(root, "LOCK")
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:

@@ -9,9 +9,11 @@ Two triggers (``docs/merging.md``):
    when at least as many dead bytes are reclaimed, so these merges add at most ~1 to
    write amplification however the workload behaves; and a queue that drains to
    empty merges down to nothing.
-2. **Count.** When there are more than ``max_segments`` files, merge the ``fan_in``
-   adjacent ones with the fewest bytes (usually small tombstone-only files). Such a
-   merge does not start at the oldest segment, so its rogue tombstones are kept.
+2. **Count.** When there are more than ``max_segments`` files (256: 4 GiB of 16 MiB
+   logs), merge the ``fan_in`` (8) adjacent ones with the fewest bytes (usually small
+   tombstone-only files). Such a merge does not start at the oldest segment, so its
+   rogue tombstones are kept. The bound is high on purpose: every count merge rewrites
+   live bytes, and a merge of a few hundred readers costs dequeue only a log factor.
 
 Merges run one at a time per queue in the compaction worker; the result is swapped
 in online (``Queue._install_merge``).

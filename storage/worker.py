@@ -58,6 +58,7 @@ def _die_with_parent(parent: int) -> None:
 
 def main() -> None:
     _die_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid())
+    os.nice(5)  # background work: serving requests comes first
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
         msg = read_message(stdin)
