@@ -46,7 +46,15 @@ def service_of(request: Request) -> Service:
     return service
 
 
-QueuePath = Annotated[str, Path(pattern=QUEUE_NAME_REGEX, max_length=128, description="queue name")]
+#: The pattern is documented but checked by the engine (``check_queue_name``: 400
+#: ``invalid_queue_name``) rather than by FastAPI: a path regex costs ~7 us a request.
+QueuePath = Annotated[
+    str,
+    Path(
+        description="queue name",
+        json_schema_extra={"pattern": QUEUE_NAME_REGEX, "maxLength": 128},
+    ),
+]
 
 _bearer = HTTPBearer(auto_error=False, description="a token from DQ_TOKENS")
 

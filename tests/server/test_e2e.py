@@ -179,8 +179,9 @@ def test_limits_and_validation(dq: Client, server: LiveServer, queue: str) -> No
         json={"items": [{"value": "@@", "encoding": "base64"}]},
     )
     assert r.status_code == 422
-    r = httpx.post(f"{server.url}/v1/queues/{'x' * 129}/dequeue", json={})
-    assert r.status_code == 422 and r.json()["error"] == "validation_error"
+    for bad in ("x" * 129, "sp ace", "a+b"):
+        r = httpx.post(f"{server.url}/v1/queues/{bad}/dequeue", json={})
+        assert r.status_code == 400 and r.json()["error"] == "invalid_queue_name", bad
     release = f"{server.url}/v1/queues/{queue}/release"
     r = httpx.post(release, json={"items": [{"id": 1, "receipt": "nonsense"}]})
     assert r.status_code == 404 and r.json()["error"] == "queue_not_found"
