@@ -63,6 +63,10 @@ log = logging.getLogger(__name__)
 
 #: ``keep_alive`` runs every second; a lease this close to its end is always extended.
 KEEPALIVE_MARGIN_MS = 2_500
+#: Leases of consumer pulls are never shorter, so at least two keep-alive ticks fall
+#: inside the margin even on a busy server. (A short lease buys nothing here: the
+#: server itself gives a consumer's items back when it is deleted or idle.)
+MIN_LEASE_MS = 5_000
 
 
 class EngineLike(Protocol):
@@ -228,7 +232,7 @@ class ConsumerGroups:
                 found = _Log(
                     queue=queue,
                     consumer=consumer,
-                    lease_ms=lease_ms or self._default_lease_ms,
+                    lease_ms=max(lease_ms or self._default_lease_ms, MIN_LEASE_MS),
                     idle_timeout_ms=idle_timeout_ms or self._default_idle_timeout_ms,
                     next_seq=at,
                     first=at,
@@ -276,7 +280,7 @@ class ConsumerGroups:
         )
         with lg.lock:
             if lease_ms:
-                lg.lease_ms = lease_ms
+                lg.lease_ms = max(lease_ms, MIN_LEASE_MS)
             if idle_timeout_ms:
                 lg.idle_timeout_ms = idle_timeout_ms
             return self._state(lg)
@@ -325,7 +329,7 @@ class ConsumerGroups:
         lg = self._get_or_create(queue, consumer, at=after, lease_ms=lease_ms)
         with lg.lock:
             if lease_ms:
-                lg.lease_ms = lease_ms
+                lg.lease_ms = max(lease_ms, MIN_LEASE_MS)
             if lg.next_seq < after:
                 lg.next_seq = lg.first = after
             held = sum(1 for s in lg.entries if s >= after)

@@ -139,7 +139,7 @@ def test_keep_alive_extends_leases_past_their_length(
 def test_lost_leases_leave_the_log(engine: Engine, groups: ConsumerGroups, clock: Clock) -> None:
     fill(engine, 4)
     groups.pull(Q, "c", after=0, max_items=4, lease_ms=1_000)
-    clock.ms += 2_000
+    clock.ms += 6_000
     engine.expire_leases()
     groups.keep_alive()
     st = groups.state(Q, "c")
@@ -153,7 +153,7 @@ def test_stale_receipts_count_on_commit(
 ) -> None:
     fill(engine, 3)
     groups.pull(Q, "c", after=0, max_items=3, lease_ms=1_000)
-    clock.ms += 2_000
+    clock.ms += 6_000
     engine.expire_leases()
     done = groups.commit(Q, "c", 3)
     assert (done.released, done.stale) == (0, 3)
@@ -207,7 +207,7 @@ def test_commit_uses_the_receipt_after_extension(
     fill(engine, 2)
     groups.pull(Q, "c", after=0, max_items=2, lease_ms=1_000)
     before = [e.receipt for e in groups.read(Q, "c", 0, 2)[1]]
-    clock.ms += 800
+    clock.ms += 3_000
     assert groups.keep_alive() == 2
     after = groups.read(Q, "c", 0, 2)[1]
     # the delivery's own receipt may be superseded; releasing with the logged one works
@@ -237,3 +237,15 @@ def test_idempotent_batch_with_other_items_is_enqueued(engine: Engine, clock: Cl
     assert not replayed
     assert batches.mismatches == 1
     assert engine.stats(Q).pending == 2
+
+
+def test_consumer_leases_have_a_floor(engine: Engine, groups: ConsumerGroups) -> None:
+    """Leases shorter than a few keep-alive ticks would race the expiry task."""
+    from server.consumer_groups import MIN_LEASE_MS
+
+    fill(engine, 1)
+    groups.pull(Q, "c", after=0, max_items=1, lease_ms=1)
+    st = groups.state(Q, "c")
+    assert st is not None and st.lease_ms == MIN_LEASE_MS
+    entry = groups.read(Q, "c", 0, 1)[1][0]
+    assert entry.lease_expires >= engine.now() + MIN_LEASE_MS

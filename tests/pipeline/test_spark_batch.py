@@ -166,3 +166,26 @@ def test_retried_write_task_does_not_enqueue_twice(
     ).option("queue", queue).option("batchSize", "50").save()
     with Client(server.url) as dq:
         assert dq.queue(queue).stats.pending == n
+
+
+def test_server_keeps_short_leases_alive(
+    spark: SparkSession, server: LiveServer, queue: str
+) -> None:
+    """Leases shorter than the job survive: the server extends them until acked
+    (``leaseMs`` below the server's floor of 5 s gets the floor)."""
+    import time
+
+    with Client(server.url) as dq:
+        dq.enqueue_many(queue, [f"k{i}".encode() for i in range(100)])
+        df = read(spark, server.url, queue, "short", maxItems=100, numPartitions=2, leaseMs=1000)
+        assert df.count() == 100
+        time.sleep(7)  # longer than the (5 s) lease
+        assert dq.queue(queue).stats.leased == 100
+        rows = df.select("dequeue_count").collect()  # re-read: the same deliveries
+        assert [r.dequeue_count for r in rows] == [1] * 100
+        pipeline.release(df, server.url, queue, "short")
+        stats = dq.queue(queue).stats
+        assert (stats.pending, stats.leased) == (0, 0)
+    with ConsumerClient(server.url, queue, "short") as c:
+        info = c.info()
+        assert info is not None and (info.lost, info.in_flight) == (0, 0)
