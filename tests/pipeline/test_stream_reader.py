@@ -1,0 +1,61 @@
+"""``StreamReader``'s driver side called directly, as Spark calls it (no Spark session)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("pyspark")
+
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+from client import Client
+from client.consumers import ConsumerClient
+from pipeline.options import ReadOptions
+from pipeline.reading import LogRange
+from pipeline.stream import StreamReader
+from tests.server.live import LiveServer
+
+
+def reader(url: str, queue: str, **extra: str) -> StreamReader:
+    options = {"url": url, "queue": queue, "consumer": "drv", "maxItemsPerTrigger": "40"}
+    return StreamReader(ReadOptions.parse(options | extra))
+
+
+def test_offsets_partitions_and_commit(server: LiveServer, queue: str) -> None:
+    with Client(server.url) as dq:
+        dq.enqueue_many(queue, [f"s{i}".encode() for i in range(100)])
+        r = reader(server.url, queue, minPartitions="3")
+        start = r.initialOffset()
+        assert start == r.initialOffset() == {"seq": 0}  # called twice by Spark: harmless
+        assert r.getDefaultReadLimit() == ReadMaxRows(40)
+        end = r.latestOffset(start, ReadMaxRows(40))
+        assert end == {"seq": 40}
+        assert r.latestOffset(start, ReadMaxRows(40)) == end  # re-planned: same range
+        parts = r.partitions(start, end)
+        assert [(p.start, p.end) for p in parts] == [(0, 14), (14, 27), (27, 40)]
+        rows = sum(batch.num_rows for p in parts for batch in r.read(p))
+        assert rows == 40
+        nxt = r.latestOffset(end, ReadMaxRows(40))  # batch 0 is done: released here
+        assert nxt == {"seq": 80}
+        stats = dq.queue(queue).stats
+        assert (stats.pending, stats.leased) == (60, 40)
+        r.commit(nxt)
+        assert dq.queue(queue).stats.pending == 20
+        assert list(r.read(LogRange(0, 80))) == []  # acknowledged: gone from the log
+
+
+def test_available_now_is_bounded_by_what_was_due(server: LiveServer, queue: str) -> None:
+    with Client(server.url) as dq:
+        dq.enqueue_many(queue, [f"a{i}".encode() for i in range(50)])
+        r = reader(server.url, queue)
+        r.prepareForTriggerAvailableNow()
+        dq.enqueue_many(queue, [f"late{i}".encode() for i in range(50)])  # after the start
+        offset, batches = r.initialOffset(), 0
+        while (nxt := r.latestOffset(offset, ReadAllAvailable())) != offset:
+            offset, batches = nxt, batches + 1
+            assert batches < 10
+        assert offset == {"seq": 50}
+        assert dq.queue(queue).stats.pending == 50  # the late items are left for later
+    with ConsumerClient(server.url, queue, "drv") as c:
+        info = c.info()
+        assert info is not None and info.in_flight == 0
