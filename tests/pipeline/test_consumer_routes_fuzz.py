@@ -7,6 +7,7 @@ full conformance checks (status codes, content types, response schemas).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import schemathesis
@@ -37,5 +38,5 @@ def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer
 @pytest.mark.timeout(240)
 @schema.include(path_regex=r"/consumers|/batches").parametrize()
 @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-def test_consumer_routes_conform(case: schemathesis.Case, fuzz_server: LiveServer) -> None:
+def test_consumer_routes_conform(case: schemathesis.Case[Any], fuzz_server: LiveServer) -> None:
     case.call_and_validate(base_url=fuzz_server.url, checks=CHECKS)

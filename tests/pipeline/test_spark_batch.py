@@ -96,7 +96,7 @@ def test_failing_job_redelivers_with_dequeue_count(
 
 
 def test_write_round_trip(spark: SparkSession, server: LiveServer, queue: str) -> None:
-    rows = [(f"w{i}", None, None) for i in range(300)]
+    rows: list[tuple[str, int | None, int | None]] = [(f"w{i}", None, None) for i in range(300)]
     rows.append(("later", None, 3_600_000))
     rows.append(("past", 1_000, None))
     df = spark.createDataFrame(rows, "value string, deadline long, delay_ms long").repartition(3)

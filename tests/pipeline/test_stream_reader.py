@@ -34,7 +34,7 @@ def test_offsets_partitions_and_commit(server: LiveServer, queue: str) -> None:
         assert end == {"seq": 40}
         assert r.latestOffset(start, ReadMaxRows(40)) == end  # re-planned: same range
         parts = r.partitions(start, end)
-        assert [(p.start, p.end) for p in parts] == [(0, 14), (14, 27), (27, 40)]
+        assert parts == [LogRange(0, 14), LogRange(14, 27), LogRange(27, 40)]
         rows = sum(batch.num_rows for p in parts for batch in r.read(p))
         assert rows == 40
         nxt = r.latestOffset(end, ReadMaxRows(40))  # batch 0 is done: released here
