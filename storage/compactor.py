@@ -225,25 +225,28 @@ class _WorkerProcess:
 class Compactor:
     """Runs freeze and merge jobs off the serving thread.
 
-    ``mode`` is ``"process"`` (one worker process per engine: a second core, no GIL
-    contention with serving), ``"thread"`` (one background thread) or ``"inline"``
-    (run in the caller: deterministic, for tests).
+    ``mode`` is ``"process"`` (worker processes: a second core, no GIL contention with
+    serving), ``"thread"`` (background threads) or ``"inline"`` (run in the caller:
+    deterministic, for tests). Freezes and merges have a worker each, so a freeze —
+    which frees memory — never waits behind a long merge.
     """
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
-        self._executor: _WorkerProcess | ThreadPoolExecutor | None = None
+        self._executors: dict[str, _WorkerProcess | ThreadPoolExecutor] = {}
         self._lock = threading.Lock()
         self._inflight: set[Future[Any]] = set()
 
-    def _get(self) -> _WorkerProcess | ThreadPoolExecutor:
+    def _get(self, lane: str) -> _WorkerProcess | ThreadPoolExecutor:
         with self._lock:
-            if self._executor is None:
+            ex = self._executors.get(lane)
+            if ex is None:
                 if self.mode == "process":
-                    self._executor = _WorkerProcess()
+                    ex = _WorkerProcess()
                 else:
-                    self._executor = ThreadPoolExecutor(1, thread_name_prefix="dq-compactor")
-            return self._executor
+                    ex = ThreadPoolExecutor(1, thread_name_prefix=f"dq-{lane}")
+                self._executors[lane] = ex
+            return ex
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
         if self.mode == "inline":
@@ -253,7 +256,8 @@ class Compactor:
             except BaseException as exc:  # delivered to the done-callback
                 fut.set_exception(exc)
             return fut
-        fut = self._get().submit(fn, *args, **kwargs)
+        lane = "merge" if fn is merge_segments else "freeze"
+        fut = self._get(lane).submit(fn, *args, **kwargs)
         with self._lock:
             self._inflight.add(fut)
         fut.add_done_callback(self._done)
@@ -274,8 +278,9 @@ class Compactor:
 
     def shutdown(self) -> None:
         with self._lock:
-            ex, self._executor = self._executor, None
-        if isinstance(ex, _WorkerProcess):
-            ex.shutdown()
-        elif ex is not None:
-            ex.shutdown(wait=True, cancel_futures=False)
+            executors, self._executors = list(self._executors.values()), {}
+        for ex in executors:
+            if isinstance(ex, _WorkerProcess):
+                ex.shutdown()
+            else:
+                ex.shutdown(wait=True, cancel_futures=False)

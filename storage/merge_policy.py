@@ -37,7 +37,7 @@ TOMBSTONE_BYTES = 4
 
 class MergePolicy:
     def __init__(
-        self, *, max_segments: int = 64, fan_in: int = 4, garbage_ratio: float = 1.0
+        self, *, max_segments: int = 256, fan_in: int = 8, garbage_ratio: float = 1.0
     ) -> None:
         self.max_segments = max_segments
         self.fan_in = fan_in

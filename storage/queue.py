@@ -720,9 +720,9 @@ class Queue:
                 due += estimate_between(r, self.cursor, nowkey)
             leased = len(self.leases)
             due = max(0, min(due, pending - leased))
-            top = self.view.peek(self.cursor)
+            top = self.view.peek(self.cursor)  # may be a cancelled pair: only if work is due
             oldest = None
-            if top is not None and key_deadline(top[0]) <= now:
+            if due > 0 and top is not None and key_deadline(top[0]) <= now:
                 oldest = now - key_deadline(top[0])
             disk = sum(r.file_size for r in self.segments) + self.wal.size
             for path, _m in self.frozen:
