@@ -44,7 +44,7 @@ from storage.errors import StorageError
 from storage.queue import WriteStall
 from storage.types import Delivery, Extend, ItemOutcome, Release, Requeue
 
-__all__ = ["router"]
+__all__ = ["durable", "router"]
 
 router = APIRouter(prefix="/v1/queues/{queue}", tags=["items"], responses=ERRORS)
 
@@ -64,7 +64,7 @@ def _check_batch(service: Service, n: int) -> None:
         )
 
 
-async def _durable(start: Callable[[], Future[T]]) -> T:
+async def durable(start: Callable[[], Future[T]]) -> T:
     """Await a durable write without blocking the loop; wait out short write stalls."""
     give_up = _perf() + _STALL_TIMEOUT_S
     while True:
@@ -129,7 +129,7 @@ async def enqueue(queue: QueuePath, body: EnqueueRequest, request: Request) -> R
     except InvalidItem as exc:
         raise ApiError(422, "validation_error", str(exc)) from None
     try:
-        done = await _durable(lambda: service.engine.enqueue_nowait(queue, new))
+        done = await durable(lambda: service.engine.enqueue_nowait(queue, new))
     except StorageError as exc:
         _failed(service, "enqueue", exc, t0)
         raise
@@ -194,7 +194,7 @@ async def _release(service: Service, queue: str, batch: Sequence[Release]) -> li
     t0 = _perf()
     _check_batch(service, len(batch))
     try:
-        outcomes = await _durable(lambda: service.engine.release_nowait(queue, batch))
+        outcomes = await durable(lambda: service.engine.release_nowait(queue, batch))
     except StorageError as exc:
         _failed(service, "release", exc, t0)
         raise
@@ -206,7 +206,7 @@ async def _requeue(service: Service, queue: str, batch: Sequence[Requeue]) -> li
     t0 = _perf()
     _check_batch(service, len(batch))
     try:
-        outcomes = await _durable(lambda: service.engine.requeue_nowait(queue, batch))
+        outcomes = await durable(lambda: service.engine.requeue_nowait(queue, batch))
     except StorageError as exc:
         _failed(service, "requeue", exc, t0)
         raise

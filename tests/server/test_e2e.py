@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -231,3 +232,38 @@ def test_a_disconnected_long_poll_takes_nothing(dq: Client, server: LiveServer, 
     time.sleep(0.3)  # a live long-poll would have leased it by now
     (item,) = dq.dequeue(queue)  # the dead request did not
     assert item.value == b"for the living" and item.stats.dequeue_count == 1
+
+
+def test_enqueue_fast_path_and_framework_path_agree(server: LiveServer, queue: str) -> None:
+    """A plain JSON enqueue takes the fast path; a chunked body goes through the FastAPI
+    route. Both answer the same shape and both write."""
+    url = f"{server.url}/v1/queues/{queue}/items"
+    body = b'{"items": [{"value": "a"}, {"value": "Yg==", "encoding": "base64"}]}'
+
+    def chunked() -> Iterator[bytes]:
+        yield body[:10]
+        yield body[10:]
+
+    answers = [
+        httpx.post(url, content=body, headers={"content-type": "application/json"}),
+        httpx.post(url, content=chunked(), headers={"content-type": "application/json"}),
+    ]
+    for r in answers:
+        assert r.status_code == 200, r.text
+        assert [sorted(i) for i in r.json()["items"]] == [["deadline", "id"], ["deadline", "id"]]
+    with Client(server.url) as dq:
+        values = [i.value for i in dq.dequeue(queue, count=10)]
+    assert values == [b"a", b"b"] * 2
+
+
+def test_enqueue_errors_are_the_same_on_both_paths(dq: Client, server: LiveServer) -> None:
+    r = httpx.post(f"{server.url}/v1/queues/sp%20ace/items", json={"items": [{"value": "x"}]})
+    assert r.status_code == 400 and r.json()["error"] == "invalid_queue_name"
+    big = "x" * ((1 << 20) + 1)
+    r = httpx.post(f"{server.url}/v1/queues/big/items", json={"items": [{"value": big}]})
+    assert r.status_code == 413 and r.json()["error"] == "value_too_large"
+    r = httpx.post(
+        f"{server.url}/v1/queues/q/items",
+        json={"items": [{"value": "x", "deadline": 1, "delay_ms": 1}]},
+    )
+    assert r.status_code == 422 and r.json()["error"] == "validation_error"
