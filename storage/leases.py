@@ -55,8 +55,22 @@ class Leases:
         self._deliveries += 1
         d = self._deliveries
         self._by_id[item_id] = Lease(key, stats[0], stats[1], stats[2], expires, d, source)
-        heapq.heappush(self._heap, (expires, item_id, d))
+        self._push(expires, item_id, d)
         return f"{self.epoch}.{item_id:x}.{d:x}"
+
+    def _push(self, expires: int, item_id: int, delivery: int) -> None:
+        """Add an expiry; rebuild the heap when entries of ended leases dominate it.
+
+        Released leases leave their entry behind (deleting from a heap is O(n)); with
+        long leases those would pile up until they expire — hundreds of MB for a busy
+        queue with 10-minute leases. Rebuilding once stale entries outnumber live ones
+        keeps the heap within 2x the live leases at O(1) amortized cost.
+        """
+        heap = self._heap
+        heapq.heappush(heap, (expires, item_id, delivery))
+        if len(heap) > 2 * len(self._by_id) + 1024:
+            self._heap = [(lease.expires, i, lease.delivery) for i, lease in self._by_id.items()]
+            heapq.heapify(self._heap)
 
     def receipt(self, item_id: int, lease: Lease) -> str:
         return f"{self.epoch}.{item_id:x}.{lease.delivery:x}"
@@ -92,7 +106,7 @@ class Leases:
 
     def extend(self, item_id: int, lease: Lease, expires: int) -> None:
         lease.expires = expires
-        heapq.heappush(self._heap, (expires, item_id, lease.delivery))
+        self._push(expires, item_id, lease.delivery)
 
     def next_expiry(self) -> int | None:
         heap = self._heap

@@ -266,7 +266,7 @@ def test_ids_are_never_reused_after_everything_is_merged_away(
 
 
 def test_logs_grow_in_preallocated_steps_and_recover(tmp_path: Path) -> None:
-    cfg = EngineConfig(fsync="always", wal_prealloc_bytes=64 * 1024, auto_merge=False)
+    cfg = EngineConfig(fsync="always", wal_prealloc_bytes=64 * 1024, auto_merge=False)  # opt-in
     with Engine.open(tmp_path / "d", cfg) as e:
         e.enqueue("q", [NewItem(b"v" * 100) for _ in range(10)])
         wal = e.queue("q").wal
@@ -305,3 +305,17 @@ def test_a_failed_log_write_is_refused_and_leaves_no_trace(
     e.close()
     e = open_engine(path=path)
     assert sorted(d.value for d in e.dequeue("q", 10)) == [b"after", b"before"]
+
+
+def test_released_leases_do_not_pile_up_in_the_expiry_heap(
+    open_engine: Callable[..., Engine],
+) -> None:
+    e = open_engine()
+    e.enqueue("q", [NewItem(b"x") for _ in range(1000)])
+    for _ in range(5):
+        e.enqueue("q", [NewItem(b"x") for _ in range(1000)])
+        got = e.dequeue("q", 1000, lease_ms=600_000)  # long leases: nothing expires
+        e.release("q", [Release(d.id, d.receipt) for d in got])
+    leases = e.queue("q").leases
+    assert len(leases) == 0
+    assert len(leases._heap) <= 2 * len(leases) + 1024 + 1
