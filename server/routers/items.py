@@ -227,7 +227,16 @@ def _extend(service: Service, queue: str, batch: Sequence[Extend]) -> list[ItemO
 
 
 def _results(outcomes: Sequence[ItemOutcome]) -> Response:
-    return json_response({"results": [outcome_dict(o) for o in outcomes]})
+    """``Results``; a plain success (most of a release batch) is formatted directly."""
+    dumps = json.dumps
+    parts = [
+        f'{{"id":{o.id:d},"ok":true}}'
+        if o.error is None and o.receipt is None and o.deadline is None and o.lease_expires is None
+        else dumps(outcome_dict(o), separators=(",", ":"))
+        for o in outcomes
+    ]
+    body = ('{"results":[' + ",".join(parts) + "]}").encode()
+    return Response(body, media_type="application/json")
 
 
 @router.post("/release", response_model=Results, summary="Release (acknowledge) a batch")
