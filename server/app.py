@@ -13,7 +13,7 @@ from fastapi import Depends, FastAPI
 
 from server.dependencies import require_token
 from server.errors import install_error_handlers
-from server.fastpath import EnqueueFastPath
+from server.fastpath import FastPath
 from server.lifespan import make_lifespan
 from server.limits import BodyLimit
 from server.metrics import Metrics
@@ -48,8 +48,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.add_middleware(BodyLimit, limit=settings.body_limit)
-    # Outermost: a valid enqueue is served without FastAPI's per-request machinery.
-    app.add_middleware(EnqueueFastPath, durable=items.durable)
+    # Outermost: a valid enqueue or release is served without FastAPI's machinery.
+    app.add_middleware(FastPath, durable=items.durable, results_json=items.results_json)
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.service = None

@@ -44,7 +44,7 @@ from storage.errors import StorageError
 from storage.queue import WriteStall
 from storage.types import Delivery, Extend, ItemOutcome, Release, Requeue
 
-__all__ = ["durable", "router"]
+__all__ = ["durable", "results_json", "router"]
 
 router = APIRouter(prefix="/v1/queues/{queue}", tags=["items"], responses=ERRORS)
 
@@ -227,6 +227,10 @@ def _extend(service: Service, queue: str, batch: Sequence[Extend]) -> list[ItemO
 
 
 def _results(outcomes: Sequence[ItemOutcome]) -> Response:
+    return Response(results_json(outcomes), media_type="application/json")
+
+
+def results_json(outcomes: Sequence[ItemOutcome]) -> bytes:
     """``Results``; a plain success (most of a release batch) is formatted directly."""
     dumps = json.dumps
     parts = [
@@ -235,8 +239,7 @@ def _results(outcomes: Sequence[ItemOutcome]) -> Response:
         else dumps(outcome_dict(o), separators=(",", ":"))
         for o in outcomes
     ]
-    body = ('{"results":[' + ",".join(parts) + "]}").encode()
-    return Response(body, media_type="application/json")
+    return ('{"results":[' + ",".join(parts) + "]}").encode()
 
 
 @router.post("/release", response_model=Results, summary="Release (acknowledge) a batch")

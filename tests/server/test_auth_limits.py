@@ -49,6 +49,11 @@ def test_body_and_batch_limits(guarded: LiveServer) -> None:
     assert r.status_code == 413 and r.json()["error"] == "body_too_large"
     r = httpx.post(url, json={"items": [{"value": "x"}] * 11}, headers=headers)
     assert r.status_code == 413 and r.json()["error"] == "batch_too_large"
+    release = [{"id": n, "receipt": "r"} for n in range(11)]
+    r = httpx.post(guarded.url + "/v1/queues/q/release", json={"items": release}, headers=headers)
+    assert r.status_code == 413 and r.json()["error"] == "batch_too_large"
+    r = httpx.post(guarded.url + "/v1/queues/q/release", json={"items": release[:1]})
+    assert r.status_code == 401  # the fast path does not skip auth
     r = httpx.post(guarded.url + "/v1/queues/q/dequeue", json={"count": 11}, headers=headers)
     assert r.status_code == 400 and r.json()["error"] == "invalid_argument"
 

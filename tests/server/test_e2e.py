@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -252,8 +253,27 @@ def test_enqueue_fast_path_and_framework_path_agree(server: LiveServer, queue: s
         assert r.status_code == 200, r.text
         assert [sorted(i) for i in r.json()["items"]] == [["deadline", "id"], ["deadline", "id"]]
     with Client(server.url) as dq:
-        values = [i.value for i in dq.dequeue(queue, count=10)]
-    assert values == [b"a", b"b"] * 2
+        got = dq.dequeue(queue, count=10)
+    assert [i.value for i in got] == [b"a", b"b"] * 2
+    release = f"{server.url}/v1/queues/{queue}/release"
+    rel = json.dumps({"items": [{"id": i.id, "receipt": i.receipt} for i in got[:2]]}).encode()
+    rel_chunked = json.dumps({"items": [{"id": i.id, "receipt": i.receipt} for i in got[1:]]})
+
+    def chunks() -> Iterator[bytes]:
+        yield rel_chunked.encode()
+
+    fast = httpx.post(release, content=rel, headers={"content-type": "application/json"})
+    slow = httpx.post(release, content=chunks(), headers={"content-type": "application/json"})
+    assert fast.json() == {
+        "results": [{"id": got[0].id, "ok": True}, {"id": got[1].id, "ok": True}]
+    }
+    assert slow.json()["results"][0] == {
+        "id": got[1].id,
+        "ok": False,
+        "error": "stale_receipt",
+        "message": slow.json()["results"][0]["message"],
+    }
+    assert [r["ok"] for r in slow.json()["results"]] == [False, True, True]
 
 
 def test_enqueue_errors_are_the_same_on_both_paths(dq: Client, server: LiveServer) -> None:
