@@ -4,6 +4,9 @@ Invariant: durable writes go through the engine's ``*_nowait`` calls and are awa
 on the loop (``_resolved``, which never cancels the engine's future) — the event loop
 never blocks on an fsync, and requests in flight together share one group commit. Dequeue writes nothing durable and runs on
 the loop; its long-poll is ``LongPoll`` (no thread per waiter).
+The success path of a JSON enqueue or release batch usually arrives through
+``server/fastpath.py`` instead, which shares ``durable`` and ``results_json`` with
+these routes.
 """
 
 from __future__ import annotations
