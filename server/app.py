@@ -48,8 +48,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.add_middleware(BodyLimit, limit=settings.body_limit)
-    # Outermost: a valid enqueue or release is served without FastAPI's machinery.
-    app.add_middleware(FastPath, durable=items.durable, results_json=items.results_json)
+    # Outermost: a valid enqueue, release or dequeue skips FastAPI's machinery.
+    app.add_middleware(FastPath, routes=items)
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.service = None

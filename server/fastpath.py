@@ -1,15 +1,16 @@
-"""A raw ASGI fast path for the two hottest routes: a valid enqueue or release batch.
+"""A raw ASGI fast path for the hottest routes: a valid enqueue, release or dequeue.
 
 FastAPI's request machinery (routing, dependency solving, body validation, response
 handling) costs ~60 µs a request on this machine, five times what the engine needs to
 enqueue an item. This middleware serves the *success path* of ``POST
-/v1/queues/{queue}/items`` and ``/release`` itself, with the same pydantic schemas
-(validated from the raw JSON in Rust), the same durable-write hand-off, response
-bodies and metrics. Anything else — another route, a bad or
+/v1/queues/{queue}/items``, ``/release`` and ``/dequeue`` itself, with the same pydantic
+schemas (validated from the raw JSON in Rust) and the same shared route code for the
+engine calls, long-poll, response bodies and metrics (``server.routers.items``). Anything else — another route, a bad or
 unauthorized request, an oversized body, a body that fails validation — is handed to
 the FastAPI app unchanged (the body already read is replayed), so every error answer
 still comes from one place. Invariant: the fast path only ever answers 200 with an
-``EnqueueResponse``/``Results`` or a storage error mapped by ``server.errors.status_for``.
+``EnqueueResponse``/``Results``/``DequeueResponse`` or a storage error mapped by
+``server.errors.status_for``.
 """
 
 from __future__ import annotations
@@ -18,36 +19,37 @@ import hmac
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from server.errors import status_for
-from server.schemas import EnqueueRequest, InvalidItem, ReleaseRequest, to_new_items
+from server.schemas import (
+    DequeueRequest,
+    EnqueueRequest,
+    InvalidItem,
+    ReleaseRequest,
+    to_new_items,
+)
 from storage.errors import StorageError
-from storage.types import ItemOutcome, Release
+from storage.types import Release
 
 __all__ = ["FastPath"]
 
-_PATH = re.compile(r"/v1/queues/([^/]+)/(items|release)")
+_PATH = re.compile(r"/v1/queues/([^/]+)/(items|release|dequeue)")
 _ENQUEUE = TypeAdapter(EnqueueRequest)
 _RELEASE = TypeAdapter(ReleaseRequest)
+_DEQUEUE = TypeAdapter(DequeueRequest)
 _JSON_HEADERS = [(b"content-type", b"application/json")]
-
-#: ``server.routers.items._durable``: await an engine write without blocking the loop.
-Durable = Callable[[Callable[[], "Future[Any]"]], Awaitable[Any]]
-#: ``server.routers.items.results_json``: the ``Results`` body of a batch.
-ResultsJson = Callable[[Sequence[ItemOutcome]], bytes]
 
 
 class FastPath:
-    def __init__(self, app: ASGIApp, durable: Durable, results_json: ResultsJson) -> None:
+    def __init__(self, app: ASGIApp, routes: Any) -> None:
+        """``routes`` is ``server.routers.items``: the code the FastAPI routes run."""
         self.app = app
-        self._durable = durable
-        self._results_json = results_json
+        self._routes = routes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -61,6 +63,9 @@ class FastPath:
         body = await self._eligible_body(scope, receive, service.settings)
         if body is None:
             await self.app(scope, receive, send)  # nothing read: pass the request on as is
+            return
+        if match.group(2) == "dequeue":
+            await self._dequeue(service, match.group(1), body, scope, receive, send)
             return
         enqueue = match.group(2) == "items"
         batch = _parse(body, enqueue, service.settings.max_batch)
@@ -93,6 +98,26 @@ class FastPath:
             if not message.get("more_body", False):
                 return b"".join(chunks)
 
+    async def _dequeue(
+        self, service: Any, queue: str, body: bytes, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        try:
+            request = _DEQUEUE.validate_json(body)
+        except ValidationError:
+            request = None
+        if request is None or request.count > service.settings.max_batch:
+            await self.app(scope, _replay(body, receive), send)
+            return
+        routes = self._routes
+        try:
+            payload = await routes.serve_dequeue(
+                service, queue, request, partial(routes.disconnected, receive)
+            )
+        except StorageError as exc:
+            await _send_error(send, exc)
+            return
+        await _send(send, 200, payload)
+
     async def _write(
         self, service: Any, queue: str, enqueue: bool, batch: list[Any], send: Send
     ) -> None:
@@ -101,18 +126,16 @@ class FastPath:
         op = "enqueue" if enqueue else "release"
         start = engine.enqueue_nowait if enqueue else engine.release_nowait
         try:
-            done = await self._durable(lambda: start(queue, batch))
+            done = await self._routes.durable(lambda: start(queue, batch))
         except StorageError as exc:
             service.metrics.observe_error(op, exc.code, time.perf_counter() - t0)
-            status = status_for(exc)
-            extra = [(b"retry-after", b"1")] if status == 503 else []
-            await _send(send, status, _json({"error": exc.code, "message": str(exc)}), extra)
+            await _send_error(send, exc)
             return
         service.metrics.observe(op, time.perf_counter() - t0, len(done))
         if enqueue:
             payload = _json({"items": [{"id": e.id, "deadline": e.deadline} for e in done]})
         else:
-            payload = self._results_json(done)
+            payload = self._routes.results_json(done)
         await _send(send, 200, payload)
 
 
@@ -128,6 +151,12 @@ def _parse(body: bytes, enqueue: bool, max_batch: int) -> list[Any] | None:
         return [Release(i["id"], i["receipt"]) for i in released]
     except (ValidationError, InvalidItem):
         return None
+
+
+async def _send_error(send: Send, exc: StorageError) -> None:
+    status = status_for(exc)
+    extra = [(b"retry-after", b"1")] if status == 503 else []
+    await _send(send, status, _json({"error": exc.code, "message": str(exc)}), extra)
 
 
 def _json(doc: object) -> bytes:

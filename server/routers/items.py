@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from functools import partial
 from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Path, Request, Response
+from starlette.types import Receive
 
 from server.dependencies import QueuePath, Service, service_of
 from server.errors import ApiError
@@ -47,7 +48,7 @@ from storage.errors import StorageError
 from storage.queue import WriteStall
 from storage.types import Delivery, Extend, ItemOutcome, Release, Requeue
 
-__all__ = ["durable", "results_json", "router"]
+__all__ = ["disconnected", "durable", "results_json", "router", "serve_dequeue"]
 
 router = APIRouter(prefix="/v1/queues/{queue}", tags=["items"], responses=ERRORS)
 
@@ -110,10 +111,10 @@ def _transfer(fut: Future[T], waiter: asyncio.Future[T]) -> None:
         waiter.set_result(fut.result())
 
 
-async def _disconnected(request: Request) -> None:
+async def disconnected(receive: Receive) -> None:
     """Returns once the client has gone: the body is read, so the server's next message
     is ``http.disconnect``. Anything else (a pipelined request) and we stop watching."""
-    if (await request.receive())["type"] != "http.disconnect":
+    if (await receive())["type"] != "http.disconnect":
         await asyncio.Event().wait()  # never: the long-poll runs its course
 
 
@@ -147,17 +148,24 @@ async def enqueue(queue: QueuePath, body: EnqueueRequest, request: Request) -> R
 )
 async def dequeue(queue: QueuePath, body: DequeueRequest, request: Request) -> Response:
     service = service_of(request)
-    t0 = _perf()
     settings = service.settings
     if body.count > settings.max_batch:
         raise ApiError(
             400, "invalid_argument", f"count {body.count} exceeds the limit {settings.max_batch}"
         )
-    wait_ms = min(body.wait_ms, settings.max_wait_ms)
+    payload = await serve_dequeue(service, queue, body, partial(disconnected, request.receive))
+    return Response(payload, media_type="application/json")
+
+
+async def serve_dequeue(
+    service: Service, queue: str, body: DequeueRequest, gone: Callable[[], Awaitable[object]]
+) -> bytes:
+    """Lease (long-polling if asked) and answer ``DequeueResponse`` JSON; shared with the
+    fast path. ``body.count`` is within the batch limit."""
+    t0 = _perf()
+    wait_ms = min(body.wait_ms, service.settings.max_wait_ms)
     try:
-        got = await service.longpoll.dequeue(
-            queue, body.count, body.lease_ms, wait_ms, partial(_disconnected, request)
-        )
+        got = await service.longpoll.dequeue(queue, body.count, body.lease_ms, wait_ms, gone)
     except StorageError as exc:
         _failed(service, "dequeue", exc, t0)
         raise
@@ -165,7 +173,7 @@ async def dequeue(queue: QueuePath, body: DequeueRequest, request: Request) -> R
     metrics = service.metrics
     metrics.observe("dequeue", _perf() - t0, len(got))
     metrics.observe_lateness(now, (d.deadline for d in got))
-    return Response(_deliveries_json(got, body.encoding), media_type="application/json")
+    return _deliveries_json(got, body.encoding)
 
 
 #: One delivered item as JSON (``ItemOut``). Formatting it directly is ~35 % cheaper
