@@ -158,7 +158,8 @@ class _WorkerProcess:
     child exits.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, nice: int = 0) -> None:
+        self.nice = nice
         self._jobs: queue.Queue[tuple[Future[Any], str, tuple[Any, ...], dict[str, Any]] | None] = (
             queue.Queue()
         )
@@ -172,7 +173,7 @@ class _WorkerProcess:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", "storage.worker", str(os.getpid())],
+            [sys.executable, "-m", "storage.worker", str(os.getpid()), str(self.nice)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
@@ -242,7 +243,8 @@ class Compactor:
             ex = self._executors.get(lane)
             if ex is None:
                 if self.mode == "process":
-                    ex = _WorkerProcess()
+                    # freezing frees memory: full priority; merging can wait
+                    ex = _WorkerProcess(nice=5 if lane == "merge" else 0)
                 else:
                     ex = ThreadPoolExecutor(1, thread_name_prefix=f"dq-{lane}")
                 self._executors[lane] = ex

@@ -422,7 +422,7 @@ class Queue:
         pack = PENDING_HEADER.pack
         with self.lock:
             self._check_open()
-            if self.wal.size > 4 * self.engine.config.memseg_bytes:
+            if self.wal.size > 2 * self.engine.config.memseg_bytes:
                 raise WriteStall("writes are stalled while segment files are written; retry")
             first = self.next_id
             self.next_id += len(prepared)

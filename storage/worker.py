@@ -58,7 +58,8 @@ def _die_with_parent(parent: int) -> None:
 
 def main() -> None:
     _die_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else os.getppid())
-    os.nice(5)  # background work: serving requests comes first
+    if len(sys.argv) > 2 and int(sys.argv[2]):
+        os.nice(int(sys.argv[2]))  # merges: serving (and freezing) come first
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
         msg = read_message(stdin)
