@@ -37,10 +37,11 @@ from storage.errors import (
     QueueNotFound,
     StorageError,
     ValueTooLarge,
+    WriteStall,
 )
 from storage.events import Event
 from storage.merge_policy import MergePolicy
-from storage.queue import Queue, WriteStall, check_lease_ms, resolve_deadline
+from storage.queue import Queue, check_lease_ms, resolve_deadline
 from storage.syncer import FsyncStats, Syncer
 from storage.types import (
     Delivery,

@@ -20,6 +20,7 @@ string that clients can rely on.
     ├── CorruptionError          bad bytes, with file and offset
     ├── StorageFull              ENOSPC                              (507)
     └── EngineUnavailable        closed, or failed after an I/O error (503)
+        └── WriteStall           segment files are behind: retry shortly (503)
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ __all__ = [
     "StorageError",
     "StorageFull",
     "ValueTooLarge",
+    "WriteStall",
 ]
 
 
@@ -116,3 +118,9 @@ class StorageFull(StorageError):
 
 class EngineUnavailable(StorageError):
     code = "unavailable"
+
+
+class WriteStall(EngineUnavailable):
+    """The log is far over its limit while segment files are written: retry shortly."""
+
+    code = "write_stall"

@@ -22,7 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +40,7 @@ from storage.codec import (
     tombstone_of,
 )
 from storage.compactor import FreezeResult, freeze_log, merge_segments
-from storage.errors import EngineUnavailable, InvalidArgument, StorageError
+from storage.errors import EngineUnavailable, InvalidArgument, StorageError, WriteStall
 from storage.leases import Lease, Leases
 from storage.memseg import MemSegment
 from storage.recovery import recover_directory
@@ -62,7 +62,7 @@ from storage.wal import WalWriter
 if TYPE_CHECKING:
     from storage.engine import Engine
 
-__all__ = ["Queue", "WriteStall"]
+__all__ = ["Queue", "WriteStall", "settle"]
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +70,21 @@ CONFIG_FILE = "queue.json"
 _Waiting = tuple[WalWriter, int, Callable[[], None], Callable[[], None] | None, "Future[Any]", Any]
 
 
-class WriteStall(EngineUnavailable):
-    """The in-memory segment is far over its limit while segment files are being written."""
+def settle(fut: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
+    """Resolve a caller's future unless the caller gave up on it (cancelled it).
 
-    code = "write_stall"
+    One sync resolves many futures; one cancelled future must not leave the others
+    of its batch hanging.
+    """
+    if fut.done():
+        return
+    try:
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+    except InvalidStateError:  # cancelled between the check and the call
+        pass
 
 
 def save_config(directory: str, config: QueueConfig) -> None:
@@ -196,7 +207,7 @@ class Queue:
                     rollback()
                 raise
             publish()
-            fut.set_result(result)
+            settle(fut, result)
             if mode == "interval" and self.engine.syncer is not None:
                 self.engine.syncer.mark_dirty(self)
         if wal.size >= self.engine.config.memseg_bytes:
@@ -271,10 +282,10 @@ class Queue:
             if done:
                 self._notify()
         for fut, res in done:
-            fut.set_result(res)
+            settle(fut, res)
         for f in failed:
             assert error is not None
-            f.set_exception(error)
+            settle(f, error=error)
 
     # ------------------------------------------------------------------ rotation
 
@@ -764,7 +775,7 @@ class Queue:
                 r.close()
             fileio.remove(marker)
         for fut, res in done:
-            fut.set_result(res)
+            settle(fut, res)
 
 
 def estimate_between(reader: SegmentReader, after: bytes, upto: bytes) -> int:

@@ -44,8 +44,7 @@ from server.schemas import (
     to_new_items,
 )
 from storage.codec import MAX_ID
-from storage.errors import StorageError
-from storage.queue import WriteStall
+from storage.errors import StorageError, WriteStall
 from storage.types import Delivery, Extend, ItemOutcome, Release, Requeue
 
 __all__ = ["disconnected", "durable", "results_json", "router", "serve_dequeue"]

@@ -319,3 +319,15 @@ def test_released_leases_do_not_pile_up_in_the_expiry_heap(
     leases = e.queue("q").leases
     assert len(leases) == 0
     assert len(leases._heap) <= 2 * len(leases) + 1024 + 1
+
+
+def test_a_cancelled_waiter_does_not_strand_its_sync_batch(tmp_path: Path) -> None:
+    with Engine.open(tmp_path / "d", EngineConfig(fsync="always")) as e:
+        e.enqueue("q", [NewItem(b"warm")])
+        q = e.queue("q")
+        with q.lock:  # hold the syncer off so both writes ride the same fsync
+            first = e.enqueue_nowait("q", [NewItem(b"a")])
+            second = e.enqueue_nowait("q", [NewItem(b"b")])
+            assert first.cancel()  # e.g. an HTTP client went away
+        assert [x.id for x in second.result(timeout=10)] == [3]
+        assert e.stats("q").pending == 3  # the cancelled write was still made durable
