@@ -31,6 +31,16 @@ def rate(n: int, seconds: float) -> str:
     return f"{n / seconds:,.0f}"
 
 
+def run_threads(workers: list[threading.Thread]) -> float:
+    """Start the threads together, wait for all; seconds taken."""
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return time.perf_counter() - t0
+
+
 def bench_enqueue(root: Path, fsync: str, threads: int, total: int) -> float:
     path = root / f"enq-{fsync}-{threads}"
     engine = Engine.open(path, EngineConfig(fsync=fsync))  # type: ignore[arg-type]
@@ -41,13 +51,7 @@ def bench_enqueue(root: Path, fsync: str, threads: int, total: int) -> float:
         for _ in range(per_thread):
             engine.enqueue("bench", batch)
 
-    workers = [threading.Thread(target=work) for _ in range(threads)]
-    t0 = time.perf_counter()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    elapsed = time.perf_counter() - t0
+    elapsed = run_threads([threading.Thread(target=work) for _ in range(threads)])
     engine.close()
     shutil.rmtree(path)
     return per_thread * threads * 100 / elapsed
@@ -72,13 +76,7 @@ def bench_dequeue_release(root: Path, total: int, consumers: int) -> float:
             engine.release("bench", [Release(d.id, d.receipt) for d in items])
             counts[n] += len(items)
 
-    workers = [threading.Thread(target=consume, args=(n,)) for n in range(consumers)]
-    t0 = time.perf_counter()
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    elapsed = time.perf_counter() - t0
+    elapsed = run_threads([threading.Thread(target=consume, args=(n,)) for n in range(consumers)])
     engine.close()
     shutil.rmtree(path)
     assert sum(counts) == total, (sum(counts), total)

@@ -92,6 +92,18 @@ class EngineConfig:
             raise InvalidArgument("compaction must be process, thread or inline")
 
 
+def _remover(callbacks: list[Any], callback: Any) -> Callable[[], None]:
+    """An idempotent unsubscribe for ``callback`` in ``callbacks``."""
+
+    def unsubscribe() -> None:
+        try:
+            callbacks.remove(callback)
+        except ValueError:
+            pass
+
+    return unsubscribe
+
+
 def _raise_fd_limit() -> None:
     """Each segment file holds a descriptor open: take the hard limit, as servers do."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -358,26 +370,12 @@ class Engine:
         never call back into the engine) whenever pending entries are published."""
         q = self._queue(name)
         q.watchers.append(callback)
-
-        def unsubscribe() -> None:
-            try:
-                q.watchers.remove(callback)
-            except ValueError:
-                pass
-
-        return unsubscribe
+        return _remover(q.watchers, callback)
 
     def on_event(self, callback: Callable[[Event], None]) -> Callable[[], None]:
         """Subscribe to engine events (enqueued, released, lease_expired, ...)."""
         self._listeners.append(callback)
-
-        def unsubscribe() -> None:
-            try:
-                self._listeners.remove(callback)
-            except ValueError:
-                pass
-
-        return unsubscribe
+        return _remover(self._listeners, callback)
 
     def emit(self, kind: str, queue: str, ids: list[int]) -> None:
         if not self._listeners:

@@ -158,28 +158,27 @@ def read_wal(path: str) -> WalContents:
     return contents
 
 
+def _cut(path: str, size: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        fileio.truncate(fd, size, path)
+        fileio.fsync(fd, path)
+    finally:
+        os.close(fd)
+
+
 def recover_wal(path: str) -> WalContents:
     """Read a log and cut off a torn tail, copying the bad bytes aside first."""
     contents = read_wal(path)
     if contents.zero_tail and contents.file_size > contents.valid_end:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            fileio.truncate(fd, contents.valid_end, path)
-            fileio.fsync(fd, path)
-        finally:
-            os.close(fd)
+        _cut(path, contents.valid_end)  # unused preallocated space: nothing to keep
     elif contents.torn_bytes > 0:
         with open(path, "rb") as f:
             f.seek(contents.valid_end)
             bad = f.read()
         aside = f"{path}.torn-{contents.valid_end}"
         fileio.write_file_atomic(aside, bad)
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-        try:
-            fileio.truncate(fd, contents.valid_end, path)
-            fileio.fsync(fd, path)
-        finally:
-            os.close(fd)
+        _cut(path, contents.valid_end)
         log.warning(
             "log %s: dropped a torn tail of %d bytes at offset %d (saved to %s)",
             path,
