@@ -183,7 +183,7 @@ class BroadcastWriter:
 
     def _wait_for_readers(self) -> None:
         buf = self.buf
-        progress: dict[int, tuple[int, float]] = {}
+        progress: dict[int, tuple[tuple[int, int], float]] = {}
         while True:
             active = A.load_u64(buf, OFF_ACTIVE)
             missing = active & ~A.load_u64(buf, OFF_SYNC)
@@ -197,9 +197,13 @@ class BroadcastWriter:
                 if not missing >> i & 1:
                     continue
                 pid, _, seen = READER.unpack_from(buf, READERS_OFF + i * READER.size)
+                if pid == 0:
+                    # the entry is changing hands (a reader leaving, another joining):
+                    # ``missing`` may be stale, so judge it on the next look, never now
+                    continue
                 last = progress.get(i)
-                if last is None or last[0] != seen:
-                    progress[i] = (seen, now)
+                if last is None or last[0] != (pid, seen):
+                    progress[i] = ((pid, seen), now)
                 stuck = now - progress[i][1] >= self.evict_after_s
                 if stuck or not _alive(pid):
                     self._evict(i)

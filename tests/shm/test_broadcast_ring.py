@@ -282,3 +282,26 @@ def test_readers_joining_mid_stream_see_contiguous_messages() -> None:
         for r in readers:
             r.join(10)
     assert all(n >= 20_000 and gaps == 0 for n, gaps in results), results
+
+
+def test_a_reader_entry_changing_hands_is_not_evicted() -> None:
+    """The writer's view of who is missing can be stale: a reader that left may already
+    have handed its entry to a newcomer, whose pid is not written yet (0). Such an entry
+    must be looked at again, never judged dead on the spot (a newcomer was evicted so)."""
+    from shm.broadcast_ring import OFF_SYNC, R_ACTIVE, READER, READERS_OFF
+
+    buf = make(64)
+    writer = BroadcastWriter(buf, evict_after_s=60, check_s=0.01)
+    entry = READERS_OFF + 3 * READER.size
+    A.store_u32(buf, entry + 4, R_ACTIVE)  # claimed, pid not stored yet
+    A.store_u64(buf, OFF_ACTIVE, 1 << 3)
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (writer._wait_for_readers(), done.set()))
+    waiter.start()
+    time.sleep(0.2)  # the writer looks at the entry many times meanwhile
+    assert A.load_u64(buf, OFF_ACTIVE) == 1 << 3 and writer.evicted == 0
+    A.store_u32(buf, entry, os.getpid())  # the newcomer finishes joining and catches up
+    A.store_u64(buf, OFF_SYNC, 1 << 3)
+    A.futex_wake(buf, OFF_SYNC, 1)
+    waiter.join(timeout=10)
+    assert done.is_set() and writer.evicted == 0

@@ -154,9 +154,8 @@ def test_policy_gives_disk_space_back(tmp_path: Path) -> None:
         fsync="never", compaction="thread", memseg_bytes=64 * 1024, idle_freeze_seconds=0.2
     )
     with Engine.open(tmp_path / "d", cfg) as e:
-        value = os.urandom(200)
-        for _ in range(40):
-            e.enqueue("q", [NewItem(value) for _ in range(50)])
+        for _ in range(40):  # random values: zstd cannot shrink them
+            e.enqueue("q", [NewItem(os.urandom(200)) for _ in range(50)])
         full = e.stats("q").bytes_on_disk
         assert full > 300_000
         while got := e.dequeue("q", 500, 60_000):
