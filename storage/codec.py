@@ -37,7 +37,6 @@ __all__ = [
     "iter_entries",
     "key_deadline",
     "key_id",
-    "key_type",
     "tombstone_of",
 ]
 
@@ -75,10 +74,6 @@ def key_deadline(key: bytes) -> int:
 
 def key_id(key: bytes) -> int:
     return (int.from_bytes(key, "big") >> 2) & _MASK64
-
-
-def key_type(key: bytes) -> int:
-    return key[15] & 0b11
 
 
 def tombstone_of(key: bytes) -> bytes:

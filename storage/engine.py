@@ -21,12 +21,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from storage import fileio
-from storage.codec import decode_stats
+from storage.codec import decode_stats, key_id
 from storage.compactor import Compactor
 from storage.errors import (
     BatchTooLarge,
@@ -41,7 +41,7 @@ from storage.errors import (
 )
 from storage.events import Event
 from storage.merge_policy import MergePolicy
-from storage.queue import Queue, check_lease_ms, resolve_deadline
+from storage.queue import Queue, check_lease_ms, resolve_deadline, save_config
 from storage.syncer import FsyncStats, Syncer
 from storage.types import (
     Delivery,
@@ -258,8 +258,6 @@ class Engine:
             q = self._queues.get(name)
             if q is None:
                 return self._create(name, config).config
-        from storage.queue import save_config
-
         with q.lock:
             save_config(q.directory, config)
             q.config = config
@@ -440,9 +438,5 @@ class Engine:
         self.emit(
             "dead_lettered",
             source.name,
-            [int.from_bytes(k, "big") >> 2 & ((1 << 64) - 1) for k, _, _ in entries],
+            [key_id(k) for k, _, _ in entries],
         )
-
-
-def with_config(config: EngineConfig, **changes: Any) -> EngineConfig:
-    return replace(config, **changes)

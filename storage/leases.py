@@ -128,6 +128,3 @@ class Leases:
                 del self._by_id[item_id]
                 out.append((item_id, lease))
         return out
-
-    def items(self) -> list[tuple[int, Lease]]:
-        return list(self._by_id.items())

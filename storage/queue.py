@@ -40,7 +40,13 @@ from storage.codec import (
     tombstone_of,
 )
 from storage.compactor import FreezeResult, freeze_log, merge_segments
-from storage.errors import EngineUnavailable, InvalidArgument, StorageError, WriteStall
+from storage.errors import (
+    EngineUnavailable,
+    InvalidArgument,
+    InvalidDeadline,
+    StorageError,
+    WriteStall,
+)
 from storage.leases import Lease, Leases
 from storage.memseg import MemSegment
 from storage.recovery import recover_directory
@@ -198,10 +204,10 @@ class Queue:
             assert self.engine.syncer is not None
             self.engine.syncer.mark_dirty(self)
         else:
-            data, seq = wal.take_buffer()
+            data, _seq = wal.take_buffer()
             try:
                 with wal.io_lock:
-                    wal.write(data, seq)
+                    wal.write(data)
             except BaseException:
                 if rollback is not None:
                     rollback()
@@ -258,10 +264,10 @@ class Queue:
         with wal.io_lock:
             if not wal.closed:
                 try:
-                    wal.write(data, seq)
+                    wal.write(data)
                     if self.engine.config.fsync != "never":
                         t0 = time.perf_counter()
-                        wal.sync(seq)
+                        wal.sync()
                         self.engine.fsync_stats.observe(time.perf_counter() - t0)
                 except BaseException as exc:
                     error = exc
@@ -548,14 +554,8 @@ class Queue:
                 done: Future[list[ItemOutcome]] = Future()
                 done.set_result(outcomes)
                 return done
-            tombs = [tombstone_of(lease.key) for _, lease in taken]
-            mem = self.memseg
-
-            def publish() -> None:
-                for t in tombs:
-                    mem.add_tombstone_behind(t)
-
-            fut = self._submit(b"".join(tombs), publish, outcomes, self._restore(taken))
+            keys = [lease.key for _, lease in taken]
+            fut = self.tombstone_keys(keys, outcomes, self._restore(taken))
         self.engine.emit("released", self.name, [i for i, _ in taken])
         return fut
 
@@ -697,8 +697,13 @@ class Queue:
             self.engine.dead_letter(self, dead)
         return out
 
-    def tombstone_keys(self, keys: list[bytes]) -> Future[Any]:
-        """Cancel pending entries directly (after they were moved to a dead-letter queue)."""
+    def tombstone_keys(
+        self,
+        keys: list[bytes],
+        result: Any = None,
+        rollback: Callable[[], None] | None = None,
+    ) -> Future[Any]:
+        """Cancel delivered pending entries (a release, or a move to a dead-letter queue)."""
         with self.lock:
             self._check_open()
             tombs = [tombstone_of(k) for k in keys]
@@ -708,7 +713,7 @@ class Queue:
                 for t in tombs:
                     mem.add_tombstone_behind(t)
 
-            return self._submit(b"".join(tombs), publish, None)
+            return self._submit(b"".join(tombs), publish, result, rollback)
 
     def next_wakeup(self) -> int | None:
         with self.lock:
@@ -800,8 +805,6 @@ def resolve_deadline(deadline: int | None, delay_ms: int | None, now: int) -> in
         or isinstance(deadline, bool)
         or not 0 <= deadline <= MAX_DEADLINE
     ):
-        from storage.errors import InvalidDeadline
-
         raise InvalidDeadline(
             "deadline must be ms since the epoch within 48 bits", deadline=deadline
         )

@@ -330,10 +330,6 @@ class SegmentReader:
     def seg_hi(self) -> int:
         return self.info.seg_hi
 
-    @property
-    def entry_count(self) -> int:
-        return self.info.pending_count + self.info.tombstone_count
-
     def read_block(self, i: int) -> Block:
         offset, length, crc = self._rows[i]
         comp = fileio.pread(self._fd, length, offset)

@@ -219,8 +219,6 @@ class WalWriter:
         self.size = offset  # bytes in the file plus the buffer
         self._buffer = bytearray()
         self.appended_seq = 0
-        self.flushed_seq = 0
-        self.synced_seq = 0
         self.io_lock = threading.Lock()
         self.closed = False
 
@@ -252,7 +250,7 @@ class WalWriter:
         self._buffer.clear()
         return data, self.appended_seq
 
-    def write(self, data: bytes, seq: int) -> None:
+    def write(self, data: bytes) -> None:
         """Write detached bytes after the valid ones (call under ``io_lock``)."""
         if data:
             end = self.offset + len(data)
@@ -265,28 +263,20 @@ class WalWriter:
             fileio.pwrite_all(self._fd, data, self.offset, self.path)
             self.offset = end
             self.allocated = max(self.allocated, end)
-        self.flushed_seq = max(self.flushed_seq, seq)
 
-    def flush(self) -> int:
-        data, seq = self.take_buffer()
-        with self.io_lock:
-            self.write(data, seq)
-        return seq
-
-    def sync(self, seq: int) -> None:
-        """fsync (call under ``io_lock``); everything written up to ``seq`` becomes durable."""
+    def sync(self) -> None:
+        """fdatasync (call under ``io_lock``): everything written so far becomes durable."""
         fileio.fdatasync(self._fd, self.path)
-        self.synced_seq = max(self.synced_seq, seq)
 
     def close(self, *, sync: bool) -> None:
         with self.io_lock:
             if self.closed:
                 return
-            data, seq = self.take_buffer()
-            self.write(data, seq)
+            data, _seq = self.take_buffer()
+            self.write(data)
             if self.allocated > self.offset:  # give the unused preallocation back
                 fileio.truncate(self._fd, self.offset, self.path)
             if sync:
-                self.sync(seq)
+                self.sync()
             os.close(self._fd)
             self.closed = True
