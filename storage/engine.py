@@ -73,8 +73,8 @@ class EngineConfig:
     #: a log (and its in-memory segment) is frozen when it reaches this size
     memseg_bytes: int = 16 << 20
     #: logs grow ahead of their data in zero-filled steps of this size (0: plain appends).
-    #: Off by default: measured here it raised single-item sync rate (~2.8k to ~3.7k/s)
-    #: but multiplied the bytes written for batched writes (docs/performance.md)
+    #: Off by default: measured here it gave no consistent gain in sync rate and wrote
+    #: 4x the bytes for batched writes (bench/engine.py --prealloc, docs/performance.md)
     wal_prealloc_bytes: int = 0
     #: frozen in-memory segments allowed to wait for their segment file
     max_frozen: int = 2
