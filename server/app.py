@@ -17,7 +17,7 @@ from server.fastpath import FastPath
 from server.lifespan import make_lifespan
 from server.limits import BodyLimit
 from server.metrics import Metrics
-from server.routers import consumers, items, ops, queues
+from server.routers import consumers, items, operate, ops, queues
 from server.routers._common import ERRORS
 from server.settings import Settings
 
@@ -58,6 +58,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     # Routes are matched in order: the hot item routes first.
     app.include_router(items.router, dependencies=guarded)
     app.include_router(queues.router, dependencies=guarded)
+    app.include_router(operate.router, dependencies=guarded)
     app.include_router(ops.router)
     app.include_router(consumers.router, dependencies=guarded, responses=ERRORS)
     return app

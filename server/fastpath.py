@@ -132,10 +132,8 @@ class FastPath:
             await _send_error(send, exc)
             return
         service.metrics.observe(op, time.perf_counter() - t0, len(done))
-        if enqueue:
-            payload = _json({"items": [{"id": e.id, "deadline": e.deadline} for e in done]})
-        else:
-            payload = self._routes.results_json(done)
+        routes = self._routes
+        payload = routes.enqueued_json(done) if enqueue else routes.results_json(done)
         await _send(send, 200, payload)
 
 

@@ -41,6 +41,14 @@ OPERATIONS = (
     "queue_put",
     "queue_delete",
     "queue_list",
+    "pause",
+    "resume",
+    "browse",
+    "peek",
+    "purge",
+    "delete_item",
+    "redrive",
+    "backup",
 )
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
@@ -214,8 +222,23 @@ class _EngineCollector(Collector):
                 ("segments", "Segment files of the queue"),
                 ("bytes_on_disk", "Bytes of WAL and segment files"),
                 ("oldest_due_age_seconds", "Age of the oldest due item"),
+                (
+                    "oldest_lease_age_seconds",
+                    "Age of the oldest live lease, from its dequeue (extends do not reset it)",
+                ),
+                ("paused", "1 while the queue is paused"),
             )
         }
+        dead = CounterMetricFamily(
+            "dq_queue_dead_lettered",
+            "Items moved to the dead-letter queue since the server started",
+            labels=labels,
+        )
+        expired = CounterMetricFamily(
+            "dq_queue_lease_expired",
+            "Leases that ran out (the item went back to the queue) since the server started",
+            labels=labels,
+        )
         try:
             names = engine.list_queues()
         except Exception:  # a closed engine: publish no depths rather than fail the scrape
@@ -230,7 +253,14 @@ class _EngineCollector(Collector):
                 families[field].add_metric([name], float(getattr(s, field)))
             age = s.oldest_due_age_ms
             families["oldest_due_age_seconds"].add_metric([name], (age or 0) / 1000.0)
+            lease_age = s.oldest_lease_age_ms
+            families["oldest_lease_age_seconds"].add_metric([name], (lease_age or 0) / 1000.0)
+            families["paused"].add_metric([name], 1.0 if s.paused else 0.0)
+            dead.add_metric([name], float(s.dead_lettered))
+            expired.add_metric([name], float(s.lease_expired))
         yield from families.values()
+        yield dead
+        yield expired
 
     def _fsync(self, engine: Engine) -> Metric | None:
         """The engine's fsync latency histogram (``engine.fsync_stats``), if it has one."""

@@ -22,6 +22,11 @@ from storage.types import NewItem
 
 __all__ = [
     "QUEUE_NAME_REGEX",
+    "BackupRequest",
+    "BackupResponse",
+    "BrowsePageOut",
+    "BrowsedItemOut",
+    "Deleted",
     "DequeueRequest",
     "DequeueResponse",
     "Encoding",
@@ -38,10 +43,15 @@ __all__ = [
     "ItemResult",
     "ItemStatsOut",
     "NewItemIn",
+    "Purged",
     "QueueConfigBody",
     "QueueInfo",
     "QueueList",
     "QueueStatsOut",
+    "Rates",
+    "RedriveFailure",
+    "RedriveRequest",
+    "RedriveResponse",
     "ReleaseItem",
     "ReleaseOne",
     "ReleaseRequest",
@@ -115,6 +125,15 @@ class NewItemIn(TypedDict):
     delay_ms: NotRequired[
         Annotated[Duration | None, Field(description="due this many ms from now")]
     ]
+    key: NotRequired[
+        Annotated[
+            str | None,
+            Field(
+                description="idempotency key (1-128 bytes of UTF-8): within the queue's "
+                "dedup_window_ms a repeat answers the first item and writes nothing"
+            ),
+        ]
+    ]
 
 
 class InvalidItem(ValueError):
@@ -139,7 +158,7 @@ def to_new_items(items: list[NewItemIn]) -> list[NewItem]:
             data = value.encode() if encoding == "utf-8" else decode_value(value, "base64")
         except ValueError as exc:  # UnicodeEncodeError (lone surrogate) or bad base64
             raise InvalidItem(n, f"value is not valid {encoding}: {exc}") from None
-        append(NewItem(data, deadline, delay))
+        append(NewItem(data, deadline, delay, i.get("key")))
     return out
 
 
@@ -150,6 +169,10 @@ class EnqueueRequest(_Strict):
 class EnqueuedItem(BaseModel):
     id: int
     deadline: int
+    duplicate: bool = Field(
+        False,
+        description="the key was seen within the window: the first item's id, nothing written",
+    )
 
 
 class EnqueueResponse(BaseModel):
@@ -250,7 +273,21 @@ class Results(BaseModel):
 class QueueConfigBody(_Strict):
     default_lease_ms: Lease = 30_000
     max_deliveries: int | None = Field(None, ge=1, le=0xFFFFFFFF)
-    dead_letter_queue: QueueName | None = None
+    dead_letter_queue: QueueName | None = Field(
+        None, description="where items over max_deliveries go; default <queue>.dlq"
+    )
+    dedup_window_ms: int = Field(
+        300_000,
+        ge=0,
+        le=7 * 24 * 3600 * 1000,
+        description="how long idempotency keys are remembered (0: off)",
+    )
+
+
+class Rates(BaseModel):
+    enqueue_per_s: float
+    dequeue_per_s: float
+    release_per_s: float
 
 
 class QueueStatsOut(BaseModel):
@@ -263,6 +300,12 @@ class QueueStatsOut(BaseModel):
     oldest_due_age_ms: int | None
     next_id: int
     extra: dict[str, int] = Field(default_factory=dict)
+    paused: bool = False
+    paused_since: int | None = None
+    dead_lettered: int = 0
+    lease_expired: int = 0
+    oldest_lease_age_ms: int | None = None
+    rates: Rates | None = None
 
 
 class QueueInfo(BaseModel):
@@ -283,3 +326,60 @@ class Health(BaseModel):
 class ErrorBody(BaseModel):
     error: str = Field(description="stable machine-readable code")
     message: str
+
+
+class BrowsedItemOut(BaseModel):
+    """An item seen without leasing it; ``state`` "gone": no longer in the queue."""
+
+    id: int
+    deadline: int | None
+    state: Literal["due", "delayed", "leased", "gone"]
+    stats: ItemStatsOut | None
+    value_size: int
+    value: str | None = None
+    encoding: Encoding | None = None
+    lease_expires: int | None = None
+    dead_lettered_from: str | None = None
+
+
+class BrowsePageOut(BaseModel):
+    items: list[BrowsedItemOut]
+    next: str | None = Field(description="cursor of the next page (pass as after); null at the end")
+
+
+class Purged(BaseModel):
+    purged: int
+
+
+class Deleted(BaseModel):
+    deleted: int
+
+
+class RedriveRequest(_Strict):
+    to: QueueName | None = Field(None, description="default: the queue each item died in")
+    ids: list[ItemId] | None = Field(None, description="default: every item")
+    limit: int | None = Field(None, ge=1, description="move at most this many")
+
+
+class RedriveFailure(BaseModel):
+    id: int
+    error: str
+    message: str
+
+
+class RedriveResponse(BaseModel):
+    moved: int
+    to: list[str]
+    failed: list[RedriveFailure]
+
+
+class BackupRequest(_Strict):
+    dest: str = Field(
+        min_length=1, description="a directory on the server's machine; must not exist"
+    )
+
+
+class BackupResponse(BaseModel):
+    path: str
+    bytes: int
+    files: int

@@ -47,6 +47,8 @@ class Settings:
     shutdown_timeout_s: float = 30.0
     shm: bool = False
     log_level: str = "info"
+    #: where ``POST /v1/backup`` may write backups ("" : backups over HTTP are off)
+    backup_dir: str = ""
     #: Every other ``DQ_*`` variable, lower-cased without the prefix, for plug-ins
     #: (the shm server reads its ring sizes from here).
     extra: Mapping[str, str] = field(default_factory=dict)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from storage.codec import TOMBSTONE, decode_stats, key_id, tombstone_of
+from storage.itemmeta import write_sidecar
 from storage.segment import SegmentReader, iter_entries_keys, segment_name, write_segment
 from storage.wal import RECORD_HEADER, read_wal
 
@@ -54,6 +55,8 @@ class FreezeResult:
 def freeze_log(log_path: str, directory: str) -> FreezeResult:
     """Write the sorted segment file for a ``*.log_ro``; cancel pairs inside it."""
     contents = read_wal(log_path)
+    if contents.meta:  # item metadata outlives the log in a sidecar (storage/itemmeta.py)
+        write_sidecar(directory, contents.segment_no, b"".join(m for _, m in contents.meta))
     entries: dict[bytes, bytes] = {}
     for offset, payload in contents.records:
         base = offset + RECORD_HEADER.size

@@ -40,7 +40,9 @@ from storage.errors import (
     WriteStall,
 )
 from storage.events import Event
+from storage.itemmeta import check_key
 from storage.merge_policy import MergePolicy
+from storage.operations import MAX_DEDUP_WINDOW_MS, Operations, effective_dead_letter_queue
 from storage.queue import Queue, check_lease_ms, resolve_deadline, save_config
 from storage.syncer import FsyncStats, Syncer
 from storage.types import (
@@ -119,7 +121,7 @@ def _system_clock() -> int:
     return time.time_ns() // 1_000_000
 
 
-class Engine:
+class Engine(Operations):
     def __init__(
         self, root: str, config: EngineConfig, clock: Callable[[], int] | None, lock_fd: int
     ) -> None:
@@ -269,6 +271,16 @@ class Engine:
             not isinstance(config.max_deliveries, int) or config.max_deliveries < 1
         ):
             raise InvalidArgument("max_deliveries must be a positive integer or null")
+        window = config.dedup_window_ms
+        if (
+            not isinstance(window, int)
+            or isinstance(window, bool)
+            or not 0 <= window <= MAX_DEDUP_WINDOW_MS
+        ):
+            raise InvalidArgument(
+                f"dedup_window_ms must be between 0 (off) and {MAX_DEDUP_WINDOW_MS}",
+                dedup_window_ms=window,
+            )
         if config.dead_letter_queue is not None:
             check_queue_name(config.dead_letter_queue)
             if config.dead_letter_queue == name:
@@ -286,13 +298,23 @@ class Engine:
         self.emit("queue_deleted", name, [])
 
     def stats(self, name: str) -> QueueStats:
-        return self._queue(name).stats()
+        q = self._queue(name)
+        return self.operator_stats(q, q.stats())
 
     # ------------------------------------------------------------------ validation
 
     def _check_batch(self, n: int) -> None:
         if n > self.config.max_batch:
             raise BatchTooLarge(f"at most {self.config.max_batch} items per batch", count=n)
+
+    def _keys(self, items: Sequence[NewItem]) -> list[str | None] | None:
+        """The items' idempotency keys (validated), or None if no item has one."""
+        if all(getattr(i, "key", None) is None for i in items):
+            return None
+        for n, item in enumerate(items):
+            if item.key is not None:
+                check_key(item.key, n)
+        return [i.key for i in items]
 
     def _prepare(self, items: Sequence[NewItem]) -> list[tuple[int, bytes]]:
         self._check_batch(len(items))
@@ -315,11 +337,12 @@ class Engine:
     def enqueue_nowait(self, name: str, items: Sequence[NewItem]) -> Future[list[Enqueued]]:
         """Enqueue a batch; never blocks. The future resolves when the batch is durable."""
         prepared = self._prepare(items)
+        keys = self._keys(items)
         if not prepared:
             done: Future[list[Enqueued]] = Future()
             done.set_result([])
             return done
-        return self._queue_for_write(name).enqueue(prepared)
+        return self._queue_for_write(name).enqueue(prepared, keys=keys)
 
     def enqueue(self, name: str, items: Sequence[NewItem], timeout: float = 60.0) -> list[Enqueued]:
         """Enqueue a batch and wait until it is durable (waits out write stalls)."""
@@ -416,7 +439,8 @@ class Engine:
         The dead-letter copy is made durable first, so a crash in between leaves the
         item in both queues (delivered at least once), never in neither.
         """
-        target_name = source.config.dead_letter_queue or f"{source.name}.dlq"[:128]
+        target_name = effective_dead_letter_queue(source.name, source.config)
+        assert target_name is not None
         now = self.now()
         try:
             target = self._queue_for_write(target_name)
@@ -425,7 +449,7 @@ class Engine:
             return
         for key, stats, value in entries:
             enq, _req, cnt = decode_stats(stats)
-            fut = target.enqueue([(now, value)], stats=(enq, now, cnt))
+            fut = target.enqueue([(now, value)], stats=(enq, now, cnt), origin=source.name)
 
             def moved(f: Future[Any], key: bytes = key) -> None:
                 if f.exception() is None and not source.closed:
@@ -435,6 +459,16 @@ class Engine:
                         log.exception("queue %s: dead-letter tombstone failed", source.name)
 
             fut.add_done_callback(moved)
+        with source.lock:
+            source.dead_lettered += len(entries)
+        log.info(
+            "queue %s: %d item(s) delivered %d times moved to dead-letter queue %s: ids %s",
+            source.name,
+            len(entries),
+            source.config.max_deliveries,
+            target_name,
+            [key_id(k) for k, _, _ in entries][:20],
+        )
         self.emit(
             "dead_lettered",
             source.name,

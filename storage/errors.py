@@ -11,6 +11,9 @@ string that clients can rely on.
     │   ├── ValueTooLarge                                            (413)
     │   ├── InvalidDeadline
     │   ├── InvalidReceipt
+    │   ├── InvalidKey           idempotency key not 1-128 bytes of UTF-8
+    │   ├── BadCursor            a browse cursor that is not this queue's
+    │   ├── NotADeadLetterQueue  redrive without "to" from a queue no one dead-letters to
     │   └── BatchTooLarge                                            (413)
     ├── QueueNotFound                                                (404)
     ├── ItemNotFound             id was never assigned in this queue (404)
@@ -26,6 +29,7 @@ string that clients can rely on.
 from __future__ import annotations
 
 __all__ = [
+    "BadCursor",
     "BatchTooLarge",
     "ConfigConflict",
     "CorruptionError",
@@ -33,9 +37,11 @@ __all__ = [
     "EngineUnavailable",
     "InvalidArgument",
     "InvalidDeadline",
+    "InvalidKey",
     "InvalidQueueName",
     "InvalidReceipt",
     "ItemNotFound",
+    "NotADeadLetterQueue",
     "QueueNotFound",
     "StaleReceipt",
     "StorageError",
@@ -80,6 +86,18 @@ class InvalidDeadline(InvalidArgument):
 
 class InvalidReceipt(InvalidArgument):
     code = "invalid_receipt"
+
+
+class InvalidKey(InvalidArgument):
+    code = "invalid_key"
+
+
+class BadCursor(InvalidArgument):
+    code = "bad_cursor"
+
+
+class NotADeadLetterQueue(InvalidArgument):
+    code = "not_a_dead_letter_queue"
 
 
 class BatchTooLarge(InvalidArgument):

@@ -29,6 +29,8 @@ class Lease:
     expires: int
     delivery: int
     source: object | None
+    #: when this delivery began (dequeue time; extends keep it)
+    since: int = 0
 
 
 class Leases:
@@ -51,10 +53,11 @@ class Leases:
         stats: tuple[int, int, int],
         expires: int,
         source: object | None,
+        since: int = 0,
     ) -> str:
         self._deliveries += 1
         d = self._deliveries
-        self._by_id[item_id] = Lease(key, stats[0], stats[1], stats[2], expires, d, source)
+        self._by_id[item_id] = Lease(key, stats[0], stats[1], stats[2], expires, d, source, since)
         self._push(expires, item_id, d)
         return f"{self.epoch}.{item_id:x}.{d:x}"
 
@@ -100,6 +103,13 @@ class Leases:
                 id=item_id,
             )
         return lease
+
+    def get(self, item_id: int) -> Lease | None:
+        return self._by_id.get(item_id)
+
+    def values(self) -> list[tuple[int, Lease]]:
+        """Every live lease as (id, lease): for operator reads (browse, stats)."""
+        return list(self._by_id.items())
 
     def pop(self, item_id: int) -> Lease:
         return self._by_id.pop(item_id)

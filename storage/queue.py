@@ -40,6 +40,7 @@ from storage.codec import (
     tombstone_of,
 )
 from storage.compactor import FreezeResult, freeze_log, merge_segments
+from storage.dedup import enqueue_keyed
 from storage.errors import (
     EngineUnavailable,
     InvalidArgument,
@@ -47,8 +48,11 @@ from storage.errors import (
     StorageError,
     WriteStall,
 )
+from storage.itemmeta import ItemMeta, encode_origin_entry
 from storage.leases import Lease, Leases
 from storage.memseg import MemSegment
+from storage.queue_state import QueueState, load_state
+from storage.rates import Rates
 from storage.recovery import recover_directory
 from storage.segment import SegmentReader
 from storage.types import (
@@ -130,6 +134,12 @@ class Queue:
         self._merging = False
         self.merge_error: BaseException | None = None
         self.last_write = time.monotonic()
+        # operator features (storage/queue_state.py, itemmeta.py, rates.py)
+        self.state = QueueState()
+        self.meta = ItemMeta()
+        self.rates = Rates()
+        self.dead_lettered = 0
+        self.lease_expired = 0
 
     # ------------------------------------------------------------------ opening
 
@@ -146,7 +156,11 @@ class Queue:
     @classmethod
     def open(cls, engine: Engine, name: str, directory: str) -> Queue:
         q = cls(engine, name, directory, load_config(directory))
+        q.state = load_state(directory)
         rec = recover_directory(directory)
+        q.meta.load_directory(
+            directory, [p for p, _ in rec.frozen], engine.now(), q.config.dedup_window_ms
+        )
         q.segments = rec.segments
         q.next_id = rec.next_id
         for reader in q.segments:
@@ -192,11 +206,12 @@ class Queue:
         publish: Callable[[], None],
         result: Any,
         rollback: Callable[[], None] | None = None,
+        meta: bytes = b"",
     ) -> Future[Any]:
         """Append one record; resolve with ``result`` once durable per the fsync mode."""
         fut: Future[Any] = Future()
         wal = self.wal
-        seq = wal.append(payload)
+        seq = wal.append(payload, meta)
         self.last_write = time.monotonic()
         mode = self.engine.config.fsync
         if mode == "always":
@@ -431,9 +446,15 @@ class Queue:
     # ------------------------------------------------------------------ writes
 
     def enqueue(
-        self, prepared: Sequence[tuple[int, bytes]], stats: tuple[int, int, int] | None = None
+        self,
+        prepared: Sequence[tuple[int, bytes]],
+        stats: tuple[int, int, int] | None = None,
+        keys: Sequence[str | None] | None = None,
+        origin: str | None = None,
     ) -> Future[list[Enqueued]]:
-        """Enqueue (deadline, value) pairs, already validated. ``stats`` for dead letters."""
+        """Enqueue (deadline, value) pairs, already validated. ``stats`` for dead letters
+        and redrives; ``keys`` (idempotency) and ``origin`` (the queue a dead letter came
+        from) travel in the same log record as the items (``storage/itemmeta.py``)."""
         now = self.engine.now()
         st = encode_stats(*stats) if stats is not None else encode_stats(now, 0, 0)
         pack = PENDING_HEADER.pack
@@ -441,17 +462,25 @@ class Queue:
             self._check_open()
             if self.wal.size > 2 * self.engine.config.memseg_bytes:
                 raise WriteStall("writes are stalled while segment files are written; retry")
+            window = self.config.dedup_window_ms
+            if keys is not None and window > 0 and any(k is not None for k in keys):
+                return enqueue_keyed(self, prepared, st, keys, now, window)
             first = self.next_id
             self.next_id += len(prepared)
             parts: list[bytes] = []
             keyed: list[tuple[bytes, bytes]] = []
             results: list[Enqueued] = []
+            meta: list[bytes] = []
             for i, (deadline, value) in enumerate(prepared):
                 deadline, key = self._place(deadline, first + i)
                 parts.append(pack(key, st, len(value)))
                 parts.append(value)
                 keyed.append((key, value))
                 results.append(Enqueued(first + i, deadline))
+                if origin is not None:
+                    meta.append(encode_origin_entry(first + i, origin))
+                    self.meta.origins[first + i] = origin
+            self.rates.add("enqueue", len(prepared), now)
             token = self._hold(min(k for k, _ in keyed))
             mem = self.memseg
 
@@ -465,7 +494,7 @@ class Queue:
             def rollback() -> None:
                 self._unpublished.pop(token, None)
 
-            fut = self._submit(b"".join(parts), publish, results, rollback)
+            fut = self._submit(b"".join(parts), publish, results, rollback, b"".join(meta))
         self.engine.emit("enqueued", self.name, [r.id for r in results])
         return fut
 
@@ -531,6 +560,7 @@ class Queue:
                         (lease.enqueue_time, lease.requeue_time, lease.dequeue_count),
                         lease.expires,
                         lease.source,
+                        lease.since,
                     )
 
         return rollback
@@ -555,6 +585,7 @@ class Queue:
                 done.set_result(outcomes)
                 return done
             keys = [lease.key for _, lease in taken]
+            self.rates.add("release", len(taken), now)
             fut = self.tombstone_keys(keys, outcomes, self._restore(taken))
         self.engine.emit("released", self.name, [i for i, _ in taken])
         return fut
@@ -627,6 +658,7 @@ class Queue:
         expired = self.leases.pop_expired(now)
         if not expired:
             return 0
+        self.lease_expired += len(expired)
         moved: list[ItemOutcome] = []
         built = self._requeue_locked([(i, lease, now) for i, lease in expired], now, moved)
         if built is not None:
@@ -665,6 +697,8 @@ class Queue:
         with self.lock:
             self._check_open()
             self._expire_locked(now)
+            if self.state.paused:
+                return out  # a paused queue hands out nothing; lease expiry still runs
             limit = encode_key(now, MAX_ID, TOMBSTONE)
             barrier = min(self._unpublished.values()) if self._unpublished else None
             max_deliveries = self.config.max_deliveries
@@ -681,7 +715,7 @@ class Queue:
                 if max_deliveries is not None and cnt >= max_deliveries:
                     dead.append((key, stats, value))
                     continue
-                receipt = leases.add(item_id, key, (enq, req, cnt + 1), expires, source)
+                receipt = leases.add(item_id, key, (enq, req, cnt + 1), expires, source, now)
                 out.append(
                     Delivery(
                         item_id,
@@ -693,6 +727,8 @@ class Queue:
                     )
                 )
             self.cursor = after
+            if out:
+                self.rates.add("dequeue", len(out), now)
         if dead:
             self.engine.dead_letter(self, dead)
         return out
@@ -717,7 +753,7 @@ class Queue:
 
     def next_wakeup(self) -> int | None:
         with self.lock:
-            top = self.view.peek(self.cursor)
+            top = None if self.state.paused else self.view.peek(self.cursor)
             times = [key_deadline(top[0])] if top is not None else []
             exp = self.leases.next_expiry()
             if exp is not None:

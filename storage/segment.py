@@ -331,6 +331,10 @@ class SegmentReader:
         return self.info.seg_hi
 
     def read_block(self, i: int) -> Block:
+        return Block(self.read_raw(i), self.path, self._rows[i][0])
+
+    def read_raw(self, i: int) -> bytes:
+        """Block ``i``'s entries, checked and decompressed but not parsed."""
         offset, length, crc = self._rows[i]
         comp = fileio.pread(self._fd, length, offset)
         if len(comp) != length or zlib.crc32(comp) != crc:
@@ -338,12 +342,11 @@ class SegmentReader:
                 "segment block checksum mismatch", file=self.path, offset=offset, block=i
             )
         try:
-            raw = self._dctx.decompress(comp)
+            return self._dctx.decompress(comp)
         except zstandard.ZstdError as exc:
             raise CorruptionError(
                 f"segment block does not decompress: {exc}", file=self.path, offset=offset
             ) from exc
-        return Block(raw, self.path, offset)
 
     def block_for(self, key: bytes) -> int:
         """Index of the block that would hold ``key`` (0 if before the first)."""

@@ -14,6 +14,8 @@ from storage.errors import InvalidQueueName
 
 __all__ = [
     "QUEUE_NAME_PATTERN",
+    "BrowsePage",
+    "BrowsedItem",
     "Delivery",
     "Enqueued",
     "Extend",
@@ -23,6 +25,7 @@ __all__ = [
     "NewItem",
     "QueueConfig",
     "QueueStats",
+    "RedriveResult",
     "Release",
     "Requeue",
     "check_queue_name",
@@ -61,19 +64,28 @@ class ItemStats:
 
 @dataclass(frozen=True, slots=True)
 class NewItem:
-    """What a producer hands in. ``deadline`` and ``delay_ms`` are exclusive; neither means now."""
+    """What a producer hands in. ``deadline`` and ``delay_ms`` are exclusive; neither means now.
+
+    ``key`` (1-128 bytes of UTF-8) makes the enqueue idempotent: within the queue's
+    ``dedup_window_ms`` a repeat answers the first item's id and deadline, writes nothing.
+    """
 
     value: bytes
     deadline: int | None = None
     delay_ms: int | None = None
+    key: str | None = None
 
 
 @dataclass(slots=True)
 class Enqueued:
-    """The id the server assigned and the deadline the item was stored with."""
+    """The id the server assigned and the deadline the item was stored with.
+
+    ``duplicate``: the item's key was seen within the dedup window; id and deadline are
+    the first item's, and nothing was written."""
 
     id: int
     deadline: int
+    duplicate: bool = False
 
 
 @dataclass(slots=True)
@@ -136,6 +148,8 @@ class QueueConfig:
     default_lease_ms: int = 30_000
     max_deliveries: int | None = None
     dead_letter_queue: str | None = None
+    #: how long an idempotency key is remembered after its enqueue (0: keys are ignored)
+    dedup_window_ms: int = 300_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,3 +168,57 @@ class QueueStats:
     oldest_due_age_ms: int | None
     next_id: int
     extra: dict[str, int] = field(default_factory=dict)
+    paused: bool = False
+    paused_since: int | None = None
+    #: items moved out of this queue to its dead-letter queue since the server started
+    dead_lettered: int = 0
+    #: leases that ran out (the item went back to the queue) since the server started
+    lease_expired: int = 0
+    #: age of the oldest live lease, from its dequeue (extends do not reset it)
+    oldest_lease_age_ms: int | None = None
+    #: items per second over the last minute
+    enqueue_per_s: float = 0.0
+    dequeue_per_s: float = 0.0
+    release_per_s: float = 0.0
+    #: the dead-letter queue this queue's items go to (None without max_deliveries)
+    dead_letter_queue: str | None = None
+
+
+ItemState = Literal["due", "delayed", "leased", "gone"]
+
+
+@dataclass(slots=True)
+class BrowsedItem:
+    """One item seen without leasing it (browse, peek).
+
+    ``state`` "gone": the id was assigned in this queue but the item is no longer there
+    (released, deleted, purged, moved); then ``deadline`` and ``stats`` are None."""
+
+    id: int
+    deadline: int | None
+    state: ItemState
+    stats: ItemStats | None
+    value_size: int
+    value: bytes | None = None
+    lease_expires: int | None = None
+    dead_lettered_from: str | None = None
+
+
+@dataclass(slots=True)
+class BrowsePage:
+    """A page of a browse; ``next`` is the cursor of the next page (None at the end).
+
+    A page may hold fewer items than asked for while ``next`` is not None: a browse
+    stops after looking at a bounded number of entries."""
+
+    items: list[BrowsedItem]
+    next: str | None
+
+
+@dataclass(slots=True)
+class RedriveResult:
+    """What a redrive moved, where to, and the items it could not move (and why)."""
+
+    moved: int
+    to: list[str]
+    failed: list[ItemOutcome]

@@ -32,6 +32,7 @@ __all__ = [
     "HEADER",
     "RECORD_ENTRIES",
     "RECORD_HEADER",
+    "RECORD_WITH_META",
     "WalContents",
     "WalWriter",
     "encode_header",
@@ -51,6 +52,11 @@ assert HEADER.size == 32
 RECORD_HEADER = struct.Struct(">IIB")
 assert RECORD_HEADER.size == 9
 RECORD_ENTRIES = 1
+#: a batch of entries preceded by item metadata (``storage/itemmeta.py``):
+#: payload = meta_length u32 | meta | entries
+RECORD_WITH_META = 2
+_RECORD_KINDS = (RECORD_ENTRIES, RECORD_WITH_META)
+_META_LENGTH = struct.Struct(">I")
 _MAX_RECORD = 1 << 30
 
 
@@ -71,7 +77,11 @@ class WalContents:
     path: str
     segment_no: int
     id_floor: int
-    records: list[tuple[int, bytes]] = field(default_factory=list)  # (offset, payload)
+    #: (offset, entries) per record; for a record with metadata the offset is moved past
+    #: the metadata, so ``offset + RECORD_HEADER.size`` is where its entries begin
+    records: list[tuple[int, bytes]] = field(default_factory=list)
+    #: (record offset, metadata bytes) of each record that carries item metadata
+    meta: list[tuple[int, bytes]] = field(default_factory=list)
     valid_end: int = HEADER.size
     file_size: int = 0
     #: everything after ``valid_end`` is zeros (preallocated space, not damage)
@@ -101,7 +111,7 @@ def _record_at(data: bytes, pos: int) -> tuple[int, bytes] | None:
     if end - pos < RECORD_HEADER.size:
         return None
     length, crc, kind = RECORD_HEADER.unpack_from(data, pos)
-    if kind != RECORD_ENTRIES or length > _MAX_RECORD:
+    if kind not in _RECORD_KINDS or length > _MAX_RECORD:
         return None
     start = pos + RECORD_HEADER.size
     if start + length > end:
@@ -120,7 +130,7 @@ def _zero_header(data: bytes, pos: int) -> bool:
 def _valid_record_after(data: bytes, pos: int) -> int | None:
     """First offset after ``pos`` where a valid record starts (corruption vs torn tail)."""
     for cand in range(pos + 1, len(data) - RECORD_HEADER.size + 1):
-        if data[cand + 8] == RECORD_ENTRIES and _record_at(data, cand) is not None:
+        if data[cand + 8] in _RECORD_KINDS and _record_at(data, cand) is not None:
             return cand
     return None
 
@@ -152,7 +162,15 @@ def read_wal(path: str) -> WalContents:
                     "bad record in the middle of the log", file=path, offset=pos, next_valid=later
                 )
             break
-        contents.records.append((pos, rec[1]))
+        payload = rec[1]
+        if data[pos + 8] == RECORD_WITH_META:
+            (meta_len,) = _META_LENGTH.unpack_from(payload, 0) if len(payload) >= 4 else (-1,)
+            if not 0 <= meta_len <= len(payload) - 4:
+                raise CorruptionError("record metadata runs past its record", file=path, offset=pos)
+            contents.meta.append((pos, payload[4 : 4 + meta_len]))
+            contents.records.append((pos + 4 + meta_len, payload[4 + meta_len :]))
+        else:
+            contents.records.append((pos, payload))
         pos = rec[0]
     contents.valid_end = pos
     return contents
@@ -237,8 +255,13 @@ class WalWriter:
         fd = fileio.open_for_write(path)
         return cls(path, segment_no, id_floor, fd, HEADER.size, prealloc)
 
-    def append(self, payload: bytes) -> int:
-        record = frame_record(payload)
+    def append(self, payload: bytes, meta: bytes = b"") -> int:
+        """Frame one record (with item metadata if ``meta``); returns its sequence number."""
+        if meta:
+            payload = _META_LENGTH.pack(len(meta)) + meta + payload
+            record = frame_record(payload, RECORD_WITH_META)
+        else:
+            record = frame_record(payload)
         self._buffer += record
         self.size += len(record)
         self.appended_seq += 1

@@ -30,7 +30,9 @@ def queue_info(s: QueueStats) -> dict[str, object]:
         "config": {
             "default_lease_ms": c.default_lease_ms,
             "max_deliveries": c.max_deliveries,
-            "dead_letter_queue": c.dead_letter_queue,
+            # the queue dead letters actually go to (<queue>.dlq unless configured)
+            "dead_letter_queue": s.dead_letter_queue or c.dead_letter_queue,
+            "dedup_window_ms": c.dedup_window_ms,
         },
         "stats": {
             "pending": s.pending,
@@ -42,6 +44,16 @@ def queue_info(s: QueueStats) -> dict[str, object]:
             "oldest_due_age_ms": s.oldest_due_age_ms,
             "next_id": s.next_id,
             "extra": dict(s.extra),
+            "paused": s.paused,
+            "paused_since": s.paused_since,
+            "dead_lettered": s.dead_lettered,
+            "lease_expired": s.lease_expired,
+            "oldest_lease_age_ms": s.oldest_lease_age_ms,
+            "rates": {
+                "enqueue_per_s": round(s.enqueue_per_s, 3),
+                "dequeue_per_s": round(s.dequeue_per_s, 3),
+                "release_per_s": round(s.release_per_s, 3),
+            },
         },
     }
 
@@ -79,7 +91,9 @@ async def put_queue(queue: QueuePath, body: QueueConfigBody, request: Request) -
     service = service_of(request)
     t0 = _perf()
     engine = service.engine
-    config = QueueConfig(body.default_lease_ms, body.max_deliveries, body.dead_letter_queue)
+    config = QueueConfig(
+        body.default_lease_ms, body.max_deliveries, body.dead_letter_queue, body.dedup_window_ms
+    )
     try:
         await asyncio.to_thread(engine.put_queue, queue, config)  # writes and syncs metadata
         info = queue_info(engine.stats(queue))

@@ -251,7 +251,7 @@ def test_enqueue_fast_path_and_framework_path_agree(server: LiveServer, queue: s
     ]
     for r in answers:
         assert r.status_code == 200, r.text
-        assert [sorted(i) for i in r.json()["items"]] == [["deadline", "id"], ["deadline", "id"]]
+        assert [sorted(i) for i in r.json()["items"]] == [["deadline", "duplicate", "id"]] * 2
     with Client(server.url) as dq:
         got = dq.dequeue(queue, count=10)
     assert [i.value for i in got] == [b"a", b"b"] * 2

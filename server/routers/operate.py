@@ -1,0 +1,227 @@
+"""Operator routes: pause/resume, browse and peek, purge and delete, redrive, backup.
+
+Each is a thin shell over one ``Engine`` call (``storage/operations.py``). Calls that
+read segment files or wait for a durable write run in a worker thread
+(``asyncio.to_thread``), so the event loop never blocks on a block read or an fsync.
+Items are shaped by ``item_json`` here, for browse and peek alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from typing import Annotated, Literal, TypeVar
+
+from fastapi import APIRouter, Path, Query, Request, Response
+
+from server.dependencies import QueuePath, Service, service_of
+from server.errors import ApiError
+from server.routers._common import ERRORS, json_response
+from server.routers.queues import queue_info
+from server.schemas import (
+    BackupRequest,
+    BackupResponse,
+    BrowsedItemOut,
+    BrowsePageOut,
+    Deleted,
+    Encoding,
+    ErrorBody,
+    Purged,
+    QueueInfo,
+    RedriveRequest,
+    RedriveResponse,
+    encode_value,
+)
+from storage.codec import MAX_ID
+from storage.errors import StorageError
+from storage.types import BrowsedItem
+
+__all__ = ["item_json", "router"]
+
+router = APIRouter(tags=["operate"], responses=ERRORS)
+ItemIdPath = Annotated[int, Path(ge=0, le=MAX_ID, description="item id")]
+_perf = time.perf_counter
+T = TypeVar("T")
+
+
+async def _run(service: Service, op: str, call: Callable[[], T], items: int = 0) -> T:
+    t0 = _perf()
+    try:
+        out = await asyncio.to_thread(call)
+    except StorageError as exc:
+        service.metrics.observe_error(op, exc.code, _perf() - t0)
+        raise
+    service.metrics.observe(op, _perf() - t0, items)
+    return out
+
+
+def item_json(i: BrowsedItem, encoding: Encoding | None = None) -> dict[str, object]:
+    out: dict[str, object] = {
+        "id": i.id,
+        "deadline": i.deadline,
+        "state": i.state,
+        "stats": None
+        if i.stats is None
+        else {
+            "enqueue_time": i.stats.enqueue_time,
+            "requeue_time": i.stats.requeue_time,
+            "dequeue_count": i.stats.dequeue_count,
+        },
+        "value_size": i.value_size,
+    }
+    if i.value is not None:
+        out["value"], out["encoding"] = encode_value(i.value, encoding)
+    if i.lease_expires is not None:
+        out["lease_expires"] = i.lease_expires
+    if i.dead_lettered_from is not None:
+        out["dead_lettered_from"] = i.dead_lettered_from
+    return out
+
+
+@router.post(
+    "/v1/queues/{queue}/pause",
+    response_model=QueueInfo,
+    summary="Pause: dequeue hands out nothing until resumed (writes go on)",
+)
+async def pause(queue: QueuePath, request: Request) -> Response:
+    service = service_of(request)
+    stats = await _run(service, "pause", lambda: service.engine.pause(queue))
+    return json_response(queue_info(stats))
+
+
+@router.post(
+    "/v1/queues/{queue}/resume",
+    response_model=QueueInfo,
+    summary="Resume a paused queue; waiting long-polls wake at once",
+)
+async def resume(queue: QueuePath, request: Request) -> Response:
+    service = service_of(request)
+    stats = await _run(service, "resume", lambda: service.engine.resume(queue))
+    return json_response(queue_info(stats))
+
+
+@router.get(
+    "/v1/queues/{queue}/items",
+    response_model=BrowsePageOut,
+    summary="Browse items in (deadline, id) order without leasing them",
+)
+async def browse(
+    queue: QueuePath,
+    request: Request,
+    state: Annotated[
+        Literal["all", "due", "delayed", "leased"], Query(description="which items")
+    ] = "all",
+    after: Annotated[
+        str | None, Query(max_length=400, description="the 'next' of the previous page")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="items per page")] = 100,
+    values: Annotated[bool, Query(description="include each item's value")] = False,
+    encoding: Annotated[Encoding | None, Query(description="force base64 values")] = None,
+) -> Response:
+    service = service_of(request)
+    page = await _run(
+        service,
+        "browse",
+        lambda: service.engine.browse(queue, state, after, limit, values),
+    )
+    return json_response({"items": [item_json(i, encoding) for i in page.items], "next": page.next})
+
+
+@router.get(
+    "/v1/queues/{queue}/items/{item_id}",
+    response_model=BrowsedItemOut,
+    summary="One item by id, wherever it is (state 'gone' once it left the queue)",
+)
+async def peek(
+    queue: QueuePath,
+    item_id: ItemIdPath,
+    request: Request,
+    values: Annotated[bool, Query(description="include the value")] = True,
+    encoding: Annotated[Encoding | None, Query(description="force base64 values")] = None,
+) -> Response:
+    service = service_of(request)
+    item = await _run(service, "peek", lambda: service.engine.peek(queue, item_id, values))
+    return json_response(item_json(item, encoding))
+
+
+@router.delete(
+    "/v1/queues/{queue}/items",
+    response_model=Purged,
+    summary="Purge: remove every item, leased ones included (their receipts go stale)",
+)
+async def purge(queue: QueuePath, request: Request) -> Response:
+    service = service_of(request)
+    n = await _run(service, "purge", lambda: service.engine.purge(queue))
+    return json_response({"purged": n})
+
+
+@router.delete(
+    "/v1/queues/{queue}/items/{item_id}",
+    response_model=Deleted,
+    summary="Remove one item without a receipt",
+)
+async def delete_item(queue: QueuePath, item_id: ItemIdPath, request: Request) -> Response:
+    service = service_of(request)
+    await _run(service, "delete_item", lambda: service.engine.delete_item(queue, item_id), 1)
+    return json_response({"deleted": item_id})
+
+
+@router.post(
+    "/v1/queues/{queue}/redrive",
+    response_model=RedriveResponse,
+    summary="Move dead letters back to the queue they died in (or 'to'), due now",
+)
+async def redrive(
+    queue: QueuePath, request: Request, body: RedriveRequest | None = None
+) -> Response:
+    service = service_of(request)
+    b = body or RedriveRequest(to=None, ids=None, limit=None)
+    result = await _run(
+        service, "redrive", lambda: service.engine.redrive(queue, b.to, b.ids, b.limit)
+    )
+    return json_response(
+        {
+            "moved": result.moved,
+            "to": result.to,
+            "failed": [
+                {"id": f.id, "error": f.error, "message": f.message or f.error}
+                for f in result.failed
+            ],
+        }
+    )
+
+
+def backup_path(root: str, dest: str) -> str:
+    """``dest`` inside the server's backup directory: an HTTP client may not make the
+    server write anywhere else."""
+    if not root:
+        raise ApiError(
+            403,
+            "backup_disabled",
+            "backups over HTTP are off: start the server with --backup-dir DIR "
+            "(DQ_BACKUP_DIR), or stop it and run `dq backup DEST --data-dir DIR`",
+        )
+    base = os.path.abspath(root)
+    path = os.path.abspath(os.path.join(base, dest))
+    if path == base or os.path.commonpath([base, path]) != base:
+        raise ApiError(
+            400,
+            "invalid_argument",
+            f"dest must name a new directory inside the backup directory {base}",
+        )
+    return path
+
+
+@router.post(
+    "/v1/backup",
+    response_model=BackupResponse,
+    responses={403: {"model": ErrorBody, "description": "Backups over HTTP are off"}},
+    summary="Write a consistent copy of the data directory to a new directory on the server",
+)
+async def backup(body: BackupRequest, request: Request) -> Response:
+    service = service_of(request)
+    dest = backup_path(service.settings.backup_dir, body.dest)
+    result = await _run(service, "backup", lambda: service.engine.backup(dest))
+    return json_response({"path": result.path, "bytes": result.bytes, "files": result.files})

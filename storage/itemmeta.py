@@ -1,0 +1,253 @@
+"""Item metadata: idempotency keys and the queue a dead letter came from.
+
+Both travel in the same log record as their items (a type-2 record: metadata, then the
+entries; ``docs/format.md``), so a key is exactly as durable as its item: a crash keeps
+both or neither. Metadata is not part of the entry format, so segment files do not
+carry it; when a log is frozen, the worker first writes its metadata to a *sidecar*
+``NNNNNNNNNN.meta`` (same number as the log) and only then the segment file, so the
+metadata of every log that no longer exists is in a sidecar. Opening a queue reads the
+sidecars and the metadata of logs not yet frozen.
+
+Keys are remembered for the queue's ``dedup_window_ms`` after the enqueue that wrote
+them; sidecars holding only expired keys are deleted. Origins (``dead_lettered_from``)
+are kept as long as the queue: dead-letter queues are small, and an origin costs one
+dict entry.
+
+    meta entry, key:    01 | id u64 | deadline u64 | time u64 | key_length u8 | key (UTF-8)
+    meta entry, origin: 02 | id u64 | name_length u8 | queue name (ASCII)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import zlib
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from storage import fileio
+from storage.errors import CorruptionError, InvalidKey
+
+__all__ = [
+    "MAX_KEY_BYTES",
+    "SIDECAR_HEADER",
+    "ItemMeta",
+    "Remembered",
+    "check_key",
+    "decode_meta",
+    "encode_key_entry",
+    "encode_origin_entry",
+    "read_sidecar",
+    "sidecar_name",
+    "write_sidecar",
+]
+
+MAX_KEY_BYTES = 128
+TAG_KEY = 1
+TAG_ORIGIN = 2
+KEY_ENTRY = struct.Struct(">BQQQB")  # tag, id, deadline, time, key length
+assert KEY_ENTRY.size == 26
+ORIGIN_ENTRY = struct.Struct(">BQB")  # tag, id, name length
+assert ORIGIN_ENTRY.size == 10
+SIDECAR_MAGIC = b"DQMT"
+SIDECAR_VERSION = 1
+#: magic, version, reserved, log number, metadata length, crc32 of the metadata
+SIDECAR_HEADER = struct.Struct(">4sHHQII")
+assert SIDECAR_HEADER.size == 24
+_SIDECAR = re.compile(r"(\d{10})\.meta")
+
+
+def check_key(key: object, index: int | None = None) -> bytes:
+    """The key's UTF-8 bytes, or ``InvalidKey`` saying what to fix."""
+    where = {} if index is None else {"index": index}
+    if not isinstance(key, str):
+        raise InvalidKey("key must be a string", **where)
+    try:
+        raw = key.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidKey("key must be valid UTF-8 text", **where) from None
+    if not 1 <= len(raw) <= MAX_KEY_BYTES:
+        raise InvalidKey(f"key is {len(raw)} bytes of UTF-8; give 1 to {MAX_KEY_BYTES}", **where)
+    return raw
+
+
+def encode_key_entry(item_id: int, deadline: int, time: int, key: bytes) -> bytes:
+    return KEY_ENTRY.pack(TAG_KEY, item_id, deadline, time, len(key)) + key
+
+
+def encode_origin_entry(item_id: int, queue: str) -> bytes:
+    name = queue.encode("ascii")
+    return ORIGIN_ENTRY.pack(TAG_ORIGIN, item_id, len(name)) + name
+
+
+Decoded = tuple[
+    str, int, int, int, str
+]  # ("key", id, deadline, time, key) / ("origin", id, 0, 0, queue)
+
+
+def decode_meta(buf: bytes, where: str = "<metadata>") -> Iterator[Decoded]:
+    pos, end = 0, len(buf)
+    while pos < end:
+        tag = buf[pos]
+        if tag == TAG_KEY and end - pos >= KEY_ENTRY.size:
+            _t, item_id, deadline, time, n = KEY_ENTRY.unpack_from(buf, pos)
+            start = pos + KEY_ENTRY.size
+            if start + n > end:
+                break
+            yield "key", item_id, deadline, time, buf[start : start + n].decode("utf-8", "replace")
+            pos = start + n
+        elif tag == TAG_ORIGIN and end - pos >= ORIGIN_ENTRY.size:
+            _t, item_id, n = ORIGIN_ENTRY.unpack_from(buf, pos)
+            start = pos + ORIGIN_ENTRY.size
+            if start + n > end:
+                break
+            yield "origin", item_id, 0, 0, buf[start : start + n].decode("ascii", "replace")
+            pos = start + n
+        else:
+            break
+    if pos != end:
+        raise CorruptionError("malformed item metadata", file=where, offset=pos)
+
+
+def sidecar_name(segment_no: int) -> str:
+    return f"{segment_no:010d}.meta"
+
+
+def write_sidecar(directory: str, segment_no: int, meta: bytes) -> str:
+    """Write the metadata of log ``segment_no`` durably (before its segment file exists)."""
+    body = SIDECAR_HEADER.pack(
+        SIDECAR_MAGIC, SIDECAR_VERSION, 0, segment_no, len(meta), zlib.crc32(meta)
+    )
+    path = os.path.join(directory, sidecar_name(segment_no))
+    fileio.write_file_atomic(path, body + meta)
+    return path
+
+
+def read_sidecar(path: str) -> tuple[int, bytes]:
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < SIDECAR_HEADER.size:
+        raise CorruptionError("metadata sidecar shorter than its header", file=path, offset=0)
+    magic, version, _r, segment_no, length, crc = SIDECAR_HEADER.unpack_from(data, 0)
+    meta = data[SIDECAR_HEADER.size :]
+    if magic != SIDECAR_MAGIC or version != SIDECAR_VERSION:
+        raise CorruptionError("not a dq metadata sidecar", file=path, offset=0)
+    if len(meta) != length or zlib.crc32(meta) != crc:
+        raise CorruptionError("metadata sidecar checksum mismatch", file=path, offset=0)
+    return segment_no, meta
+
+
+@dataclass(slots=True)
+class Remembered:
+    """The first enqueue of a key: its answer, when it was written, and (until it is
+    durable) the future of its batch, which a repeat must wait for."""
+
+    id: int
+    deadline: int
+    time: int
+    pending: Future[Any] | None = None
+
+
+class ItemMeta:
+    """One queue's idempotency keys (within the window) and dead-letter origins."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, Remembered] = {}
+        self._order: deque[tuple[int, str]] = deque()  # (time, key), oldest first
+        self.origins: dict[int, str] = {}
+
+    # -------------------------------------------------------------- keys
+
+    def lookup(self, key: str, now: int, window: int) -> Remembered | None:
+        self.prune(now, window)
+        return self.keys.get(key)
+
+    def remember(self, key: str, entry: Remembered) -> None:
+        self.keys[key] = entry
+        self._order.append((entry.time, key))
+
+    def settled(self, keys: list[str], entries: list[Remembered], fut: Future[Any]) -> None:
+        """The batch that wrote ``keys`` is durable (keep them) or failed (forget them)."""
+        failed = fut.cancelled() or fut.exception() is not None
+        for key, entry in zip(keys, entries, strict=True):
+            entry.pending = None
+            if failed and self.keys.get(key) is entry:
+                del self.keys[key]
+
+    def prune(self, now: int, window: int) -> None:
+        order, keys = self._order, self.keys
+        limit = now - window
+        while order and order[0][0] <= limit:
+            time, key = order.popleft()
+            entry = keys.get(key)
+            if entry is not None and entry.time == time and entry.pending is None:
+                del keys[key]
+
+    # -------------------------------------------------------------- loading
+
+    def load(self, buf: bytes, where: str, now: int, window: int) -> bool:
+        """Take what a record or sidecar says; True if it holds an origin."""
+        has_origin = False
+        for kind, item_id, deadline, time, text in decode_meta(buf, where):
+            if kind == "origin":
+                self.origins[item_id] = _intern(text)
+                has_origin = True
+            elif window > 0 and time > now - window:
+                known = self.keys.get(text)
+                if known is None or known.time < time:
+                    self.remember(text, Remembered(item_id, deadline, time))
+        return has_origin
+
+    def load_directory(self, directory: str, logs: list[str], now: int, window: int) -> None:
+        """Sidecars first (older logs), then the logs that were not frozen yet; delete
+        sidecars that hold nothing worth keeping any more."""
+        from storage.wal import read_wal
+
+        for name in sorted(os.listdir(directory)):
+            if _SIDECAR.fullmatch(name) is None:
+                continue
+            path = os.path.join(directory, name)
+            _no, meta = read_sidecar(path)
+            before = len(self.keys)
+            if not self.load(meta, path, now, window) and len(self.keys) == before:
+                fileio.remove(path)
+        for path in logs:
+            for _off, meta in read_wal(path).meta:
+                self.load(meta, path, now, window)
+        self._order = deque(sorted(self._order))
+
+    def prune_sidecars(self, directory: str, now: int, window: int) -> int:
+        """Delete sidecars whose keys are all expired and that name no origin."""
+        removed = 0
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            return 0
+        for name in names:
+            if _SIDECAR.fullmatch(name) is None:
+                continue
+            path = os.path.join(directory, name)
+            try:
+                _no, meta = read_sidecar(path)
+            except (OSError, CorruptionError):
+                continue
+            keep = False
+            for kind, _id, _d, time, _t in decode_meta(meta, path):
+                if kind == "origin" or (window > 0 and time > now - window):
+                    keep = True
+                    break
+            if not keep:
+                fileio.remove(path)
+                removed += 1
+        return removed
+
+
+_interned: dict[str, str] = {}
+
+
+def _intern(name: str) -> str:
+    return _interned.setdefault(name, name)

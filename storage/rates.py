@@ -1,0 +1,38 @@
+"""Per-queue event rates over the last minute, for operators (stats, dashboard).
+
+Sixty one-second buckets per kind of event; adding is two list writes under the
+queue lock the caller already holds. Nothing here is durable: rates start at zero
+when the server starts.
+"""
+
+from __future__ import annotations
+
+__all__ = ["RATE_KINDS", "Rates"]
+
+RATE_KINDS = ("enqueue", "dequeue", "release")
+_WINDOW_S = 60
+
+
+class Rates:
+    __slots__ = ("_counts", "_seconds")
+
+    def __init__(self) -> None:
+        self._counts = {k: [0] * _WINDOW_S for k in RATE_KINDS}
+        self._seconds = {k: [0] * _WINDOW_S for k in RATE_KINDS}
+
+    def add(self, kind: str, n: int, now_ms: int) -> None:
+        sec = now_ms // 1000
+        slot = sec % _WINDOW_S
+        seconds = self._seconds[kind]
+        counts = self._counts[kind]
+        if seconds[slot] != sec:
+            seconds[slot] = sec
+            counts[slot] = 0
+        counts[slot] += n
+
+    def per_second(self, kind: str, now_ms: int) -> float:
+        """Events per second over the last 60 seconds (the current second included)."""
+        oldest = now_ms // 1000 - _WINDOW_S
+        seconds, counts = self._seconds[kind], self._counts[kind]
+        total = sum(c for s, c in zip(seconds, counts, strict=True) if s > oldest)
+        return total / _WINDOW_S

@@ -1,0 +1,190 @@
+"""The operator routes over HTTP against a live ``dq serve``, as curl would use them."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.server.live import LiveServer, live_server
+
+
+def call(server: LiveServer, method: str, path: str, **kw: Any) -> httpx.Response:
+    return httpx.request(method, server.url + path, timeout=30, **kw)
+
+
+def enqueue(server: LiveServer, queue: str, *items: dict[str, Any]) -> list[dict[str, Any]]:
+    r = call(server, "POST", f"/v1/queues/{queue}/items", json={"items": list(items)})
+    assert r.status_code == 200, r.text
+    out: list[dict[str, Any]] = r.json()["items"]
+    return out
+
+
+def test_pause_holds_long_polls_and_resume_wakes_them(server: LiveServer, queue: str) -> None:
+    enqueue(server, queue, {"value": "a"})
+    r = call(server, "POST", f"/v1/queues/{queue}/pause")
+    assert r.status_code == 200 and r.json()["stats"]["paused"] is True
+    assert r.json()["stats"]["paused_since"] > 0
+    enqueue(server, queue, {"value": "b"})  # a paused queue accepts writes
+    got: list[httpx.Response] = []
+
+    def poll() -> None:
+        got.append(
+            call(server, "POST", f"/v1/queues/{queue}/dequeue", json={"count": 5, "wait_ms": 4000})
+        )
+
+    t = threading.Thread(target=poll)
+    t0 = time.monotonic()
+    t.start()
+    time.sleep(0.5)
+    assert not got  # waiting: nothing is handed out while paused
+    r = call(server, "POST", f"/v1/queues/{queue}/resume")
+    assert r.status_code == 200 and r.json()["stats"]["paused"] is False
+    t.join(10)
+    assert [i["value"] for i in got[0].json()["items"]] == ["a", "b"]
+    assert time.monotonic() - t0 < 3.5  # woken by the resume, not by the end of the wait
+
+
+def test_browse_pages_and_peek_by_id(server: LiveServer, queue: str) -> None:
+    now = int(time.time() * 1000)
+    ids = [e["id"] for e in enqueue(server, queue, *({"value": f"v{i}"} for i in range(5)))]
+    later = enqueue(server, queue, {"value": "later", "deadline": now + 600_000})[0]["id"]
+    r = call(server, "POST", f"/v1/queues/{queue}/dequeue", json={"count": 1, "lease_ms": 60_000})
+    leased = r.json()["items"][0]
+    seen: list[dict[str, Any]] = []
+    after = None
+    while True:
+        params: dict[str, Any] = {"limit": 2, "values": "true"}
+        if after:
+            params["after"] = after
+        page = call(server, "GET", f"/v1/queues/{queue}/items", params=params).json()
+        seen += page["items"]
+        after = page["next"]
+        if after is None:
+            break
+    assert [i["id"] for i in seen] == [*ids, later]
+    assert [i["state"] for i in seen] == ["leased", "due", "due", "due", "due", "delayed"]
+    assert seen[0]["lease_expires"] == leased["lease_expires"]
+    assert seen[1]["value"] == "v1" and seen[1]["value_size"] == 2
+    page = call(server, "GET", f"/v1/queues/{queue}/items", params={"state": "delayed"}).json()
+    assert [i["id"] for i in page["items"]] == [later] and "value" not in page["items"][0]
+    one = call(server, "GET", f"/v1/queues/{queue}/items/{ids[2]}").json()
+    assert (one["state"], one["value"], one["stats"]["dequeue_count"]) == ("due", "v2", 0)
+    receipt = {"id": leased["id"], "receipt": leased["receipt"]}
+    r = call(server, "POST", f"/v1/queues/{queue}/release", json={"items": [receipt]})
+    assert r.json()["results"][0]["ok"], r.text
+    gone = call(server, "GET", f"/v1/queues/{queue}/items/{ids[0]}").json()
+    assert gone["state"] == "gone" and gone["deadline"] is None
+    r = call(server, "GET", f"/v1/queues/{queue}/items/999999")
+    assert r.status_code == 404 and r.json()["error"] == "item_not_found"
+
+
+def test_browse_bad_input_says_what_to_fix(server: LiveServer, queue: str) -> None:
+    enqueue(server, queue, {"value": "a"}, {"value": "b"})
+    enqueue(server, queue + "-other", {"value": "x"})
+    page = call(server, "GET", f"/v1/queues/{queue}/items", params={"limit": 1}).json()
+    r = call(server, "GET", f"/v1/queues/{queue}-other/items", params={"after": page["next"]})
+    assert r.status_code == 400 and r.json()["error"] == "bad_cursor"
+    assert queue in r.json()["message"]
+    r = call(server, "GET", f"/v1/queues/{queue}/items", params={"state": "sleeping"})
+    assert r.status_code == 422 and r.json()["details"][0]["loc"] == ["query", "state"]
+    r = call(server, "GET", f"/v1/queues/{queue}/items", params={"limit": 5000})
+    assert r.status_code == 422
+    r = call(server, "GET", "/v1/queues/no-such-queue/items")
+    assert r.status_code == 404 and r.json()["error"] == "queue_not_found"
+
+
+def test_delete_one_and_purge(server: LiveServer, queue: str) -> None:
+    ids = [e["id"] for e in enqueue(server, queue, *({"value": str(i)} for i in range(4)))]
+    r = call(server, "DELETE", f"/v1/queues/{queue}/items/{ids[1]}")
+    assert r.status_code == 200 and r.json() == {"deleted": ids[1]}
+    r = call(server, "DELETE", f"/v1/queues/{queue}/items/{ids[1]}")
+    assert r.status_code == 404 and r.json()["error"] == "item_not_found"
+    leased = call(server, "POST", f"/v1/queues/{queue}/dequeue", json={"count": 1}).json()
+    r = call(server, "DELETE", f"/v1/queues/{queue}/items")
+    assert r.status_code == 200 and r.json() == {"purged": 3}
+    receipts = [{"id": i["id"], "receipt": i["receipt"]} for i in leased["items"]]
+    r = call(server, "POST", f"/v1/queues/{queue}/release", json={"items": receipts})
+    assert r.json()["results"][0]["error"] == "stale_receipt"
+    stats = call(server, "GET", f"/v1/queues/{queue}").json()["stats"]
+    assert (stats["pending"], stats["leased"]) == (0, 0)
+
+
+def test_keyed_enqueue_answers_repeats(server: LiveServer, queue: str) -> None:
+    first = enqueue(server, queue, {"value": "a", "key": "order-1"})
+    again = enqueue(server, queue, {"value": "a", "key": "order-1"}, {"value": "b", "key": "o-2"})
+    assert again[0] == {**first[0], "duplicate": True}
+    assert again[1]["duplicate"] is False
+    r = call(
+        server,
+        "POST",
+        f"/v1/queues/{queue}/items",
+        json={"items": [{"value": "c"}, {"value": "d", "key": "k" * 129}]},
+    )
+    assert r.status_code == 400 and r.json()["error"] == "invalid_key"
+    assert "128" in r.json()["message"] and "index=1" in r.json()["message"]
+    assert call(server, "GET", f"/v1/queues/{queue}").json()["stats"]["pending"] == 2
+
+
+def test_dead_letters_are_counted_logged_and_redriven(server: LiveServer, queue: str) -> None:
+    r = call(
+        server, "PUT", f"/v1/queues/{queue}", json={"max_deliveries": 1, "default_lease_ms": 100}
+    )
+    assert r.json()["config"]["dead_letter_queue"] == f"{queue}.dlq"
+    assert r.json()["config"]["dedup_window_ms"] == 300_000
+    enqueue(server, queue, {"value": "poison"})
+    call(server, "POST", f"/v1/queues/{queue}/dequeue", json={"count": 1})
+    time.sleep(0.3)
+    r = call(server, "POST", f"/v1/queues/{queue}/dequeue", json={"count": 1})
+    assert r.json()["items"] == []
+    deadline = time.monotonic() + 5
+    while call(server, "GET", f"/v1/queues/{queue}").json()["stats"]["dead_lettered"] != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    dlq = f"{queue}.dlq"
+    page = call(server, "GET", f"/v1/queues/{dlq}/items", params={"values": "true"}).json()
+    assert page["items"][0]["dead_lettered_from"] == queue
+    assert page["items"][0]["value"] == "poison"
+    metrics = call(server, "GET", "/metrics").text
+    assert f'dq_queue_dead_lettered_total{{queue="{queue}"}} 1.0' in metrics
+    assert "dq_queue_oldest_lease_age_seconds" in metrics
+    r = call(server, "POST", f"/v1/queues/{dlq}/redrive", json={})
+    assert r.status_code == 200 and r.json() == {"moved": 1, "to": [queue], "failed": []}
+    got = call(server, "POST", f"/v1/queues/{queue}/dequeue", json={"count": 1}).json()
+    assert got["items"][0]["value"] == "poison"
+    assert got["items"][0]["stats"]["dequeue_count"] == 1
+    r = call(server, "POST", f"/v1/queues/{queue}/redrive", json={})
+    assert r.status_code == 400 and r.json()["error"] == "not_a_dead_letter_queue"
+    assert "'to'" in r.json()["message"]
+
+
+def test_backup_route_writes_a_copy_a_server_can_start_on(
+    server: LiveServer, queue: str, tmp_path: Path
+) -> None:
+    enqueue(server, queue, *({"value": f"b{i}"} for i in range(10)))
+    r = call(server, "POST", "/v1/backup", json={"dest": str(tmp_path / "x")})
+    assert r.status_code == 403 and r.json()["error"] == "backup_disabled"
+    backups = tmp_path / "backups"
+    backups.mkdir()
+    with live_server(tmp_path / "data", env={"DQ_BACKUP_DIR": str(backups)}) as src:
+        _backup_and_restore(src, queue, backups)
+
+
+def _backup_and_restore(server: LiveServer, queue: str, backups: Path) -> None:
+    enqueue(server, queue, *({"value": f"b{i}"} for i in range(10)))
+    r = call(server, "POST", "/v1/backup", json={"dest": "../escape"})
+    assert r.status_code == 400 and "inside the backup directory" in r.json()["message"]
+    dest = backups / "copy"
+    r = call(server, "POST", "/v1/backup", json={"dest": "copy"})
+    assert r.status_code == 200, r.text
+    assert r.json()["path"] == str(dest) and r.json()["bytes"] > 0
+    r = call(server, "POST", "/v1/backup", json={"dest": str(dest)})
+    assert r.status_code == 400 and "exists" in r.json()["message"]
+    with live_server(dest) as restored:
+        got = httpx.post(
+            f"{restored.url}/v1/queues/{queue}/dequeue", json={"count": 100}, timeout=30
+        ).json()
+        assert [i["value"] for i in got["items"]] == [f"b{i}" for i in range(10)]
