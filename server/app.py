@@ -20,6 +20,7 @@ from server.metrics import Metrics
 from server.routers import consumers, items, operate, ops, queues
 from server.routers._common import ERRORS
 from server.settings import Settings
+from server.sqs import install as install_sqs
 
 if TYPE_CHECKING:
     from storage import Engine
@@ -61,6 +62,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(operate.router, dependencies=guarded)
     app.include_router(ops.router)
     app.include_router(consumers.router, dependencies=guarded, responses=ERRORS)
+    # SQS at POST / (its own SigV4 auth with the same tokens): docs/sqs.md
+    install_sqs(app)
     return app
 
 

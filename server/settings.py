@@ -49,6 +49,11 @@ class Settings:
     log_level: str = "info"
     #: where ``POST /v1/backup`` may write backups ("" : backups over HTTP are off)
     backup_dir: str = ""
+    #: SQS endpoint (docs/sqs.md): lift SQS's limits to dq's, and the account and
+    #: region that queue URLs and ARNs carry.
+    sqs_relaxed: bool = False
+    sqs_account: str = "000000000000"
+    sqs_region: str = "us-east-1"
     #: Every other ``DQ_*`` variable, lower-cased without the prefix, for plug-ins
     #: (the shm server reads its ring sizes from here).
     extra: Mapping[str, str] = field(default_factory=dict)
@@ -75,6 +80,10 @@ class Settings:
         if self.max_wait_ms < 0 or self.fsync_interval_ms < 1 or self.max_body_bytes < 0:
             raise SettingsError(
                 "max_wait_ms, fsync_interval_ms and max_body_bytes are out of range"
+            )
+        if not self.sqs_account or any(c in self.sqs_account for c in "/:"):
+            raise SettingsError(
+                f"sqs_account must be non-empty without '/' or ':': {self.sqs_account!r}"
             )
         return self
 

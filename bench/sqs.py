@@ -1,0 +1,266 @@
+"""SQS endpoint benchmark: boto3 against ``dq serve``'s SQS API, beside the native client.
+
+Run from the repository root:  .venv/bin/python -m bench.sqs [--seconds 3] [--threads 1]
+
+Starts ``dq serve --fsync always`` and drives it from this process, for ``--seconds``
+per phase, with ``--threads`` threads each holding its own client: boto3 (the SQS JSON
+protocol at ``POST /``) and the project's ``client.Client`` (``/v1``). Values are 256
+bytes. Printed, messages per second for each API:
+
+- send one (``SendMessage`` / ``enqueue``)
+- send batches of 10 (``SendMessageBatch`` / ``enqueue_many``)
+- receive one and delete it (``ReceiveMessage`` + ``DeleteMessage`` / ``dequeue`` + ``release``)
+- receive 10 and delete them (``ReceiveMessage`` + ``DeleteMessageBatch`` / ``release_many``)
+
+The machine, the date and the load average before and after go with the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+from client import Client
+
+REPO = Path(__file__).resolve().parents[1]
+VALUE = "v" * 256
+BATCH = 10
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _start(data_dir: str, port: int, fsync: str) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DQ_")}
+    cmd = [sys.executable, "-m", "server.cli", "serve", "--data-dir", data_dir, "--port", str(port),
+           "--fsync", fsync, "--log-level", "warning"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+    give_up = time.monotonic() + 60
+    while time.monotonic() < give_up:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("server did not come up")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _sqs(url: str) -> Any:
+    return boto3.client(
+        "sqs",
+        endpoint_url=url,
+        region_name="us-east-1",
+        aws_access_key_id="bench",
+        aws_secret_access_key="unused",
+        config=Config(retries={"max_attempts": 1}),
+    )
+
+
+def _run(threads: int, seconds: float, make: Callable[[int], Callable[[], int]]) -> float:
+    """Messages per second of ``threads`` loops, each calling its own step repeatedly."""
+    counts = [0] * threads
+    steps = [make(i) for i in range(threads)]
+    stop = time.monotonic() + seconds
+
+    def loop(i: int) -> None:
+        step, n = steps[i], 0
+        while time.monotonic() < stop:
+            n += step()
+        counts[i] = n
+
+    t0 = time.monotonic()
+    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return sum(counts) / (time.monotonic() - t0)
+
+
+def sqs_phases(url: str, queue: str, threads: int, seconds: float) -> dict[str, float]:
+    clients = [_sqs(url) for _ in range(threads)]
+    qurl = clients[0].create_queue(QueueName=queue)["QueueUrl"]
+    entries = [{"Id": str(i), "MessageBody": VALUE} for i in range(BATCH)]
+
+    def send(i: int) -> Callable[[], int]:
+        c = clients[i]
+        return lambda: (c.send_message(QueueUrl=qurl, MessageBody=VALUE), 1)[1]
+
+    def send_batch(i: int) -> Callable[[], int]:
+        c = clients[i]
+        return lambda: len(c.send_message_batch(QueueUrl=qurl, Entries=entries)["Successful"])
+
+    def recv_one(i: int) -> Callable[[], int]:
+        c = clients[i]
+
+        def step() -> int:
+            got = c.receive_message(QueueUrl=qurl).get("Messages", [])
+            for m in got:
+                c.delete_message(QueueUrl=qurl, ReceiptHandle=m["ReceiptHandle"])
+            return len(got)
+
+        return step
+
+    def recv_batch(i: int) -> Callable[[], int]:
+        c = clients[i]
+
+        def step() -> int:
+            got = c.receive_message(QueueUrl=qurl, MaxNumberOfMessages=BATCH).get("Messages", [])
+            if got:
+                c.delete_message_batch(
+                    QueueUrl=qurl,
+                    Entries=[
+                        {"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]}
+                        for n, m in enumerate(got)
+                    ],
+                )
+            return len(got)
+
+        return step
+
+    return {
+        "send": _run(threads, seconds, send),
+        "send_batch": _run(threads, seconds, send_batch),
+        "receive_delete": _run(threads, seconds, recv_one),
+        "receive_delete_batch": _run(threads, seconds, recv_batch),
+    }
+
+
+def native_phases(url: str, queue: str, threads: int, seconds: float) -> dict[str, float]:
+    clients = [Client(url) for _ in range(threads)]
+    values = [VALUE] * BATCH
+
+    def send(i: int) -> Callable[[], int]:
+        c = clients[i]
+        return lambda: (c.enqueue(queue, VALUE), 1)[1]
+
+    def send_batch(i: int) -> Callable[[], int]:
+        c = clients[i]
+        return lambda: len(c.enqueue_many(queue, values))
+
+    def recv_one(i: int) -> Callable[[], int]:
+        c = clients[i]
+
+        def step() -> int:
+            got = c.dequeue(queue, 1)
+            for item in got:
+                c.release(queue, item.id, item.receipt)
+            return len(got)
+
+        return step
+
+    def recv_batch(i: int) -> Callable[[], int]:
+        c = clients[i]
+
+        def step() -> int:
+            got = c.dequeue(queue, BATCH)
+            if got:
+                c.release_many(queue, got)
+            return len(got)
+
+        return step
+
+    try:
+        return {
+            "send": _run(threads, seconds, send),
+            "send_batch": _run(threads, seconds, send_batch),
+            "receive_delete": _run(threads, seconds, recv_one),
+            "receive_delete_batch": _run(threads, seconds, recv_batch),
+        }
+    finally:
+        for c in clients:
+            c.close()
+
+
+_ROWS = (
+    ("send", "send one message"),
+    ("send_batch", f"send batches of {BATCH}"),
+    ("receive_delete", "receive one + delete it"),
+    ("receive_delete_batch", f"receive {BATCH} + delete them (batch)"),
+)
+
+
+def _report(r: dict[str, Any]) -> str:
+    lines = [
+        f"machine: {r['machine']}, {r['cpus']} CPUs; {r['date']}; fsync {r['fsync']}; "
+        f"{r['threads']} thread(s) x {r['seconds']} s per phase",
+        f"load average before / after: {r['load_before']} / {r['load_after']}",
+        "",
+        "| phase | boto3 → SQS endpoint | dq Client → /v1 | SQS / native |",
+        "| --- | --- | --- | --- |",
+    ]
+    for key, label in _ROWS:
+        s, n = r["sqs"][key], r["native"][key]
+        lines.append(f"| {label} | {s:,.0f} msg/s | {n:,.0f} msg/s | {s / n:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="per phase")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--fsync", default="always", choices=["always", "interval", "never"])
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    data = tempfile.mkdtemp(prefix="dq-bench-sqs-")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _start(data, port, args.fsync)
+    try:
+        before = "{:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
+        result: dict[str, Any] = {
+            "sqs": sqs_phases(url, "bench-sqs", args.threads, args.seconds),
+            "native": native_phases(url, "bench-native", args.threads, args.seconds),
+        }
+        result.update(
+            machine=f"{platform.system()} {platform.machine()}",
+            cpus=os.cpu_count(),
+            date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            fsync=args.fsync,
+            threads=args.threads,
+            seconds=args.seconds,
+            load_before=before,
+            load_after="{:.2f} {:.2f} {:.2f}".format(*os.getloadavg()),
+        )
+    finally:
+        _stop(proc)
+        shutil.rmtree(data, ignore_errors=True)
+    print(json.dumps(result, indent=1) if args.json else _report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""ReceiveMessage, DeleteMessage, ChangeMessageVisibility (and their batches).
+
+Receiving is a dq dequeue: the visibility timeout is the lease, the receipt handle is
+the delivery's receipt (new on every delivery), ``ApproximateReceiveCount`` is the
+item's delivery count and ``SentTimestamp`` its enqueue time; a long poll is dq's
+long-poll. Deleting is a release; a visibility change is an extend of the lease, or,
+to 0, a requeue due now. As in SQS, deleting with the receipt of a delivery that is
+over (the message was received again, or already deleted) succeeds and changes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from server.routers.items import durable
+from server.sqs.batches import check_entries, failed
+from server.sqs.context import MAX_VISIBILITY_S, Ctx
+from server.sqs.errors import SqsError, from_storage
+from server.sqs.messages import decode, md5_hex, md5_of_attributes, message_id
+from server.sqs.names import queue_from_url
+from server.sqs.params import get_int, get_list, get_str
+from server.sqs.queue_attrs import DEFAULTS
+from storage.errors import StorageError
+from storage.types import Delivery, Extend, ItemOutcome, Release, Requeue
+
+__all__ = [
+    "change_message_visibility",
+    "change_message_visibility_batch",
+    "delete_message",
+    "delete_message_batch",
+    "receive_message",
+]
+
+_perf = time.perf_counter
+_SYSTEM_NAMES = (
+    "SenderId",
+    "SentTimestamp",
+    "ApproximateReceiveCount",
+    "ApproximateFirstReceiveTimestamp",
+    "MessageDeduplicationId",
+    "MessageGroupId",
+    "AWSTraceHeader",
+)
+
+
+def _wanted_system(p: dict[str, Any]) -> set[str]:
+    names = {str(n) for n in get_list(p, "AttributeNames")}
+    names |= {str(n) for n in get_list(p, "MessageSystemAttributeNames")}
+    return set(_SYSTEM_NAMES) if "All" in names else names
+
+
+def _attribute_filter(p: dict[str, Any]) -> tuple[bool, set[str], tuple[str, ...]]:
+    """(all?, exact names, prefixes) from ``MessageAttributeNames``."""
+    names = [str(n) for n in get_list(p, "MessageAttributeNames")]
+    every = any(n in ("All", ".*") for n in names)
+    prefixes = tuple(n[:-1] for n in names if n.endswith(".*") and n != ".*")
+    return every, {n for n in names if not n.endswith(".*")}, prefixes
+
+
+def _message(ctx: Ctx, name: str, d: Delivery, now: int, p: dict[str, Any]) -> dict[str, Any]:
+    stored = decode(d.value)
+    body = stored.body
+    out: dict[str, Any] = {
+        "MessageId": message_id(name, d.id),
+        "ReceiptHandle": d.receipt,
+        "MD5OfBody": md5_hex(body.encode()),
+        "Body": body,
+    }
+    wanted = _wanted_system(p)
+    first = ctx.state.receives.on_delivery(name, d.id, d.stats.dequeue_count, now)
+    system: dict[str, str | None] = {
+        "SenderId": ctx.account,
+        "SentTimestamp": str(d.stats.enqueue_time),
+        "ApproximateReceiveCount": str(d.stats.dequeue_count),
+        "ApproximateFirstReceiveTimestamp": None if first is None else str(first),
+        "MessageDeduplicationId": stored.dedup_id,
+        "MessageGroupId": stored.group_id,
+        "AWSTraceHeader": stored.system_attributes.get("AWSTraceHeader", {}).get("StringValue"),
+    }
+    attributes = {k: v for k, v in system.items() if k in wanted and v is not None}
+    if attributes:
+        out["Attributes"] = attributes
+    every, exact, prefixes = _attribute_filter(p)
+    chosen = {
+        k: v for k, v in stored.attributes.items() if every or k in exact or k.startswith(prefixes)
+    }
+    if chosen:
+        out["MessageAttributes"] = chosen
+        out["MD5OfMessageAttributes"] = md5_of_attributes(chosen)
+    return out
+
+
+async def receive_message(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
+    name = queue_from_url(p.get("QueueUrl"))
+    limits = ctx.limits
+    count = get_int(p, "MaxNumberOfMessages", 1, limits.max_receive, default=1)
+    visibility = get_int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_S)
+    service = ctx.service
+    t0 = _perf()
+    try:
+        sidecar = ctx.state.sidecars.load(ctx.engine, name)
+        default_wait = int(
+            sidecar.attributes.get(
+                "ReceiveMessageWaitTimeSeconds", DEFAULTS["ReceiveMessageWaitTimeSeconds"]
+            )
+        )
+        wait = get_int(p, "WaitTimeSeconds", 0, limits.max_wait_s, default=default_wait)
+        lease_ms = None if visibility is None else max(1, visibility * 1000)
+        got = await service.longpoll.dequeue(
+            name, count or 1, lease_ms, (wait or 0) * 1000, ctx.gone
+        )
+    except StorageError as exc:
+        service.metrics.observe_error("dequeue", exc.code, _perf() - t0)
+        raise from_storage(exc, name) from None
+    now = ctx.engine.now()
+    service.metrics.observe("dequeue", _perf() - t0, len(got))
+    service.metrics.observe_lateness(now, (d.deadline for d in got))
+    return {"Messages": [_message(ctx, name, d, now, p) for d in got]} if got else {}
+
+
+def _handle(raw: object) -> tuple[str, int]:
+    """A receipt handle and the item it names (``<epoch>.<id hex>.<delivery hex>``)."""
+    handle = raw if isinstance(raw, str) else ""
+    parts = handle.split(".")
+    try:
+        if len(parts) != 3:
+            raise ValueError
+        item_id = int(parts[1], 16)
+        int(parts[2], 16)
+    except ValueError:
+        raise SqsError(
+            "ReceiptHandleIsInvalid",
+            f'The input receipt handle "{raw}" is not a valid receipt handle.',
+        ) from None
+    return handle, item_id
+
+
+def _delete_error(o: ItemOutcome, handle: str) -> SqsError | None:
+    if o.error is None or o.error == "stale_receipt":
+        return None
+    return SqsError(
+        "ReceiptHandleIsInvalid",
+        f'The input receipt handle "{handle}" is not a valid receipt handle.',
+    )
+
+
+def _visibility_error(o: ItemOutcome, handle: str) -> SqsError | None:
+    if o.error is None:
+        return None
+    if o.error == "stale_receipt":
+        return SqsError(
+            "InvalidParameterValue",
+            f"Value {handle} for parameter ReceiptHandle is invalid. Reason: Message does not "
+            "exist or is not available for visibility timeout change.",
+        )
+    return SqsError(
+        "ReceiptHandleIsInvalid",
+        f'The input receipt handle "{handle}" is not a valid receipt handle.',
+    )
+
+
+async def _release(ctx: Ctx, name: str, batch: list[Release]) -> list[ItemOutcome]:
+    service = ctx.service
+    t0 = _perf()
+    try:
+        outcomes = await durable(lambda: service.engine.release_nowait(name, batch))
+    except StorageError as exc:
+        service.metrics.observe_error("release", exc.code, _perf() - t0)
+        raise from_storage(exc, name) from None
+    service.metrics.observe("release", _perf() - t0, len(outcomes))
+    ctx.state.receives.forget(name, [o.id for o in outcomes if o.error is None])
+    return outcomes
+
+
+async def delete_message(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
+    name = queue_from_url(p.get("QueueUrl"))
+    handle, item_id = _handle(get_str(p, "ReceiptHandle", required=True))
+    (o,) = await _release(ctx, name, [Release(item_id, handle)])
+    refused = _delete_error(o, handle)
+    if refused is not None:
+        raise refused
+    return {}
+
+
+async def delete_message_batch(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
+    name = queue_from_url(p.get("QueueUrl"))
+    entries = check_entries(p, ctx.limits.batch_entries)
+    failures: list[dict[str, Any]] = []
+    todo: list[tuple[str, str, Release]] = []
+    for e in entries:
+        try:
+            handle, item_id = _handle(e.get("ReceiptHandle"))
+        except SqsError as err:
+            failures.append(failed(e["Id"], err))
+            continue
+        todo.append((e["Id"], handle, Release(item_id, handle)))
+    outcomes = await _release(ctx, name, [r for _, _, r in todo]) if todo else []
+    successful = []
+    for (entry_id, handle, _), o in zip(todo, outcomes, strict=True):
+        refused = _delete_error(o, handle)
+        if refused is None:
+            successful.append({"Id": entry_id})
+        else:
+            failures.append(failed(entry_id, refused))
+    return {"Successful": successful, "Failed": failures}
+
+
+async def _change(ctx: Ctx, name: str, changes: list[tuple[int, str, int]]) -> list[ItemOutcome]:
+    """Apply (id, receipt, seconds) changes: extends, and requeues for 0 s; in order."""
+    service = ctx.service
+    engine = service.engine
+    extends = [Extend(i, r, s * 1000) for i, r, s in changes if s > 0]
+    requeues = [Requeue(i, r, delay_ms=0) for i, r, s in changes if s == 0]
+    t0 = _perf()
+    try:
+        extended = engine.extend(name, extends) if extends else []
+        requeued = await durable(lambda: engine.requeue_nowait(name, requeues)) if requeues else []
+    except StorageError as exc:
+        service.metrics.observe_error("extend", exc.code, _perf() - t0)
+        raise from_storage(exc, name) from None
+    if extends:
+        service.metrics.observe("extend", _perf() - t0, len(extended))
+    if requeues:
+        service.metrics.observe("requeue", _perf() - t0, len(requeued))
+    ext, req = iter(extended), iter(requeued)
+    return [next(ext) if s > 0 else next(req) for _, _, s in changes]
+
+
+async def change_message_visibility(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
+    name = queue_from_url(p.get("QueueUrl"))
+    handle, item_id = _handle(get_str(p, "ReceiptHandle", required=True))
+    seconds = get_int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_S)
+    if seconds is None:
+        raise SqsError(
+            "MissingParameter", "The request must contain the parameter VisibilityTimeout."
+        )
+    (o,) = await _change(ctx, name, [(item_id, handle, seconds)])
+    refused = _visibility_error(o, handle)
+    if refused is not None:
+        raise refused
+    return {}
+
+
+async def change_message_visibility_batch(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
+    name = queue_from_url(p.get("QueueUrl"))
+    entries = check_entries(p, ctx.limits.batch_entries)
+    failures: list[dict[str, Any]] = []
+    todo: list[tuple[str, str, int, int]] = []
+    for e in entries:
+        try:
+            handle, item_id = _handle(e.get("ReceiptHandle"))
+            seconds = get_int(e, "VisibilityTimeout", 0, MAX_VISIBILITY_S)
+            if seconds is None:
+                raise SqsError(
+                    "MissingParameter", "The request must contain the parameter VisibilityTimeout."
+                )
+            todo.append((e["Id"], handle, item_id, seconds))
+        except SqsError as err:
+            failures.append(failed(e["Id"], err))
+    outcomes = await _change(ctx, name, [(i, h, s) for _, h, i, s in todo]) if todo else []
+    successful = []
+    for (entry_id, handle, _, _), o in zip(todo, outcomes, strict=True):
+        refused = _visibility_error(o, handle)
+        if refused is None:
+            successful.append({"Id": entry_id})
+        else:
+            failures.append(failed(entry_id, refused))
+    return {"Successful": successful, "Failed": failures}

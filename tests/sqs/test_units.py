@@ -1,0 +1,158 @@
+"""The SQS layer's pieces on their own: the documented envelope, digests, SigV4, names."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+from server.sqs.errors import SqsError
+from server.sqs.messages import (
+    MAGIC,
+    Stored,
+    check_attributes,
+    decode,
+    encode,
+    md5_of_attributes,
+    message_id,
+)
+from server.sqs.names import queue_arn, queue_from_arn, queue_from_url, queue_url
+from server.sqs.sigv4 import verify
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "sqs.md"
+
+
+def _doc_dump() -> bytes:
+    """The hex dump of the example envelope in docs/sqs.md."""
+    text = DOC.read_text()
+    block = text.split("these 90 bytes", 1)[1].split("```", 2)[1]
+    out = bytearray()
+    for line in block.strip().splitlines():
+        offset, _, hexes = line.partition("  ")
+        assert int(offset, 16) == len(out)
+        out += bytes.fromhex(hexes)
+    return bytes(out)
+
+
+def test_envelope_in_the_docs_decodes() -> None:
+    raw = _doc_dump()
+    assert len(raw) == 90 and raw.startswith(MAGIC)
+    msg = decode(raw)
+    assert msg.body == "hello"
+    assert msg.attributes == {"color": {"DataType": "String", "StringValue": "red"}}
+    assert encode(msg) == raw  # and we write exactly what the docs show
+
+
+def test_plain_bodies_stay_plain_and_envelopes_round_trip() -> None:
+    assert encode(Stored("héllo")) == "héllo".encode()
+    full = Stored(
+        "b",
+        {
+            "n": {"DataType": "Number.int", "StringValue": "5"},
+            "d": {"DataType": "Binary", "BinaryValue": "AAE="},
+        },
+        {"AWSTraceHeader": {"DataType": "String", "StringValue": "Root=1"}},
+        "g",
+        "d1",
+    )
+    assert decode(encode(full)) == full
+    # a native binary value that merely starts like an envelope is delivered as base64
+    odd = MAGIC + b"\x00\x00\x00\x05notjs"
+    msg = decode(odd)
+    assert msg.attributes["dq.Encoding"]["StringValue"] == "base64"
+
+
+def test_attribute_digests_match_sqs() -> None:
+    # vectors computed by Amazon SQS, published with open-source SQS clients
+    assert (
+        md5_of_attributes({"SellerName": {"DataType": "String", "StringValue": "Example Store"}})
+        == "cd28f3b68aeee4b2eac9c66f2f694b58"
+    )
+    assert (
+        md5_of_attributes(
+            {
+                "ordinal": {"DataType": "Number", "StringValue": "1"},
+                "category": {"DataType": "String", "StringValue": "test"},
+            }
+        )
+        == "d21ae90c49061e927f57df5f5d72be1f"
+    )
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {"AWS.x": {"DataType": "String", "StringValue": "v"}},
+        {"a..b": {"DataType": "String", "StringValue": "v"}},
+        {"a": {"DataType": "Text", "StringValue": "v"}},
+        {"a": {"DataType": "Number", "StringValue": "twelve"}},
+        {"a": {"DataType": "String", "StringValue": ""}},
+        {"a": {"DataType": "Binary", "BinaryValue": "!!"}},
+        {f"a{i}": {"DataType": "String", "StringValue": "v"} for i in range(11)},
+    ],
+)
+def test_bad_attributes_are_refused(attrs: dict[str, dict[str, str]]) -> None:
+    with pytest.raises(SqsError) as exc:
+        check_attributes(attrs)
+    assert exc.value.shape == "InvalidParameterValue"
+
+
+def test_names_round_trip() -> None:
+    url = queue_url("http://h:1", "000000000000", "jobs.dlq")
+    assert queue_from_url(url) == "jobs.dlq"
+    assert queue_from_arn(queue_arn("eu-west-1", "1", "jobs"), "SourceArn") == "jobs"
+    with pytest.raises(SqsError):
+        queue_from_url("http://h:1/000000000000/..")
+    with pytest.raises(SqsError):
+        queue_from_arn("arn:aws:sns:us-east-1:1:topic", "SourceArn")
+    mid = message_id("jobs", 42)
+    assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", mid)
+    assert mid.replace("-", "").endswith(f"{42:016x}") and mid != message_id("other", 42)
+
+
+def _signed(secret: str, body: bytes = b'{"QueueName":"q"}') -> AWSRequest:
+    req = AWSRequest(
+        method="POST",
+        url="http://127.0.0.1:8080/",
+        data=body,
+        headers={
+            "Content-Type": "application/x-amz-json-1.0",
+            "X-Amz-Target": "AmazonSQS.GetQueueUrl",
+        },
+    )
+    SigV4Auth(Credentials("AKIDEXAMPLE", secret), "sqs", "eu-west-1").add_auth(req)
+    req.headers["Host"] = "127.0.0.1:8080"
+    return req
+
+
+def _verify(req: AWSRequest, secrets: list[str], body: bytes | None = None) -> object:
+    headers = [(k.lower().encode(), v.encode()) for k, v in req.headers.items()]
+    return verify("POST", "/", b"", headers, req.body if body is None else body, secrets)
+
+
+def test_sigv4_accepts_botocore_signatures_and_rejects_others() -> None:
+    req = _signed("token-1")
+    caller = _verify(req, ["other", "token-1"])
+    assert caller.access_key == "AKIDEXAMPLE" and caller.region == "eu-west-1"  # type: ignore[attr-defined]
+    with pytest.raises(SqsError) as exc:
+        _verify(req, ["token-2"])
+    assert exc.value.shape == "SignatureDoesNotMatch"
+    with pytest.raises(SqsError) as exc:  # body changed after signing
+        _verify(req, ["token-1"], body=b'{"QueueName":"r"}')
+    assert exc.value.shape == "SignatureDoesNotMatch"
+    with pytest.raises(SqsError) as exc:
+        verify("POST", "/", b"", [(b"host", b"x")], b"", ["token-1"])
+    assert exc.value.shape == "MissingAuthenticationToken"
+
+
+def test_sigv4_refuses_old_signatures() -> None:
+    req = _signed("t")
+    headers = [(k.lower().encode(), v.encode()) for k, v in req.headers.items()]
+    with pytest.raises(SqsError) as exc:
+        verify("POST", "/", b"", headers, req.body, ["t"], now=time.time() + 16 * 60)
+    assert "expired" in exc.value.message
