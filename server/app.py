@@ -14,13 +14,15 @@ from fastapi import Depends, FastAPI
 from server.dependencies import require_token
 from server.errors import install_error_handlers
 from server.fastpath import FastPath
+from server.history import History
 from server.lifespan import make_lifespan
 from server.limits import BodyLimit
 from server.metrics import Metrics
-from server.routers import consumers, items, operate, ops, queues
+from server.routers import consumers, dashboard, items, operate, ops, queues
 from server.routers._common import ERRORS
 from server.settings import Settings
 from server.sqs import install as install_sqs
+from server.ui import install_pages
 
 if TYPE_CHECKING:
     from storage import Engine
@@ -47,6 +49,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         # We publish Prometheus metrics ourselves; FastAPI's OpenTelemetry probe costs
         # ~0.2 ms a request even with no provider configured.
         telemetry={"tracing": False, "metrics": False, "logs": False},
+        # /docs is served from package files (server/ui.py), never from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.add_middleware(BodyLimit, limit=settings.body_limit)
     # Outermost: a valid enqueue, release or dequeue skips FastAPI's machinery.
@@ -54,6 +59,12 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.service = None
+    app.state.shm = None  # the shared-memory server, while the lifespan runs one
+    app.state.history = History(
+        settings.history_interval_ms / 1000.0,
+        settings.history_retention_s,
+        settings.history_max_queues,
+    )
     install_error_handlers(app)
     guarded = [Depends(require_token)] if settings.tokens else []
     # Routes are matched in order: the hot item routes first.
@@ -62,6 +73,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(operate.router, dependencies=guarded)
     app.include_router(ops.router)
     app.include_router(consumers.router, dependencies=guarded, responses=ERRORS)
+    app.include_router(dashboard.router, dependencies=guarded)
+    install_pages(app)
     # SQS at POST / (its own SigV4 auth with the same tokens): docs/sqs.md
     install_sqs(app)
     return app

@@ -1,7 +1,8 @@
 """The app's lifespan: open the engine, run the lease-expiry task, start plug-ins, close.
 
 Order on startup: open the engine (in a thread: recovery reads files) → publish the
-``Service`` on ``app.state`` → start the periodic ``expire_leases`` task → install the
+``Service`` on ``app.state`` → start the periodic ``expire_leases`` task and the
+dashboard's history sampler (``server/history.py``) → install the
 consumer-group state (``server.routers.consumers``) → start the shared-memory server
 if ``settings.shm``. Shutdown runs it backwards and closes the
 engine last (closing syncs). Invariant: an engine handed to ``create_app`` belongs
@@ -17,6 +18,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -85,20 +87,25 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
         expiry = asyncio.create_task(
             _expire_forever(opened, settings.expire_interval_ms / 1000.0), name="dq-expire-leases"
         )
+        history = asyncio.create_task(app.state.history.run(opened), name="dq-history")
+        app.state.started_at = time.time()
         consumers.install(app, opened, max_batch=settings.max_batch)
         shm: Any = None
         try:
             if settings.shm:
                 shm = await asyncio.to_thread(_start_shm, opened, settings)
+                app.state.shm = shm
                 logger.info("shared-memory server started")
             logger.info("serving data dir %s (fsync=%s)", settings.data_dir, settings.fsync)
             yield
         finally:
             service.longpoll.drain()
-            expiry.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await expiry
+            for task in (expiry, history):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             if shm is not None:
+                app.state.shm = None
                 await asyncio.to_thread(shm.close)
             await asyncio.to_thread(consumers.uninstall, app)
             app.state.service = None

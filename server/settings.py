@@ -54,6 +54,11 @@ class Settings:
     sqs_relaxed: bool = False
     sqs_account: str = "000000000000"
     sqs_region: str = "us-east-1"
+    #: The dashboard's history of queue figures (server/history.py): a sample every
+    #: interval, kept for the retention, per-queue rings for at most max_queues queues.
+    history_interval_ms: int = 5000
+    history_retention_s: int = 3600
+    history_max_queues: int = 100
     #: Every other ``DQ_*`` variable, lower-cased without the prefix, for plug-ins
     #: (the shm server reads its ring sizes from here).
     extra: Mapping[str, str] = field(default_factory=dict)
@@ -74,9 +79,21 @@ class Settings:
     def validated(self) -> Settings:
         if self.fsync not in FSYNC_MODES:
             raise SettingsError(f"fsync must be one of {', '.join(FSYNC_MODES)}: {self.fsync!r}")
-        for name in ("port", "max_batch", "max_value_bytes", "expire_interval_ms"):
+        for name in (
+            "port",
+            "max_batch",
+            "max_value_bytes",
+            "expire_interval_ms",
+            "history_interval_ms",
+            "history_retention_s",
+        ):
             if getattr(self, name) < (0 if name == "port" else 1):
                 raise SettingsError(f"{name} must be positive: {getattr(self, name)!r}")
+        if (
+            self.history_retention_s * 1000 < self.history_interval_ms
+            or self.history_max_queues < 0
+        ):
+            raise SettingsError("history_retention_s must cover one interval; max_queues >= 0")
         if self.max_wait_ms < 0 or self.fsync_interval_ms < 1 or self.max_body_bytes < 0:
             raise SettingsError(
                 "max_wait_ms, fsync_interval_ms and max_body_bytes are out of range"

@@ -43,6 +43,7 @@ __all__ = [
     "create_shm",
     "data_dir_tag",
     "open_shm",
+    "peer_pid",
     "peer_uid",
     "read_message",
     "send_message",
@@ -119,6 +120,12 @@ def unlink_shm(name: str) -> bool:
 
 
 # ---- socket messages -------------------------------------------------------------------
+
+
+def peer_pid(sock: socket.socket) -> int:
+    """The pid of the process at the other end (Linux ``SO_PEERCRED``)."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size)
+    return int(UCRED.unpack(raw)[0])
 
 
 def peer_uid(sock: socket.socket) -> int:

@@ -30,6 +30,7 @@ from shm.attach import (
     PROTOCOL_VERSION,
     SHM_DIR,
     create_shm,
+    peer_pid,
     peer_uid,
     read_message,
     send_message,
@@ -77,6 +78,9 @@ class Session:
         self.ring: ServerRing | None = None
         self._mm: Any = None
         self.wakes = False
+        self.capacity: int | None = None
+        self.queue: str | None = None
+        self.pid: int | None = None
         self.thread = threading.Thread(target=self._run, name=f"dq-shm-{number}", daemon=True)
 
     def stop(self) -> None:
@@ -121,6 +125,7 @@ class Session:
             except Exception as exc:
                 raise _Refused("invalid_queue_name", str(exc)) from None
         self.wakes = request.get("wakes") is True
+        self.capacity, self.queue, self.pid = capacity, queue, peer_pid(sock)
         size = ring_size(capacity)
         self.name, self._mm = create_shm(self.server.shm_prefix, size)
         self.ring = ServerRing(self._mm, capacity)
@@ -231,6 +236,22 @@ class ShmServer:
     def session_count(self) -> int:
         with self._lock:
             return len(self._sessions)
+
+    def clients(self) -> list[dict[str, Any]]:
+        """The attached clients (for the dashboard's server view)."""
+        with self._lock:
+            sessions = list(self._sessions.values())
+        return [
+            {
+                "number": s.number,
+                "pid": s.pid,
+                "shm": s.name,
+                "capacity": s.capacity,
+                "queue": s.queue,
+            }
+            for s in sessions
+            if s.ring is not None
+        ]
 
     def start(self) -> ShmServer:
         self._remove_leftovers()

@@ -1,0 +1,46 @@
+// One item shown in full: state, deadline, stats, lease, and its value as text or hex,
+// cut at SHOW_BYTES so a 1 MiB value does not freeze the page.
+
+import { bytes, duration, esc, hexdump, num, time, valueBytes } from "../format.js";
+
+const SHOW_BYTES = 4096;
+
+export function itemPanel(item) {
+  const box = document.createElement("div");
+  box.className = "panel item";
+  box.dataset.item = item.id;
+  const st = item.stats || {};
+  const now = Date.now();
+  const rows = [
+    ["Id", num(item.id)],
+    ["State", esc(item.state)],
+    ["Deadline", `${time(item.deadline)} <span class="muted">(${duration(item.deadline - now)} from now)</span>`],
+    ["Enqueued", time(st.enqueue_time)],
+    ["Requeued", st.requeue_time ? time(st.requeue_time) : "–"],
+    ["Deliveries", num(st.dequeue_count)],
+  ];
+  if (item.lease_expires) rows.push(["Lease expires", `${time(item.lease_expires)} <span class="muted">(${duration(item.lease_expires - now)})</span>`]);
+  if (item.dead_lettered_from) rows.push(["Dead-lettered from", esc(item.dead_lettered_from)]);
+  rows.push(["Value size", bytes(item.value_size)]);
+  box.innerHTML = `<dl class="kv">${rows.map(([k, v]) => `<dt>${k}</dt><dd data-field="${k.toLowerCase()}">${v}</dd>`).join("")}</dl>`;
+  if (item.value === undefined || item.value === null) return box;
+  const data = valueBytes(item.value, item.encoding);
+  const isText = item.encoding !== "base64";
+  const bar = document.createElement("div");
+  bar.className = "toolbar";
+  bar.innerHTML = `<label><input type="radio" name="fmt-${item.id}" value="text" ${isText ? "checked" : ""}> text</label>
+    <label><input type="radio" name="fmt-${item.id}" value="hex" ${isText ? "" : "checked"}> hex</label>
+    <span class="muted">${data.length > SHOW_BYTES ? `first ${bytes(SHOW_BYTES)} of ${bytes(data.length)}` : bytes(data.length)}</span>`;
+  const pre = document.createElement("pre");
+  pre.className = "value";
+  const draw = (mode) => {
+    const cut = data.subarray(0, SHOW_BYTES);
+    pre.textContent = mode === "hex" ? hexdump(cut, SHOW_BYTES)
+      : new TextDecoder("utf-8", { fatal: false }).decode(cut) + (data.length > SHOW_BYTES ? "…" : "");
+    pre.dataset.mode = mode;
+  };
+  bar.addEventListener("change", (e) => draw(e.target.value));
+  draw(isText ? "text" : "hex");
+  box.append(bar, pre);
+  return box;
+}

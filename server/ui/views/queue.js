@@ -1,0 +1,106 @@
+// One queue: live figures, pause/resume and purge (each confirmed), and tabs for its
+// charts, items, leased items, dead letters and settings.
+
+import { get, post, del, q } from "../api.js";
+import { confirmAction } from "../dialog.js";
+import { bytes, duration, esc, num, rate } from "../format.js";
+import { historyCharts } from "./history.js";
+import { browser } from "./items.js";
+import { rows } from "./model.js";
+import { settingsForm } from "./settings.js";
+
+const TABS = [["overview", "Charts"], ["items", "Items"], ["leased", "Leased"], ["dead", "Dead letters"], ["settings", "Settings"]];
+
+export async function mount(root, { name, tab }, ctx) {
+  const href = (t) => `#/queue/${encodeURIComponent(name)}/${t}`;
+  root.innerHTML = `
+    <h1><a href="#/">Queues</a> / <span id="qname">${esc(name)}</span><span id="badges"></span></h1>
+    <div class="toolbar"><button id="pause"></button><button id="purge" class="danger">Purge…</button></div>
+    <div class="cards" id="cards"></div>
+    <nav class="tabs">${TABS.map(([t, label]) => `<a href="${href(t)}" data-tab="${t}" class="${t === tab ? "active" : ""}">${label}</a>`).join("")}</nav>
+    <section id="tab"></section>`;
+  const tabRoot = root.querySelector("#tab");
+  let info = null;
+  let all = [];
+  let row = null;
+  let child = null;
+
+  async function loadInfo() {
+    // The list answers the queue and the dead-letter queue it feeds in one request.
+    const [one, list] = await Promise.all([get(`/v1/queues/${q(name)}`), get("/v1/queues")]);
+    info = one;
+    all = rows(list.queues);
+    row = all.find((r) => r.name === name) ?? rows([one])[0];
+    root.querySelector("#badges").innerHTML = (row.paused ? `<span class="badge paused">paused</span>` : "") +
+      (row.isDlq ? `<span class="badge dlq">DLQ</span>` : "");
+    const pause = root.querySelector("#pause");
+    pause.textContent = row.paused ? "Resume…" : "Pause…";
+    pause.dataset.action = row.paused ? "resume" : "pause";
+    root.querySelector("#cards").innerHTML = [
+      ["Due", num(row.due)], ["Delayed", num(row.delayed)], ["Leased", num(row.leased)],
+      ["Dead letters", row.dlq ? num(row.dead) : "–"], ["Oldest due", duration(row.oldest)],
+      ["Enqueued/s", rate(row.enq)], ["Dequeued/s", rate(row.deq)], ["Released/s", rate(row.rel)],
+      ["Segments", num(row.segments)], ["On disk", bytes(row.bytes)],
+    ].map(([l, v]) => `<div class="card" data-stat="${l.toLowerCase()}"><div class="label">${l}</div><div class="value">${v}</div></div>`).join("");
+  }
+
+  async function mountTab() {
+    if (tab === "overview") {
+      const draw = async () => tabRoot.replaceChildren(await historyCharts(name, 3600));
+      await draw();
+      return { refresh: draw };
+    }
+    if (tab === "items" || tab === "leased") return browser(tabRoot, name, { mode: tab, info, ctx });
+    if (tab === "dead") {
+      if (row.isDlq) return browser(tabRoot, name, { mode: "dead", info, ctx });
+      tabRoot.innerHTML = row.dlq
+        ? `<p>Items that fail ${row.dlq ? num(info.config.max_deliveries) : ""} deliveries move to
+           <a href="#/queue/${encodeURIComponent(row.dlq)}/dead">${esc(row.dlq)}</a> (${num(row.dead ?? 0)} there now).</p>`
+        : `<p class="muted">This queue has no dead-letter queue (set max deliveries in Settings).</p>`;
+      return null;
+    }
+    return settingsForm(tabRoot, name, info, ctx, loadInfo);
+  }
+
+  root.querySelector("#pause").addEventListener("click", async (e) => {
+    const action = e.target.dataset.action;
+    const ok = await confirmAction({
+      title: `${action === "pause" ? "Pause" : "Resume"} ${name}?`,
+      message: action === "pause"
+        ? `Consumers of ${name} get nothing until it is resumed; producers can still enqueue.`
+        : `Consumers of ${name} get due items again.`,
+      ok: action === "pause" ? "Pause" : "Resume",
+    });
+    if (!ok) return;
+    try {
+      await post(`/v1/queues/${q(name)}/${action}`);
+      ctx.status(`${name} ${action === "pause" ? "paused" : "resumed"}`);
+      await loadInfo();
+    } catch (err) { ctx.report(err); }
+  });
+
+  root.querySelector("#purge").addEventListener("click", async () => {
+    const ok = await confirmAction({
+      title: `Purge ${name}?`,
+      message: `Every item in ${name} is removed, leased ones too. This cannot be undone.`,
+      ok: "Purge",
+      typed: name,
+    });
+    if (!ok) return;
+    try {
+      const answer = await del(`/v1/queues/${q(name)}/items`);
+      ctx.status(`purged ${num(answer.purged)} item${answer.purged === 1 ? "" : "s"} from ${name}`);
+      await loadInfo();
+      await child?.refresh?.();
+    } catch (err) { ctx.report(err); }
+  });
+
+  await loadInfo();
+  child = await mountTab();
+  return {
+    async refresh() {
+      await loadInfo();
+      if (child?.refresh && !document.getElementById("confirm").open) await child.refresh();
+    },
+  };
+}

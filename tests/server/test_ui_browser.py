@@ -1,0 +1,345 @@
+"""The dashboard in a real headless Chromium against a live ``dq serve``.
+
+Each test does what an operator would (click, confirm, type) and checks the effect
+through the HTTP API, not through the page. Skipped, with the reason, when Chromium or
+the playwright package is missing (tests/server/browser.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.browser import browser_or_skip, new_page, screenshot
+from tests.server.live import LiveServer, live_server
+
+pytestmark = pytest.mark.timeout(120)
+
+SERVER_ENV = {"DQ_HISTORY_INTERVAL_MS": "200", "DQ_EXPIRE_INTERVAL_MS": "50"}
+REFRESH = "?refresh=400"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    yield from browser_or_skip()
+
+
+@pytest.fixture(scope="module")
+def server(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    with live_server(tmp_path_factory.mktemp("dq-ui") / "data", env=SERVER_ENV) as s:
+        yield s
+
+
+@pytest.fixture
+def api(server: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=10) as c:
+        yield c
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    errors: list[str] = []
+    p = new_page(browser, errors)
+    yield p
+    p.context.close()
+    assert not errors, errors
+
+
+@pytest.fixture
+def shot(tmp_path: Path) -> Callable[[Any, str], Path]:
+    return lambda page, name: screenshot(page, name, tmp_path)
+
+
+def expect() -> Any:
+    from playwright.sync_api import expect as playwright_expect
+
+    return playwright_expect
+
+
+def enqueue(api: httpx.Client, queue: str, n: int, **item: Any) -> list[int]:
+    r = api.post(f"/v1/queues/{queue}/items", json={"items": [{"value": "v", **item}] * n})
+    r.raise_for_status()
+    return [i["id"] for i in r.json()["items"]]
+
+
+def queue_info(api: httpx.Client, queue: str) -> dict[str, Any]:
+    r = api.get(f"/v1/queues/{queue}")
+    r.raise_for_status()
+    info: dict[str, Any] = r.json()
+    return info
+
+
+def paused(api: httpx.Client, queue: str) -> bool:
+    info = queue_info(api, queue)
+    return bool(info.get("paused", info["stats"].get("paused")))
+
+
+def cell(page: Any, queue: str, col: str) -> Any:
+    return page.locator(f'#queues tr[data-queue="{queue}"] td[data-col="{col}"]')
+
+
+def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    give_up = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < give_up, "condition not met in time"
+        time.sleep(0.05)
+
+
+def confirm(page: Any, typed: str | None = None) -> None:
+    dialog = page.locator("dialog#confirm")
+    expect()(dialog).to_be_visible()
+    if typed is not None:
+        page.fill("#confirm-typed", typed)
+    page.click("#confirm-ok")
+    expect()(dialog).to_be_hidden()
+
+
+# ------------------------------------------------------------------ overview
+
+
+def test_overview_shows_the_queues_and_counts(
+    page: Any, api: httpx.Client, server: LiveServer, shot: Any
+) -> None:
+    enqueue(api, "orders", 12)
+    enqueue(api, "orders", 3, delay_ms=600_000)
+    enqueue(api, "emails", 4)
+    api.post("/v1/queues/orders/dequeue", json={"count": 2, "lease_ms": 600_000})
+    page.goto(server.url + "/ui/" + REFRESH)
+    expect()(cell(page, "orders", "due")).to_have_text("10")
+    expect()(cell(page, "orders", "delayed")).to_have_text("3")
+    expect()(cell(page, "orders", "leased")).to_have_text("2")
+    expect()(cell(page, "emails", "due")).to_have_text("4")
+    shot(page, "overview")
+
+
+def test_a_count_changes_without_reloading(
+    page: Any, api: httpx.Client, server: LiveServer
+) -> None:
+    enqueue(api, "live", 1)
+    page.goto(server.url + "/ui/" + REFRESH)
+    expect()(cell(page, "live", "due")).to_have_text("1")
+    page.evaluate("window.sameDocument = true")
+    enqueue(api, "live", 6)
+    expect()(cell(page, "live", "due")).to_have_text("7")
+    assert page.evaluate("window.sameDocument") is True  # updated in place, no reload
+
+
+def test_sorting_by_a_column(page: Any, api: httpx.Client, server: LiveServer) -> None:
+    enqueue(api, "zz-busiest", 50)
+    page.goto(server.url + "/ui/" + REFRESH)
+    page.click('#queues th[data-key="due"]')
+    expect()(page.locator("#queues tbody tr").first).to_have_attribute("data-queue", "zz-busiest")
+    page.click('#queues th[data-key="due"]')  # again: ascending
+    expect()(page.locator("#queues tbody tr").last).to_have_attribute("data-queue", "zz-busiest")
+
+
+# ------------------------------------------------------------------ one queue
+
+
+def test_depth_chart_draws_the_history(
+    page: Any, api: httpx.Client, server: LiveServer, shot: Any
+) -> None:
+    for n in range(4):  # the depth grows in steps while the server samples every 0.2 s
+        enqueue(api, "charted", 5 + 5 * n)
+        enqueue(api, "charted", 3, delay_ms=600_000)
+        api.post("/v1/queues/charted/dequeue", json={"count": 2, "lease_ms": 600_000})
+        time.sleep(0.4)
+    page.goto(server.url + "/ui/" + REFRESH + "#/queue/charted")
+    path = page.locator('.chart path[data-series="due"]')
+    expect()(path).to_have_count(1)
+    eventually(lambda: path.get_attribute("d").count("L") >= 4)
+    shot(page, "queue")
+
+
+def test_settings_are_edited(page: Any, api: httpx.Client, server: LiveServer, shot: Any) -> None:
+    enqueue(api, "configured", 1)
+    page.goto(server.url + "/ui/#/queue/configured/settings")
+    page.fill("#s-lease", "45000")
+    page.fill("#s-max", "4")
+    page.fill("#s-dlq", "configured-dead")
+    shot(page, "settings")
+    page.click("#settings button[type=submit]")
+    expect()(page.locator("#saved")).to_have_text("saved")
+    config = queue_info(api, "configured")["config"]
+    assert config["default_lease_ms"] == 45000 and config["max_deliveries"] == 4
+    assert config["dead_letter_queue"] == "configured-dead"
+
+
+def test_pause_and_resume_with_confirmation(
+    page: Any, api: httpx.Client, server: LiveServer
+) -> None:
+    enqueue(api, "pausable", 2)
+    page.goto(server.url + "/ui/" + REFRESH + "#/queue/pausable")
+    page.click("#pause")
+    page.click("#confirm-cancel")  # cancelling does nothing
+    assert not paused(api, "pausable")
+    page.click("#pause")
+    confirm(page)
+    eventually(lambda: paused(api, "pausable"))
+    expect()(page.locator("#badges .paused")).to_be_visible()
+    assert api.post("/v1/queues/pausable/dequeue", json={"count": 1}).json()["items"] == []
+    page.click("#pause")  # now "Resume…"
+    confirm(page)
+    eventually(lambda: not paused(api, "pausable"))
+    assert len(api.post("/v1/queues/pausable/dequeue", json={"count": 1}).json()["items"]) == 1
+
+
+def test_purge_needs_the_queue_name(page: Any, api: httpx.Client, server: LiveServer) -> None:
+    enqueue(api, "purgeable", 7)
+    page.goto(server.url + "/ui/#/queue/purgeable")
+    page.click("#purge")
+    expect()(page.locator("#confirm-message")).to_contain_text("purgeable")
+    expect()(page.locator("#confirm-ok")).to_be_disabled()
+    page.fill("#confirm-typed", "purgeabl")
+    expect()(page.locator("#confirm-ok")).to_be_disabled()
+    assert queue_info(api, "purgeable")["stats"]["pending"] == 7
+    confirm(page, typed="purgeable")
+    eventually(lambda: queue_info(api, "purgeable")["stats"]["pending"] == 0)
+
+
+def test_leased_items_about_to_expire_are_highlighted(
+    page: Any, api: httpx.Client, server: LiveServer, shot: Any
+) -> None:
+    enqueue(api, "held", 3)
+    api.post("/v1/queues/held/dequeue", json={"count": 1, "lease_ms": 8_000})
+    api.post("/v1/queues/held/dequeue", json={"count": 1, "lease_ms": 600_000})
+    page.goto(server.url + "/ui/" + REFRESH + "#/queue/held/leased")
+    rows = page.locator("table.items tbody tr[data-id]")
+    expect()(rows).to_have_count(2)
+    expect()(page.locator("table.items tr.expiring")).to_have_count(1)
+    shot(page, "leased")
+
+
+def dead_letter(api: httpx.Client, queue: str, n: int) -> list[int]:
+    """Make ``n`` items of ``queue`` fail their one allowed delivery."""
+    api.put(f"/v1/queues/{queue}", json={"max_deliveries": 1}).raise_for_status()
+    ids = enqueue(api, queue, n)
+    got = api.post(f"/v1/queues/{queue}/dequeue", json={"count": n, "lease_ms": 50}).json()
+    assert len(got["items"]) == n
+    time.sleep(0.3)  # the leases run out; the next dequeue moves them to the DLQ
+    eventually(
+        lambda: not api.post(f"/v1/queues/{queue}/dequeue", json={"count": n}).json()["items"]
+    )
+    eventually(lambda: queue_info(api, f"{queue}.dlq")["stats"]["pending"] == n)
+    return ids
+
+
+def test_redrive_dead_letters(page: Any, api: httpx.Client, server: LiveServer, shot: Any) -> None:
+    dead_letter(api, "failing", 3)
+    page.goto(server.url + "/ui/" + REFRESH + "#/dead")
+    expect()(
+        page.locator('#dlqs tr[data-queue="failing.dlq"] td[data-col="pending"]')
+    ).to_have_text("3")
+    page.click('#dlqs a:text("failing.dlq")')
+    rows = page.locator("table.items tbody tr[data-id]")
+    expect()(rows).to_have_count(3)
+    first = rows.first.get_attribute("data-id")
+    page.click(f'table.items a[data-open="{first}"]')  # look at one
+    expect()(page.locator(".panel.item")).to_contain_text("failing")
+    shot(page, "dead-letters")
+    page.click(f'button[data-redrive="{first}"]')  # redrive one
+    confirm(page)
+    eventually(lambda: queue_info(api, "failing")["stats"]["pending"] == 1)
+    expect()(rows).to_have_count(2)
+    page.click("#redrive-all")  # and the rest
+    confirm(page)
+    eventually(lambda: queue_info(api, "failing")["stats"]["pending"] == 3)
+    assert queue_info(api, "failing.dlq")["stats"]["pending"] == 0
+
+
+def test_select_and_delete_dead_letters(page: Any, api: httpx.Client, server: LiveServer) -> None:
+    dead_letter(api, "doomed", 3)
+    page.goto(server.url + "/ui/" + REFRESH + "#/queue/doomed.dlq/dead")
+    boxes = page.locator("table.items input[data-select]")
+    expect()(boxes).to_have_count(3)
+    boxes.nth(0).check()
+    boxes.nth(1).check()
+    page.click("#delete-selected")
+    confirm(page)
+    eventually(lambda: queue_info(api, "doomed.dlq")["stats"]["pending"] == 1)
+    assert queue_info(api, "doomed")["stats"]["pending"] == 0
+
+
+def test_find_an_item_by_id(page: Any, api: httpx.Client, server: LiveServer, shot: Any) -> None:
+    [text_id] = enqueue(api, "findable", 1, value="hello, find me")
+    [bin_id] = enqueue(api, "findable", 1, value="AAEC/w==", encoding="base64")
+    page.goto(server.url + "/ui/#/find")
+    page.fill("#find-queue", "findable")
+    page.fill("#find-id", str(text_id))
+    page.click("#find button[type=submit]")
+    panel = page.locator(".panel.item")
+    expect()(panel.locator('dd[data-field="state"]')).to_have_text("due")
+    expect()(panel.locator("pre.value")).to_have_text("hello, find me")
+    shot(page, "find")
+    panel.locator("input[value=hex]").check()
+    expect()(panel.locator("pre.value")).to_contain_text("68 65 6c 6c 6f")
+    page.fill("#find-id", str(bin_id))
+    page.click("#find button[type=submit]")
+    expect()(page.locator("pre.value")).to_contain_text("00 01 02 ff")  # binary: hex at once
+    page.fill("#find-id", "999999")
+    page.click("#find button[type=submit]")
+    expect()(page.locator("#not-found")).to_be_visible()
+
+
+def test_server_view(page: Any, api: httpx.Client, server: LiveServer, shot: Any) -> None:
+    enqueue(api, "stored", 2)
+    page.goto(server.url + "/ui/#/server")
+    expect()(page.locator('dd[data-field="data directory"]')).to_have_text(str(server.data_dir))
+    expect()(page.locator('dd[data-field="fsync"]')).to_have_text("never")
+    expect()(page.locator('#disk tr[data-queue="stored"]')).to_be_visible()
+    shot(page, "server")
+
+
+def test_swagger_ui_works_offline(page: Any, server: LiveServer, shot: Any) -> None:
+    outside: list[str] = []
+
+    def only_local(route: Any) -> None:
+        if route.request.url.startswith(server.url):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_local)
+    page.goto(server.url + "/docs")
+    expect()(page.locator(".swagger-ui .btn.authorize")).to_be_visible()
+    expect()(page.locator(".opblock-summary-path").first).to_be_visible()
+    assert outside == []
+    shot(page, "docs")
+
+
+# ------------------------------------------------------------------ auth
+
+
+@pytest.fixture(scope="module")
+def guarded(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    env = {**SERVER_ENV, "DQ_TOKENS": "s3cret"}
+    with live_server(tmp_path_factory.mktemp("dq-ui-auth") / "data", env=env) as s:
+        yield s
+
+
+def test_sign_in_with_a_token(page: Any, guarded: LiveServer, shot: Any) -> None:
+    httpx.post(
+        guarded.url + "/v1/queues/private/items",
+        json={"items": [{"value": "x"}]},
+        headers={"Authorization": "Bearer s3cret"},
+    ).raise_for_status()
+    page.goto(guarded.url + "/ui/" + REFRESH)
+    expect()(page.locator("#login")).to_be_visible()
+    expect()(page.locator("#nav")).to_be_hidden()
+    assert page.locator("#queues").count() == 0  # nothing but the form
+    shot(page, "login")
+    page.fill("#token", "wrong")
+    page.click("#login button[type=submit]")
+    expect()(page.locator("#login-error")).to_have_text("That token was refused.")
+    page.fill("#token", "s3cret")
+    page.click("#login button[type=submit]")
+    expect()(cell(page, "private", "due")).to_have_text("1")
+    page.click("#logout")
+    expect()(page.locator("#login")).to_be_visible()
+    assert page.locator("#queues").count() == 0
