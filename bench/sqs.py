@@ -12,6 +12,9 @@ bytes. Printed, messages per second for each API:
 - receive one and delete it (``ReceiveMessage`` + ``DeleteMessage`` / ``dequeue`` + ``release``)
 - receive 10 and delete them (``ReceiveMessage`` + ``DeleteMessageBatch`` / ``release_many``)
 
+and the CPU time this process spent per step (one call, or a receive and its delete):
+what the client library costs on its own, apart from the server.
+
 The machine, the date and the load average before and after go with the figures.
 """
 
@@ -90,24 +93,34 @@ def _sqs(url: str) -> Any:
 
 
 def _run(threads: int, seconds: float, make: Callable[[int], Callable[[], int]]) -> float:
-    """Messages per second of ``threads`` loops, each calling its own step repeatedly."""
+    """Messages per second of ``threads`` loops, each calling its own step repeatedly.
+
+    Also records (in ``_cpu``) this process's CPU time per step: what the client
+    library itself costs, apart from the server."""
     counts = [0] * threads
+    steps_done = [0] * threads
     steps = [make(i) for i in range(threads)]
     stop = time.monotonic() + seconds
 
     def loop(i: int) -> None:
-        step, n = steps[i], 0
+        step, n, k = steps[i], 0, 0
         while time.monotonic() < stop:
             n += step()
-        counts[i] = n
+            k += 1
+        counts[i], steps_done[i] = n, k
 
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.process_time()
     workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
+    _cpu.append((time.process_time() - cpu0) / max(1, sum(steps_done)))
     return sum(counts) / (time.monotonic() - t0)
+
+
+#: client CPU seconds per step of each phase run, in order
+_cpu: list[float] = []
 
 
 def sqs_phases(url: str, queue: str, threads: int, seconds: float) -> dict[str, float]:
@@ -219,12 +232,16 @@ def _report(r: dict[str, Any]) -> str:
         f"{r['threads']} thread(s) x {r['seconds']} s per phase",
         f"load average before / after: {r['load_before']} / {r['load_after']}",
         "",
-        "| phase | boto3 → SQS endpoint | dq Client → /v1 | SQS / native |",
-        "| --- | --- | --- | --- |",
+        "| phase | boto3 → SQS endpoint | dq Client → /v1 | SQS / native "
+        "| client CPU per step, boto3 / Client |",
+        "| --- | --- | --- | --- | --- |",
     ]
-    for key, label in _ROWS:
+    for i, (key, label) in enumerate(_ROWS):
         s, n = r["sqs"][key], r["native"][key]
-        lines.append(f"| {label} | {s:,.0f} msg/s | {n:,.0f} msg/s | {s / n:.2f} |")
+        cs, cn = r["client_cpu_ms"]["sqs"][i], r["client_cpu_ms"]["native"][i]
+        lines.append(
+            f"| {label} | {s:,.0f} msg/s | {n:,.0f} msg/s | {s / n:.2f} | {cs:.2f} / {cn:.2f} ms |"
+        )
     return "\n".join(lines)
 
 
@@ -244,6 +261,11 @@ def main() -> int:
         result: dict[str, Any] = {
             "sqs": sqs_phases(url, "bench-sqs", args.threads, args.seconds),
             "native": native_phases(url, "bench-native", args.threads, args.seconds),
+        }
+        phases = len(_ROWS)
+        result["client_cpu_ms"] = {
+            "sqs": [c * 1000 for c in _cpu[:phases]],
+            "native": [c * 1000 for c in _cpu[phases:]],
         }
         result.update(
             machine=f"{platform.system()} {platform.machine()}",

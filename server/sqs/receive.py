@@ -58,7 +58,14 @@ def _attribute_filter(p: dict[str, Any]) -> tuple[bool, set[str], tuple[str, ...
     return every, {n for n in names if not n.endswith(".*")}, prefixes
 
 
-def _message(ctx: Ctx, name: str, d: Delivery, now: int, p: dict[str, Any]) -> dict[str, Any]:
+def _message(
+    ctx: Ctx,
+    name: str,
+    d: Delivery,
+    now: int,
+    wanted: set[str],
+    chosen_by: tuple[bool, set[str], tuple[str, ...]],
+) -> dict[str, Any]:
     stored = decode(d.value)
     body = stored.body
     out: dict[str, Any] = {
@@ -67,7 +74,6 @@ def _message(ctx: Ctx, name: str, d: Delivery, now: int, p: dict[str, Any]) -> d
         "MD5OfBody": md5_hex(body.encode()),
         "Body": body,
     }
-    wanted = _wanted_system(p)
     first = ctx.state.receives.on_delivery(name, d.id, d.stats.dequeue_count, now)
     system: dict[str, str | None] = {
         "SenderId": ctx.account,
@@ -81,7 +87,7 @@ def _message(ctx: Ctx, name: str, d: Delivery, now: int, p: dict[str, Any]) -> d
     attributes = {k: v for k, v in system.items() if k in wanted and v is not None}
     if attributes:
         out["Attributes"] = attributes
-    every, exact, prefixes = _attribute_filter(p)
+    every, exact, prefixes = chosen_by
     chosen = {
         k: v for k, v in stored.attributes.items() if every or k in exact or k.startswith(prefixes)
     }
@@ -96,6 +102,7 @@ async def receive_message(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
     limits = ctx.limits
     count = get_int(p, "MaxNumberOfMessages", 1, limits.max_receive, default=1)
     visibility = get_int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_S)
+    wanted, chosen_by = _wanted_system(p), _attribute_filter(p)  # checked before leasing
     service = ctx.service
     t0 = _perf()
     try:
@@ -116,7 +123,9 @@ async def receive_message(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
     now = ctx.engine.now()
     service.metrics.observe("dequeue", _perf() - t0, len(got))
     service.metrics.observe_lateness(now, (d.deadline for d in got))
-    return {"Messages": [_message(ctx, name, d, now, p) for d in got]} if got else {}
+    if not got:
+        return {}
+    return {"Messages": [_message(ctx, name, d, now, wanted, chosen_by) for d in got]}
 
 
 def _handle(raw: object) -> tuple[str, int]:

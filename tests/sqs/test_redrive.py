@@ -123,3 +123,35 @@ def test_deduplication_id(sqs: Any, qname: str) -> None:
     ]
     assert len(got) == 1
     assert got[0]["Attributes"]["MessageDeduplicationId"] == "order-17"
+
+
+def test_cancel_a_move_task(sqs: Any, qname: str) -> None:
+    dlq_url = sqs.create_queue(QueueName=qname + "-dlq")["QueueUrl"]
+    policy = {"deadLetterTargetArn": _arn(sqs, dlq_url), "maxReceiveCount": 1}
+    src_url = sqs.create_queue(QueueName=qname, Attributes={"RedrivePolicy": json.dumps(policy)})[
+        "QueueUrl"
+    ]
+    sqs.send_message_batch(
+        QueueUrl=dlq_url, Entries=[{"Id": str(i), "MessageBody": f"m{i}"} for i in range(10)]
+    )
+    dlq_arn = _arn(sqs, dlq_url)
+    # one message a second: cancelled long before all ten are moved
+    handle = sqs.start_message_move_task(
+        SourceArn=dlq_arn, DestinationArn=_arn(sqs, src_url), MaxNumberOfMessagesPerSecond=1
+    )["TaskHandle"]
+    with pytest.raises(sqs.exceptions.UnsupportedOperation):  # one task per queue at a time
+        sqs.start_message_move_task(SourceArn=dlq_arn)
+    (running,) = sqs.list_message_move_tasks(SourceArn=dlq_arn)["Results"]
+    assert running["Status"] == "RUNNING" and running["TaskHandle"] == handle
+    assert running["ApproximateNumberOfMessagesToMove"] == 10
+    sqs.cancel_message_move_task(TaskHandle=handle)
+    task = _wait_task(sqs, dlq_arn)
+    assert task["Status"] == "CANCELLED"
+    moved = task["ApproximateNumberOfMessagesMoved"]
+    assert 0 <= moved < 10
+    attrs = sqs.get_queue_attributes(
+        QueueUrl=dlq_url, AttributeNames=["ApproximateNumberOfMessages"]
+    )
+    assert attrs["Attributes"]["ApproximateNumberOfMessages"] == str(10 - moved)
+    with pytest.raises(sqs.exceptions.ResourceNotFoundException):
+        sqs.cancel_message_move_task(TaskHandle=handle)
