@@ -202,6 +202,23 @@ def test_purge_needs_the_queue_name(page: Any, api: httpx.Client, server: LiveSe
     eventually(lambda: queue_info(api, "purgeable")["stats"]["pending"] == 0)
 
 
+def test_items_are_browsed_page_by_page(page: Any, api: httpx.Client, server: LiveServer) -> None:
+    ids = enqueue(api, "browsed", 120)
+    page.goto(server.url + "/ui/?refresh=600000#/queue/browsed/items")  # no refresh needed
+    rows = page.locator("table.items tbody tr[data-id]")
+    expect()(rows).to_have_count(50)
+    expect()(rows.first).to_have_attribute("data-id", str(ids[0]))
+    page.click("#next")
+    expect()(rows.first).to_have_attribute("data-id", str(ids[50]))
+    page.click("#next")
+    expect()(rows).to_have_count(20)
+    expect()(page.locator("#next")).to_be_disabled()
+    page.click("#prev")
+    expect()(rows.first).to_have_attribute("data-id", str(ids[50]))
+    page.select_option("#state", "delayed")
+    expect()(page.locator("table.items tbody td.muted")).to_have_text("No items.")
+
+
 def test_leased_items_about_to_expire_are_highlighted(
     page: Any, api: httpx.Client, server: LiveServer, shot: Any
 ) -> None:

@@ -16,7 +16,7 @@ export function expiringSoon(item, leaseMs, now) {
   return item.lease_expires - now <= Math.max(SOON_MS, 0.2 * leaseMs);
 }
 
-export function browser(root, queue, { mode, info, ctx }) {
+export async function browser(root, queue, { mode, info, ctx }) {
   const leaseMs = info.config?.default_lease_ms ?? 30_000;
   const state = { filter: mode === "leased" ? "leased" : "all", cursors: [null], page: 0, next: null };
   const selected = new Set();
@@ -140,5 +140,6 @@ export function browser(root, queue, { mode, info, ctx }) {
       load().catch(ctx.report);
     }
   });
+  await load();
   return { refresh: load };
 }
