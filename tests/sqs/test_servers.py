@@ -67,6 +67,19 @@ def test_relaxed_limits(tmp_path: Path) -> None:
         assert m["Body"] == big
         with pytest.raises(ClientError):  # dq's own value limit still holds
             sqs.send_message(QueueUrl=url, MessageBody="x" * ((1 << 20) + 1))
+        # within the limit by SQS's count, over it once stored with its envelope: only
+        # that entry of the batch fails
+        attr = {"a": {"DataType": "String", "StringValue": "v"}}
+        near = "x" * ((1 << 20) - 20)
+        res = sqs.send_message_batch(
+            QueueUrl=url,
+            Entries=[
+                {"Id": "ok", "MessageBody": "small", "MessageAttributes": attr},
+                {"Id": "big", "MessageBody": near, "MessageAttributes": attr},
+            ],
+        )
+        assert [e["Id"] for e in res["Successful"]] == ["ok"]
+        assert [(e["Id"], e["Code"]) for e in res["Failed"]] == [("big", "InvalidParameterValue")]
 
 
 def _receive_all(sqs: Any, url: str, want: int) -> list[Any]:
