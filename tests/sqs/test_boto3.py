@@ -230,13 +230,13 @@ def test_long_poll_wakes_on_send(sqs: Any, server: LiveServer, qname: str) -> No
 
 
 def test_visibility_timeout_expiry_redelivers(sqs: Any, qname: str) -> None:
-    url = sqs.create_queue(QueueName=qname, Attributes={"VisibilityTimeout": "1"})["QueueUrl"]
+    url = sqs.create_queue(QueueName=qname, Attributes={"VisibilityTimeout": "2"})["QueueUrl"]
     sqs.send_message(QueueUrl=url, MessageBody="again")
     (first,) = sqs.receive_message(QueueUrl=url, AttributeNames=["All"])["Messages"]
     assert first["Attributes"]["ApproximateReceiveCount"] == "1"
     assert "Messages" not in sqs.receive_message(QueueUrl=url)  # invisible now
     (second,) = sqs.receive_message(
-        QueueUrl=url, WaitTimeSeconds=5, MessageSystemAttributeNames=["All"]
+        QueueUrl=url, WaitTimeSeconds=10, MessageSystemAttributeNames=["All"]
     )["Messages"]
     assert second["MessageId"] == first["MessageId"]
     assert second["ReceiptHandle"] != first["ReceiptHandle"]
@@ -266,7 +266,7 @@ def test_change_message_visibility(sqs: Any, qname: str) -> None:
     sqs.send_message_batch(
         QueueUrl=url, Entries=[{"Id": "a", "MessageBody": "a"}, {"Id": "b", "MessageBody": "b"}]
     )
-    got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2, VisibilityTimeout=1)["Messages"]
+    got = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2, VisibilityTimeout=3)["Messages"]
     a = next(m for m in got if m["Body"] == "a")
     b = next(m for m in got if m["Body"] == "b")
     # a: hidden for 30 s more; b: visible again at once
@@ -282,7 +282,7 @@ def test_change_message_visibility(sqs: Any, qname: str) -> None:
     assert [f["Code"] for f in res["Failed"]] == ["ReceiptHandleIsInvalid"]
     (again,) = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=2)["Messages"]
     assert again["Body"] == "b"
-    time.sleep(1.5)  # a's original 1 s lease would have run out by now
+    time.sleep(3.2)  # a's original 3 s lease would have run out by now
     assert "Messages" not in sqs.receive_message(QueueUrl=url)
     sqs.change_message_visibility(
         QueueUrl=url, ReceiptHandle=a["ReceiptHandle"], VisibilityTimeout=0
@@ -295,7 +295,7 @@ def test_change_message_visibility(sqs: Any, qname: str) -> None:
 
 def test_delays(sqs: Any, qname: str) -> None:
     url = sqs.create_queue(QueueName=qname)["QueueUrl"]
-    sqs.send_message(QueueUrl=url, MessageBody="soon", DelaySeconds=1)
+    sqs.send_message(QueueUrl=url, MessageBody="soon", DelaySeconds=2)
     later = int(time.time() * 1000) + 3_600_000
     sent = sqs.send_message(
         QueueUrl=url,
@@ -306,13 +306,13 @@ def test_delays(sqs: Any, qname: str) -> None:
     attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
     assert attrs["ApproximateNumberOfMessagesDelayed"] == "2"
     assert "Messages" not in sqs.receive_message(QueueUrl=url)
-    (m,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
+    (m,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=10)["Messages"]
     assert m["Body"] == "soon"
     # the queue's DelaySeconds applies to messages that give none
-    sqs.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "1"})
+    sqs.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "2"})
     sqs.send_message(QueueUrl=url, MessageBody="queue delay")
     assert "Messages" not in sqs.receive_message(QueueUrl=url)
-    (m,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=5)["Messages"]
+    (m,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=10)["Messages"]
     assert m["Body"] == "queue delay"
 
 
