@@ -1,7 +1,8 @@
 """The app factory: ``create_app(settings, engine=None)`` wires routers, errors, limits.
 
 It only wires: routes live in ``server/routers/``, errors in ``server/errors.py``,
-resources in ``server/lifespan.py``. Invariant: one app owns one metrics registry and
+resources in ``server/lifespan.py``; the fast path for the hot routes is part of the
+HTTP protocol ``dq serve`` runs (``server/protocol.py``), outside this app. Invariant: one app owns one metrics registry and
 (at most) one open engine; apps never share state, so tests can build many.
 """
 
@@ -11,9 +12,9 @@ from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
 
+from server.auth import TokenGate
 from server.dependencies import require_token
 from server.errors import install_error_handlers
-from server.fastpath import FastPath
 from server.history import History
 from server.lifespan import make_lifespan
 from server.limits import BodyLimit
@@ -54,8 +55,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         redoc_url=None,
     )
     app.add_middleware(BodyLimit, limit=settings.body_limit)
-    # Outermost: a valid enqueue, release or dequeue skips FastAPI's machinery.
-    app.add_middleware(FastPath, routes=items)
+    # Outermost: no body is read before the token is checked.
+    app.add_middleware(TokenGate, tokens=settings.tokens)
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.service = None

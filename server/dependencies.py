@@ -1,24 +1,27 @@
 """Shared dependencies of the routers: the running service and bearer-token auth.
 
-Owns ``Service`` — what the lifespan opened (engine, long-poll, metrics, settings) —
-and the ``require_token`` guard. Invariant: every dependency here is ``async def``,
+Owns ``Service`` — what the lifespan opened (engine, long-poll, metrics, settings,
+durable completions) — and the ``require_token`` guard, which documents the bearer
+scheme in OpenAPI (the ``TokenGate`` in front of the app has already refused a request
+without a valid token before its body was read; both use ``server.auth.token_ok``). Invariant: every dependency here is ``async def``,
 so FastAPI never sends it to its thread pool (a sync dependency would cost a thread
 hop on every request); hot routes reach the service through ``service_of(request)``.
 """
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from server.auth import token_ok, unauthorized
 from server.errors import ApiError
 from server.schemas import QUEUE_NAME_REGEX
 
 if TYPE_CHECKING:
+    from server.completions import Completions
     from server.longpoll import LongPoll
     from server.metrics import Metrics
     from server.settings import Settings
@@ -35,6 +38,7 @@ class Service:
     settings: Settings
     metrics: Metrics
     longpoll: LongPoll
+    completions: Completions
 
 
 def service_of(request: Request) -> Service:
@@ -67,11 +71,6 @@ async def require_token(
     tokens: tuple[str, ...] = request.app.state.settings.tokens
     if not tokens:
         return
-    if credentials is not None:
-        given = credentials.credentials.encode()
-        for token in tokens:
-            if hmac.compare_digest(given, token.encode()):
-                return
-    raise ApiError(
-        401, "unauthorized", "a valid bearer token is required", {"WWW-Authenticate": "Bearer"}
-    )
+    header = None if credentials is None else f"Bearer {credentials.credentials}".encode()
+    if not token_ok(header, tuple(t.encode() for t in tokens)):
+        raise ApiError(*unauthorized())

@@ -1,81 +1,43 @@
 """The one place where errors become HTTP responses.
 
 Every error the service returns is JSON ``{"error": code, "message": text}`` with a
-stable ``code``: storage errors keep their own ``code``; request validation errors are
-``validation_error`` (422) or ``invalid_json`` (400); the HTTP layer's own refusals
-(``unauthorized``, ``body_too_large``, ``not_found`` ...) are ``ApiError``. Invariant:
-bad input never yields a 500 — only an unexpected bug does, and it is logged.
-
-    StorageError class        status
-    InvalidArgument           400
-    ValueTooLarge             413
-    BatchTooLarge             413
-    QueueNotFound             404
-    ItemNotFound              404
-    StaleReceipt              409
-    ConfigConflict            409
-    StorageFull               507
-    EngineUnavailable         503
-    DataDirLocked             503
-    anything else             500
+stable ``code``: storage errors keep their own ``code`` and answer their class's
+``http_status`` (declared in ``storage/errors.py``, beside the error tree); request
+validation errors are ``validation_error`` (422) or ``invalid_json`` (400); the HTTP
+layer's own refusals (``unauthorized``, ``body_too_large``, ``not_found`` ...) are
+``ApiError``. The FastAPI handlers and the HTTP fast path (``server/hot_routes.py``)
+both render through ``storage_error_reply`` and ``error_json``, so an error answer is
+the same bytes whichever path served it. Invariant: bad input never yields a 500 —
+only an unexpected bug does, and it is logged.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from storage.errors import (
-    BatchTooLarge,
-    ConfigConflict,
-    DataDirLocked,
-    EngineUnavailable,
-    InvalidArgument,
-    ItemNotFound,
-    QueueNotFound,
-    StaleReceipt,
-    StorageError,
-    StorageFull,
-    ValueTooLarge,
-)
+from storage.errors import EngineUnavailable, StorageError, status_for_code
 
 __all__ = [
-    "ITEM_ERROR_STATUS",
     "ApiError",
+    "as_storage_error",
+    "error_json",
     "error_response",
     "install_error_handlers",
+    "item_status",
     "status_for",
+    "storage_error_reply",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: Most specific classes first: the first ``isinstance`` match wins.
-_STATUS: tuple[tuple[type[StorageError], int], ...] = (
-    (ValueTooLarge, 413),
-    (BatchTooLarge, 413),
-    (InvalidArgument, 400),
-    (QueueNotFound, 404),
-    (ItemNotFound, 404),
-    (StaleReceipt, 409),
-    (ConfigConflict, 409),
-    (StorageFull, 507),
-    (EngineUnavailable, 503),
-    (DataDirLocked, 503),
-)
-
-#: Per-item error codes (``ItemOutcome.error``) to the status a single-item route answers.
-ITEM_ERROR_STATUS: dict[str, int] = {
-    "stale_receipt": 409,
-    "item_not_found": 404,
-    "invalid_receipt": 400,
-    "invalid_deadline": 400,
-    "invalid_argument": 400,
-}
+_JSON = "application/json"
 
 _HTTP_CODES: dict[int, str] = {
     400: "bad_request",
@@ -102,33 +64,61 @@ class ApiError(Exception):
 
 
 def status_for(exc: StorageError) -> int:
-    for cls, status in _STATUS:
-        if isinstance(exc, cls):
-            return status
-    return 500
+    return exc.http_status
+
+
+def item_status(code: str) -> int:
+    """The status a single-item route answers for its item's error ``code``."""
+    status = status_for_code(code)
+    return status if status < 500 else 400
+
+
+def as_storage_error(exc: BaseException) -> StorageError:
+    """What an engine call's failure answers: an ``OSError`` that escaped the engine
+    (a failed write or fsync) means the queue can no longer be trusted: 503."""
+    if isinstance(exc, StorageError):
+        return exc
+    if isinstance(exc, OSError):
+        return EngineUnavailable(f"I/O error: {exc}")
+    raise exc
+
+
+def error_json(code: str, message: str) -> bytes:
+    """The error body, byte for byte what ``JSONResponse`` renders for it."""
+    doc = {"error": code, "message": message}
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def storage_error_reply(exc: StorageError, where: str) -> tuple[int, bytes, bool]:
+    """(status, body, retry_after) for a storage error; 5xx are logged here, once."""
+    status = exc.http_status
+    if status >= 500:
+        logger.error("storage error on %s: %s", where, exc)
+    return status, error_json(exc.code, str(exc)), status == 503
 
 
 def error_response(
     status: int, code: str, message: str, headers: dict[str, str] | None = None
-) -> JSONResponse:
-    return JSONResponse({"error": code, "message": message}, status_code=status, headers=headers)
+) -> Response:
+    return Response(
+        error_json(code, message), status_code=status, headers=headers, media_type=_JSON
+    )
 
 
-async def _storage_error(request: Request, exc: Exception) -> JSONResponse:
+async def _storage_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StorageError)
-    status = status_for(exc)
-    if status >= 500:
-        logger.error("storage error on %s %s: %s", request.method, request.url.path, exc)
-    headers = {"Retry-After": "1"} if status == 503 else None
-    return error_response(status, exc.code, str(exc), headers)
+    where = f"{request.method} {request.url.path}"
+    status, body, retry = storage_error_reply(exc, where)
+    headers = {"Retry-After": "1"} if retry else None
+    return Response(body, status_code=status, headers=headers, media_type=_JSON)
 
 
-async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
     return error_response(exc.status, exc.code, exc.message, exc.headers)
 
 
-async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     errors = list(exc.errors())
     if any(e.get("type") == "json_invalid" for e in errors):
@@ -139,14 +129,14 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     headers = dict(exc.headers) if exc.headers else None
     return error_response(exc.status_code, code, str(exc.detail), headers)
 
 
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+async def _unexpected(request: Request, exc: Exception) -> Response:
     logger.exception("unhandled error on %s %s", request.method, request.url.path)
     return error_response(500, "internal_error", "internal server error (see the server log)")
 

@@ -22,7 +22,9 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+from server.completions import Completions
 from server.dependencies import Service
+from server.hot_routes import HotRoutes
 from server.longpoll import LongPoll
 from server.routers import consumers
 from storage.errors import StorageError
@@ -79,10 +81,13 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
         opened = await asyncio.to_thread(open_engine, settings) if engine is None else engine
         loop = asyncio.get_running_loop()
         app.state.service = service = Service(
-            opened, settings, app.state.metrics, LongPoll(opened, loop)
+            opened, settings, app.state.metrics, LongPoll(opened, loop), Completions(loop)
         )
+        app.state.hot_routes = HotRoutes(service)
         if not getattr(app.state, "engine_watched", False):
-            app.state.metrics.watch_engine(lambda: _current_engine(app))
+            app.state.metrics.watch_engine(
+                lambda: _current_engine(app), settings.metrics_max_queues
+            )
             app.state.engine_watched = True
         expiry = asyncio.create_task(
             _expire_forever(opened, settings.expire_interval_ms / 1000.0), name="dq-expire-leases"
@@ -108,6 +113,7 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
                 app.state.shm = None
                 await asyncio.to_thread(shm.close)
             await asyncio.to_thread(consumers.uninstall, app)
+            app.state.hot_routes = None
             app.state.service = None
             if owned:
                 await asyncio.to_thread(opened.close)

@@ -2,11 +2,17 @@
 
 Owns the per-queue wake-up signals: while at least one request waits on a queue, one
 ``engine.watch`` subscription forwards "items were published" from whatever thread
-publishes them onto the event loop (``call_soon_threadsafe``) and sets every waiter's
-own ``asyncio.Event``. Between publications a waiter sleeps until the engine's
-``next_wakeup`` (the next deadline or lease expiry), so an item that becomes due by
-the clock wakes it too. Invariant: a waiter re-checks the queue *after* registering
-its event, so a publication between "nothing due" and "start waiting" is never lost.
+publishes them onto the event loop (``call_soon_threadsafe``). A publication wakes
+*one* waiter (the longest waiting); a waiter that was woken and leased something
+passes the wake-up on to the next, so a publication of one item costs two wake-ups
+whether 3 or 300 consumers wait, and a large one reaches as many as it can serve.
+Between publications a waiter sleeps until the engine's ``next_wakeup`` (the next
+deadline or lease expiry), so an item that becomes due by the clock wakes it too.
+
+A queue that does not exist yet has nothing due: its waiters wait, subscribed to the
+engine's ``queue_created`` event, and are woken when it is created (then watch it like
+any other). Invariant: a waiter re-checks the queue *after* registering its event, so
+a publication between "nothing due" and "start waiting" is never lost.
 """
 
 from __future__ import annotations
@@ -17,8 +23,11 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
 
+from storage.errors import QueueNotFound
+
 if TYPE_CHECKING:
     from storage import Engine
+    from storage.events import Event
     from storage.types import Delivery
 
 __all__ = ["LongPoll"]
@@ -34,11 +43,13 @@ _RACE_NAP_S = 0.002
 
 
 class _QueueSignal:
-    __slots__ = ("events", "unsubscribe")
+    __slots__ = ("events", "exists", "unsubscribe")
 
     def __init__(self) -> None:
-        self.events: set[asyncio.Event] = set()
+        #: Waiters in arrival order (a dict: ordered, O(1) removal).
+        self.events: dict[asyncio.Event, None] = {}
         self.unsubscribe: Callable[[], None] | None = None
+        self.exists = True
 
 
 class LongPoll:
@@ -65,36 +76,88 @@ class LongPoll:
                 event.set()
 
     def _notify(self, queue: str) -> None:
+        """Wake the longest-waiting request that is not awake already."""
         signal = self._signals.get(queue)
         if signal is not None:
             for event in signal.events:
-                event.set()
+                if not event.is_set():
+                    event.set()
+                    return
+
+    def _pass_on(self, queue: str, event: asyncio.Event) -> None:
+        signal = self._signals.get(queue)
+        if signal is not None:
+            signal.events.pop(event, None)
+            self._notify(queue)
+
+    def _created(self, queue: str) -> None:
+        """The queue now exists: watch it and let every waiter look."""
+        signal = self._signals.get(queue)
+        if signal is None or signal.exists:
+            return
+        self._subscribe(queue, signal)
+        for event in signal.events:
+            event.set()
+
+    def _subscribe(self, queue: str, signal: _QueueSignal) -> None:
+        if signal.unsubscribe is not None:
+            signal.unsubscribe()
+            signal.unsubscribe = None
+        loop, notify = self._loop, self._notify
+
+        def on_publish() -> None:  # any thread
+            loop.call_soon_threadsafe(notify, queue)
+
+        try:
+            signal.unsubscribe = self._engine.watch(queue, on_publish)
+            signal.exists = True
+            return
+        except QueueNotFound:
+            pass
+        created = self._created
+
+        def on_event(event: Event) -> None:  # any thread, on every engine event
+            if event.kind == "queue_created" and event.queue == queue:
+                loop.call_soon_threadsafe(created, queue)
+
+        signal.exists = False
+        signal.unsubscribe = self._engine.on_event(on_event)
+        # Created between the failed watch and the subscription: look again.
+        if queue in self._engine.list_queues():
+            loop.call_soon(created, queue)
 
     @contextlib.contextmanager
     def _registered(self, queue: str) -> Iterator[asyncio.Event]:
         signal = self._signals.get(queue)
         if signal is None:
             signal = self._signals[queue] = _QueueSignal()
-            loop, notify = self._loop, self._notify
-
-            def on_publish() -> None:  # any thread
-                loop.call_soon_threadsafe(notify, queue)
-
             try:
-                signal.unsubscribe = self._engine.watch(queue, on_publish)
+                self._subscribe(queue, signal)
             except BaseException:
                 del self._signals[queue]
                 raise
         event = asyncio.Event()
-        signal.events.add(event)
+        signal.events[event] = None
         try:
             yield event
         finally:
-            signal.events.discard(event)
+            signal.events.pop(event, None)
             if not signal.events:
                 del self._signals[queue]
                 if signal.unsubscribe is not None:
                     signal.unsubscribe()
+
+    def _lease(self, queue: str, count: int, lease_ms: int | None) -> list[Delivery]:
+        try:
+            return self._engine.dequeue(queue, count, lease_ms)
+        except QueueNotFound:
+            return []
+
+    def _next_wakeup(self, queue: str) -> int | None:
+        try:
+            return self._engine.next_wakeup(queue)
+        except QueueNotFound:
+            return None
 
     async def dequeue(
         self,
@@ -110,7 +173,7 @@ class LongPoll:
         nothing leased, so a dead long-poll never takes items nobody will receive.
         """
         engine = self._engine
-        items = engine.dequeue(queue, count, lease_ms)
+        items = self._lease(queue, count, lease_ms)
         if items or wait_ms <= 0 or self._draining:
             return items
         loop = self._loop
@@ -119,17 +182,18 @@ class LongPoll:
             watcher = None if gone is None else asyncio.ensure_future(gone())
             if watcher is not None:
                 watcher.add_done_callback(lambda _: event.set())
+            items = []
             try:
                 while True:
                     event.clear()
                     if watcher is not None and watcher.done():
                         return []
-                    items = engine.dequeue(queue, count, lease_ms)
+                    items = self._lease(queue, count, lease_ms)
                     remaining = give_up - loop.time()
                     if items or remaining <= 0 or self._draining:
                         return items
                     nap = min(remaining, _MAX_NAP_S)
-                    wakeup = engine.next_wakeup(queue)
+                    wakeup = self._next_wakeup(queue)
                     if wakeup is not None:
                         ahead = (wakeup - engine.now()) / 1000.0
                         if ahead <= 0:
@@ -148,3 +212,7 @@ class LongPoll:
             finally:
                 if watcher is not None:
                     watcher.cancel()
+                if items or event.is_set():
+                    # Leased something (there may be more), or woken and leaving
+                    # unserved: the next waiter gets its turn.
+                    self._pass_on(queue, event)

@@ -79,9 +79,11 @@ class Metrics:
     def observe_lateness(self, now_ms: int, deadlines: Iterable[int]) -> None:
         self._lateness.observe_many_ms([now_ms - d for d in deadlines])
 
-    def watch_engine(self, current: Callable[[], Engine | None]) -> None:
-        """Publish live figures (depths, fsync latency) of ``current()`` at scrape time."""
-        self.registry.register(_EngineCollector(current))
+    def watch_engine(self, current: Callable[[], Engine | None], max_queues: int) -> None:
+        """Publish live figures (depths, fsync latency) of ``current()`` at scrape time,
+        per queue for the first ``max_queues`` queues by name (a scrape runs on the event
+        loop: its cost must stay bounded however many queues there are)."""
+        self.registry.register(_EngineCollector(current, max_queues))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -195,8 +197,9 @@ class _BatchHistogram(Collector):
 class _EngineCollector(Collector):
     """Reads queue stats and the engine's fsync histogram only when scraped."""
 
-    def __init__(self, current: Callable[[], Engine | None]) -> None:
+    def __init__(self, current: Callable[[], Engine | None], max_queues: int) -> None:
         self._current = current
+        self._max_queues = max_queues
 
     def describe(self) -> Iterable[Metric]:
         return []
@@ -244,7 +247,13 @@ class _EngineCollector(Collector):
         except Exception:  # a closed engine: publish no depths rather than fail the scrape
             logger.debug("queue depths unavailable", exc_info=True)
             return
-        for name in names:
+        count = GaugeMetricFamily(
+            "dq_queues",
+            "Queues that exist (per-queue series: the first DQ_METRICS_MAX_QUEUES by name)",
+        )
+        count.add_metric([], float(len(names)))
+        yield count
+        for name in names[: self._max_queues]:
             try:
                 s = engine.stats(name)
             except Exception:  # deleted between list and stats

@@ -1,5 +1,7 @@
 """Run the service under uvicorn, programmatically, with a draining shutdown.
 
+uvicorn runs our HTTP protocol (``server/protocol.py``: the fast path and the
+connection limits) and, with ``DQ_TLS_CERT``/``DQ_TLS_KEY``, serves HTTPS itself.
 On SIGTERM/SIGINT uvicorn stops accepting connections and waits (up to
 ``settings.shutdown_timeout_s``) for requests in flight; our signal hook first ends
 every long-poll so waiting consumers get their (possibly empty) answer at once.
@@ -17,6 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from server.app import create_app, drain
+from server.protocol import protocol_for
 from server.settings import Settings
 
 __all__ = ["DrainingServer", "serve"]
@@ -42,6 +45,12 @@ class DrainingServer(uvicorn.Server):
 
 def serve(settings: Settings, *, access_log: bool = False) -> int:
     app = create_app(settings)
+    if not settings.tokens and not settings.loopback:
+        logger.warning(
+            "listening on %s without tokens: anyone who can reach it may read and write "
+            "every queue (set DQ_TOKENS or --tokens)",
+            settings.host,
+        )
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -51,6 +60,13 @@ def serve(settings: Settings, *, access_log: bool = False) -> int:
         lifespan="on",
         timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
         server_header=False,
+        # The fast path and the connection limits live in the protocol.
+        http=protocol_for(app, settings),
+        # Nothing reads the client address; the proxy-headers layer would wrap every
+        # request for nothing.
+        proxy_headers=False,
+        ssl_certfile=settings.tls_cert or None,
+        ssl_keyfile=settings.tls_key or None,
     )
     DrainingServer(config, app).run()
     return 0

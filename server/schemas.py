@@ -179,17 +179,6 @@ class EnqueueResponse(BaseModel):
     items: list[EnqueuedItem]
 
 
-class DequeueRequest(_Strict):
-    count: int = Field(1, ge=1, le=1_000_000, description="at most this many items")
-    lease_ms: Lease | None = Field(None, description="lease length; default: the queue's")
-    wait_ms: Duration = Field(
-        0, description="long-poll up to this long (clamped to the server's max)"
-    )
-    encoding: Encoding | None = Field(
-        None, description="force base64 values; default text when UTF-8"
-    )
-
-
 class ItemStatsOut(BaseModel):
     enqueue_time: int
     requeue_time: int
@@ -208,6 +197,9 @@ class ItemOut(BaseModel):
 
 class DequeueResponse(BaseModel):
     items: list[ItemOut]
+    released: list[ItemResult] | None = Field(
+        None, description="one result per release the request carried (only then)"
+    )
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -220,6 +212,21 @@ class ReleaseItem(TypedDict):
 
 class ReleaseRequest(_Strict):
     items: list[ReleaseItem] = Field(min_length=1)
+
+
+class DequeueRequest(_Strict):
+    count: int = Field(1, ge=1, le=1_000_000, description="at most this many items")
+    lease_ms: Lease | None = Field(None, description="lease length; default: the queue's")
+    wait_ms: Duration = Field(
+        0, description="long-poll up to this long (clamped to the server's max)"
+    )
+    encoding: Encoding | None = Field(
+        None, description="force base64 values; default text when UTF-8"
+    )
+    release: list[ReleaseItem] | None = Field(
+        None,
+        description="deliveries to release first (durably), answered per item in `released`",
+    )
 
 
 class RequeueItem(_When):

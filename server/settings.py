@@ -15,13 +15,15 @@ from typing import Any, cast
 
 from storage.types import FsyncMode
 
-__all__ = ["FSYNC_MODES", "Settings", "SettingsError"]
+__all__ = ["FSYNC_MODES", "MAX_DEFAULT_BODY", "Settings", "SettingsError", "parse_tokens"]
 
 FSYNC_MODES: tuple[FsyncMode, ...] = ("always", "interval", "never")
 
 #: Room for a value's base64 expansion plus its JSON framing, per item of a batch.
 _BASE64_RATIO = 4 / 3
 _PER_ITEM_OVERHEAD = 256
+#: The default body limit never exceeds this (a bigger batch: raise DQ_MAX_BODY_BYTES).
+MAX_DEFAULT_BODY = 64 << 20
 
 
 class SettingsError(ValueError):
@@ -40,9 +42,23 @@ class Settings:
     tokens: tuple[str, ...] = ()
     max_batch: int = 1000
     max_value_bytes: int = 1 << 20
-    #: 0 means "derive from max_value_bytes x max_batch" (PRODUCT §4).
+    #: The largest request body; 0 means "derive from max_value_bytes x max_batch",
+    #: capped at ``MAX_DEFAULT_BODY``.
     max_body_bytes: int = 0
     max_wait_ms: int = 20_000
+    #: Open connections at most; more are answered 503 and closed.
+    max_connections: int = 1024
+    #: Time a client has to send a request's headers, then its body (408 and close).
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    #: Per-queue metric series for at most this many queues (first by name).
+    metrics_max_queues: int = 200
+    #: PEM files: serve HTTPS (both or neither).
+    tls_cert: str = ""
+    tls_key: str = ""
+    #: Serve valid enqueue/dequeue/release requests without the framework
+    #: (``server/protocol.py``); off only to rule it out when diagnosing.
+    fast_path: bool = True
     expire_interval_ms: int = 250
     shutdown_timeout_s: float = 30.0
     shm: bool = False
@@ -69,7 +85,7 @@ class Settings:
         if self.max_body_bytes > 0:
             return self.max_body_bytes
         per_item = int(self.max_value_bytes * _BASE64_RATIO) + _PER_ITEM_OVERHEAD
-        return per_item * self.max_batch + 64 * 1024
+        return min(per_item * self.max_batch + 64 * 1024, MAX_DEFAULT_BODY)
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied (``None`` values are ignored), validated."""
@@ -102,7 +118,19 @@ class Settings:
             raise SettingsError(
                 f"sqs_account must be non-empty without '/' or ':': {self.sqs_account!r}"
             )
+        if self.max_connections < 1 or self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
+            raise SettingsError("max_connections and the read timeouts must be positive")
+        if any(not t or t != t.strip() or "," in t for t in self.tokens):
+            raise SettingsError("tokens must be non-empty, without spaces at either end or commas")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise SettingsError("give both tls_cert and tls_key, or neither")
         return self
+
+    @property
+    def loopback(self) -> bool:
+        """True when the bind address only accepts connections from this machine."""
+        host = self.host.strip("[]")
+        return host == "localhost" or host.startswith("127.") or host == "::1"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -131,7 +159,7 @@ def _parse(name: str, kind: str, raw: str) -> object:
         if kind == "bool":
             return _parse_bool(raw)
         if kind.startswith("tuple"):
-            return tuple(t.strip() for t in raw.split(",") if t.strip())
+            return parse_tokens(raw)
     except ValueError as exc:
         raise SettingsError(f"DQ_{name.upper()}={raw!r}: {exc}") from exc
     return raw
@@ -144,3 +172,12 @@ def _parse_bool(raw: str) -> bool:
     if lowered in {"0", "false", "no", "off"}:
         return False
     raise ValueError("expected a boolean (1/0, true/false, yes/no, on/off)")
+
+
+def parse_tokens(raw: str) -> tuple[str, ...]:
+    """A comma-separated token list; an empty token (``","``, ``"a,,b"``) is an error,
+    never a way to turn authentication off."""
+    tokens = tuple(t.strip() for t in raw.split(","))
+    if not all(tokens):
+        raise ValueError("an empty token in the list (tokens are comma-separated)")
+    return tokens

@@ -1,9 +1,10 @@
 """The one error tree of the storage engine.
 
 Every failure the engine reports is a ``StorageError``; the HTTP layer maps these
-classes to status codes in exactly one place (``server/errors.py``). Each error
-carries its context (queue, id, file, offset) as attributes and a stable ``code``
-string that clients can rely on.
+classes to status codes through one attribute, ``http_status``, declared here beside
+each class (read by ``server/errors.py`` for the routes and the HTTP fast path, and by
+anything else that answers in HTTP terms). Each error carries its context (queue, id,
+file, offset) as attributes and a stable ``code`` string that clients can rely on.
 
     StorageError
     ├── InvalidArgument          bad input; nothing was written       (400/422)
@@ -19,8 +20,8 @@ string that clients can rely on.
     ├── ItemNotFound             id was never assigned in this queue (404)
     ├── StaleReceipt             that delivery is over               (409)
     ├── QueueExists / ConfigConflict                                 (409)
-    ├── DataDirLocked            another process owns the directory
-    ├── CorruptionError          bad bytes, with file and offset
+    ├── DataDirLocked            another process owns the directory (503)
+    ├── CorruptionError          bad bytes, with file and offset     (500)
     ├── StorageFull              ENOSPC                              (507)
     └── EngineUnavailable        closed, or failed after an I/O error (503)
         └── WriteStall           segment files are behind: retry shortly (503)
@@ -48,6 +49,7 @@ __all__ = [
     "StorageFull",
     "ValueTooLarge",
     "WriteStall",
+    "status_for_code",
 ]
 
 
@@ -55,6 +57,8 @@ class StorageError(Exception):
     """Base of every error the engine raises."""
 
     code = "storage_error"
+    #: The HTTP status this error answers with (subclasses narrow it).
+    http_status = 500
 
     def __init__(self, message: str, **context: object) -> None:
         super().__init__(message)
@@ -70,6 +74,7 @@ class StorageError(Exception):
 
 class InvalidArgument(StorageError):
     code = "invalid_argument"
+    http_status = 400
 
 
 class InvalidQueueName(InvalidArgument):
@@ -78,6 +83,7 @@ class InvalidQueueName(InvalidArgument):
 
 class ValueTooLarge(InvalidArgument):
     code = "value_too_large"
+    http_status = 413
 
 
 class InvalidDeadline(InvalidArgument):
@@ -102,26 +108,32 @@ class NotADeadLetterQueue(InvalidArgument):
 
 class BatchTooLarge(InvalidArgument):
     code = "batch_too_large"
+    http_status = 413
 
 
 class QueueNotFound(StorageError):
     code = "queue_not_found"
+    http_status = 404
 
 
 class ItemNotFound(StorageError):
     code = "item_not_found"
+    http_status = 404
 
 
 class StaleReceipt(StorageError):
     code = "stale_receipt"
+    http_status = 409
 
 
 class ConfigConflict(StorageError):
     code = "config_conflict"
+    http_status = 409
 
 
 class DataDirLocked(StorageError):
     code = "data_dir_locked"
+    http_status = 503
 
 
 class CorruptionError(StorageError):
@@ -132,13 +144,30 @@ class CorruptionError(StorageError):
 
 class StorageFull(StorageError):
     code = "storage_full"
+    http_status = 507
 
 
 class EngineUnavailable(StorageError):
     code = "unavailable"
+    http_status = 503
 
 
 class WriteStall(EngineUnavailable):
     """The log is far over its limit while segment files are written: retry shortly."""
 
     code = "write_stall"
+
+
+def _codes(cls: type[StorageError]) -> dict[str, int]:
+    table = {cls.code: cls.http_status}
+    for sub in cls.__subclasses__():
+        table.update(_codes(sub))
+    return table
+
+
+_STATUS_BY_CODE = _codes(StorageError)
+
+
+def status_for_code(code: str) -> int:
+    """The HTTP status of a storage error known only by its ``code`` (e.g. off a ring)."""
+    return _STATUS_BY_CODE.get(code, 500)

@@ -12,7 +12,7 @@ from typing import Any
 
 from fastapi import Response
 
-from server.errors import ITEM_ERROR_STATUS, error_response
+from server.errors import error_response, item_status
 from server.schemas import ErrorBody
 from storage.types import ItemOutcome
 
@@ -60,5 +60,5 @@ def single_outcome(outcomes: Sequence[ItemOutcome]) -> Response:
     o = outcomes[0]
     if o.error is None:
         return json_response(outcome_dict(o))
-    status = ITEM_ERROR_STATUS.get(o.error, 400)
+    status = item_status(o.error)
     return error_response(status, o.error, o.message or o.error)

@@ -1,15 +1,16 @@
 """Operational routes: ``/healthz`` (liveness) and ``/metrics`` (Prometheus text).
 
-Neither needs a bearer token: probes and scrapers run without one. Invariant:
-``/healthz`` is 200 only while the lifespan's engine is open.
+``/healthz`` needs no bearer token (probes run without one); ``/metrics`` names the
+queues, so with tokens set it needs one like the API. Invariant: ``/healthz`` is 200
+only while the lifespan's engine is open, and costs O(1).
 """
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from server.dependencies import service_of
+from server.dependencies import require_token, service_of
 from server.routers._common import ERRORS, json_response
 from server.schemas import Health
 
@@ -31,6 +32,7 @@ async def healthz(request: Request) -> Response:
 
 @router.get(
     "/metrics",
+    dependencies=[Depends(require_token)],
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {}}}},
     summary="Prometheus metrics",

@@ -12,7 +12,7 @@ import client
 MODULES = [
     "client", "client._async_client", "client._client", "client._common", "client._http",
     "client._transport", "client._wire", "client.consumer", "client.errors", "client.types",
-    "server.app", "server.cli", "server.fastpath", "server.commands._remote", "server.commands.admin",
+    "server.app", "server.cli", "server.commands._remote", "server.commands.admin",
     "server.commands.items", "server.commands.serve", "server.dependencies", "server.errors",
     "server.lifespan", "server.limits", "server.longpoll", "server.metrics",
     "server.routers._common", "server.routers.items", "server.routers.ops",

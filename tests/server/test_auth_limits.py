@@ -37,9 +37,13 @@ def test_any_configured_token_works(guarded: LiveServer) -> None:
             assert dq.queue("q").stats.pending >= 1
 
 
-def test_probes_need_no_token(guarded: LiveServer) -> None:
+def test_healthz_needs_no_token_metrics_does(guarded: LiveServer) -> None:
     assert httpx.get(guarded.url + "/healthz").status_code == 200
-    assert httpx.get(guarded.url + "/metrics").status_code == 200
+    assert httpx.get(guarded.url + "/openapi.json").status_code == 200
+    r = httpx.get(guarded.url + "/metrics")  # it names the queues
+    assert r.status_code == 401 and r.json()["error"] == "unauthorized"
+    r = httpx.get(guarded.url + "/metrics", headers={"Authorization": "Bearer beta"})
+    assert r.status_code == 200 and "dq_requests_total" in r.text
 
 
 def test_body_and_batch_limits(guarded: LiveServer) -> None:

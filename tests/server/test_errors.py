@@ -32,6 +32,14 @@ def test_status_for(exc: e.StorageError, status: int) -> None:
 
 
 def test_every_storage_error_class_is_mapped_deliberately() -> None:
-    classes = {getattr(e, n) for n in e.__all__} - {e.StorageError}
+    classes = {c for n in e.__all__ if isinstance(c := getattr(e, n), type)} - {e.StorageError}
     unmapped = {c for c in classes if status_for(c("x")) == 500}
     assert unmapped == {e.CorruptionError}  # a server fault, not bad input
+
+
+def test_codes_map_like_their_classes() -> None:
+    """A code read off a ring maps to the status its class answers over HTTP."""
+    classes = [c for n in e.__all__ if isinstance(c := getattr(e, n), type)]
+    for cls in classes:
+        assert e.status_for_code(cls.code) == status_for(cls("x"))
+    assert e.status_for_code("no_such_code") == 500

@@ -35,7 +35,7 @@ def test_operations_and_engine_figures(tmp_path: Path) -> None:
     m.observe_error("release", "stale_receipt", 0.001)
     with Engine.open(tmp_path / "d", EngineConfig(fsync="always", compaction="inline")) as engine:
         engine.enqueue("q", [NewItem(b"a"), NewItem(b"b", delay_ms=60_000)])
-        m.watch_engine(lambda: engine)
+        m.watch_engine(lambda: engine, max_queues=200)
         s = _samples(m)
     assert s[("dq_requests_total", (("operation", "enqueue"), ("outcome", "ok")))] == 1
     assert s[("dq_requests_total", (("operation", "release"), ("outcome", "stale_receipt")))] == 1
@@ -50,3 +50,18 @@ def test_apps_do_not_share_registries() -> None:
     a.observe("dequeue", 0.001, 1)
     key = ("dq_requests_total", (("operation", "dequeue"), ("outcome", "ok")))
     assert _samples(a)[key] == 1 and _samples(b)[key] == 0
+
+
+def test_per_queue_series_are_bounded(tmp_path: Path) -> None:
+    """A scrape runs on the event loop: per-queue series stop at the configured count."""
+    m = Metrics()
+    with Engine.open(tmp_path / "d", EngineConfig(fsync="never", compaction="inline")) as engine:
+        for name in ("a", "b", "c"):
+            engine.enqueue(name, [NewItem(b"x")])
+        m.watch_engine(lambda: engine, max_queues=2)
+        s = _samples(m)
+    assert s[("dq_queues", ())] == 3
+    assert [k for k in s if k[0] == "dq_queue_pending"] == [
+        ("dq_queue_pending", (("queue", "a"),)),
+        ("dq_queue_pending", (("queue", "b"),)),
+    ]

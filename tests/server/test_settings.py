@@ -2,19 +2,24 @@ from __future__ import annotations
 
 import pytest
 
-from server.settings import Settings, SettingsError
+from server.settings import MAX_DEFAULT_BODY, Settings, SettingsError
 
 
 def test_defaults_match_the_product() -> None:
     s = Settings.from_env({})
     assert (s.data_dir, s.host, s.port, s.fsync) == ("./dq-data", "127.0.0.1", 8080, "always")
     assert s.max_batch == 1000 and s.max_value_bytes == 1 << 20 and s.tokens == ()
-    assert s.body_limit > s.max_batch * s.max_value_bytes  # a full batch of base64 values fits
+    # A body is refused before it is read above 64 MiB, whatever the batch and value limits.
+    assert s.body_limit == MAX_DEFAULT_BODY == 64 << 20
+    small = s.replace(max_value_bytes=1024)
+    assert small.body_limit > small.max_batch * small.max_value_bytes * 4 / 3
+    assert (s.max_connections, s.header_timeout_s, s.body_timeout_s) == (1024, 10.0, 60.0)
+    assert s.fast_path and s.loopback and not s.tls_cert
 
 
 def test_environment_and_flags() -> None:
     env = {
-        "DQ_PORT": "9000", "DQ_FSYNC": "interval", "DQ_TOKENS": "a, b,,c", "DQ_SHM": "yes",
+        "DQ_PORT": "9000", "DQ_FSYNC": "interval", "DQ_TOKENS": "a, b,c", "DQ_SHM": "yes",
         "DQ_MAX_BODY_BYTES": "1234", "DQ_SHM_SPIN_US": "10", "HOME": "/x",
     }  # fmt: skip
     s = Settings.from_env(env)
@@ -32,8 +37,25 @@ def test_environment_and_flags() -> None:
 
 @pytest.mark.parametrize(
     "env",
-    [{"DQ_PORT": "eighty"}, {"DQ_FSYNC": "sometimes"}, {"DQ_MAX_BATCH": "0"}, {"DQ_SHM": "maybe"}],
+    [
+        {"DQ_PORT": "eighty"},
+        {"DQ_FSYNC": "sometimes"},
+        {"DQ_MAX_BATCH": "0"},
+        {"DQ_SHM": "maybe"},
+        {"DQ_TOKENS": ","},  # an empty token is an error, never "auth off"
+        {"DQ_TOKENS": "a,,b"},
+        {"DQ_MAX_CONNECTIONS": "0"},
+        {"DQ_HEADER_TIMEOUT_S": "0"},
+        {"DQ_TLS_CERT": "cert.pem"},  # without a key
+    ],
 )
 def test_bad_values_are_refused(env: dict[str, str]) -> None:
     with pytest.raises(SettingsError):
         Settings.from_env(env)
+
+
+def test_loopback() -> None:
+    for host in ("127.0.0.1", "localhost", "::1", "[::1]"):
+        assert Settings(host=host).loopback
+    for host in ("0.0.0.0", "::", "10.1.2.3"):
+        assert not Settings(host=host).loopback

@@ -1,0 +1,206 @@
+"""Server CPU per single-item request: durable enqueue, dequeue, release, dequeue+release.
+
+Run from the repository root:  .venv/bin/python -m bench.server_cpu [--requests 3000]
+
+Starts ``dq serve --fsync always`` on a free port (or measures ``--pid`` at ``--url``),
+then drives it from ``--clients`` processes, each with one keep-alive
+``http.client`` connection (the leanest client the standard library has, so the
+clients leave the server CPU to work with). For each phase it reads the server's
+``utime + stime`` (all its threads, ``/proc/<pid>/stat``) before and after, once every
+client is connected and waiting at a barrier, and prints CPU µs per request:
+
+- ``enqueue``: one item of 256 bytes per request, durable (group commit)
+- ``dequeue``: ``count: 1`` of a filled queue
+- ``release``: ``/release`` of one delivery
+- ``dequeue+release``: one request that releases the previous delivery and leases
+  the next (``"release"`` in the dequeue body), the one-round-trip worker loop
+
+``DQ_FAST_PATH=0`` in the environment measures the FastAPI routes instead of the fast
+path; ``--command`` runs another server command line (e.g. an older checkout's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+VALUE = "v" * 256
+_TICK = os.sysconf("SC_CLK_TCK")
+_JSON = {"content-type": "application/json"}
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of every thread of ``pid``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _post(conn: http.client.HTTPConnection, path: str, body: bytes) -> Any:
+    conn.request("POST", path, body, _JSON)
+    r = conn.getresponse()
+    data = r.read()
+    if r.status != 200:
+        raise RuntimeError(f"{path}: {r.status} {data[:200]!r}")
+    return json.loads(data)
+
+
+def _worker(
+    port: int, phase: str, queue: str, n: int, barrier: Any, out: Any, receipts: list[Any]
+) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    conn.connect()
+    base = f"/v1/queues/{queue}"
+    enqueue = json.dumps({"items": [{"value": VALUE}]}).encode()
+    one = json.dumps({"count": 1}).encode()
+    barrier.wait()
+    got: list[Any] = []
+    if phase == "enqueue":
+        for _ in range(n):
+            _post(conn, base + "/items", enqueue)
+    elif phase == "dequeue":
+        for _ in range(n):
+            got += [(i["id"], i["receipt"]) for i in _post(conn, base + "/dequeue", one)["items"]]
+    elif phase == "release":
+        for item_id, receipt in receipts:
+            body = json.dumps({"items": [{"id": item_id, "receipt": receipt}]}).encode()
+            _post(conn, base + "/release", body)
+    else:  # dequeue+release
+        previous: list[dict[str, Any]] = []
+        for _ in range(n):
+            body = json.dumps({"count": 1, "release": previous}).encode()
+            items = _post(conn, base + "/dequeue", body)["items"]
+            previous = [{"id": i["id"], "receipt": i["receipt"]} for i in items]
+        if previous:
+            _post(conn, base + "/release", json.dumps({"items": previous}).encode())
+    barrier.wait()
+    out.put(got)
+    conn.close()
+
+
+def run_phase(
+    pid: int, port: int, phase: str, queue: str, n: int, clients: int, receipts: list[Any]
+) -> tuple[float, list[Any]]:
+    """CPU µs per request of one phase, and the receipts it collected."""
+    barrier = mp.Barrier(clients + 1)
+    out: Any = mp.Queue()
+    share = [receipts[k::clients] for k in range(clients)]
+    procs = [
+        mp.Process(target=_worker, args=(port, phase, queue, n // clients, barrier, out, share[k]))
+        for k in range(clients)
+    ]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    t0, c0 = time.perf_counter(), cpu_seconds(pid)
+    barrier.wait()
+    c1, t1 = cpu_seconds(pid), time.perf_counter()
+    got: list[Any] = []
+    for _ in procs:
+        got += out.get(timeout=60)
+    for p in procs:
+        p.join(30)
+    requests = len(receipts) if phase == "release" else (n // clients) * clients
+    print(
+        f"{phase:>16}: {(c1 - c0) / requests * 1e6:7.1f} µs CPU/request "
+        f"({requests} requests, {requests / (t1 - t0):7.0f} req/s, {clients} clients)",
+        flush=True,
+    )
+    return (c1 - c0) / requests * 1e6, got
+
+
+def _fill(port: int, queue: str, n: int) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    for start in range(0, n, 500):
+        items = [{"value": VALUE}] * min(500, n - start)
+        _post(conn, f"/v1/queues/{queue}/items", json.dumps({"items": items}).encode())
+    conn.close()
+
+
+def _wait_up(port: int, proc: subprocess.Popen[bytes] | None, timeout: float = 60) -> None:
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("server did not come up")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=3000, help="per phase")
+    ap.add_argument("--clients", type=int, default=4, help="client processes")
+    ap.add_argument("--fsync", default="always")
+    ap.add_argument("--command", help="server command line; {port} and {data} are filled in")
+    ap.add_argument("--pid", type=int, help="measure a running server (with --port)")
+    ap.add_argument("--port", type=int)
+    args = ap.parse_args()
+
+    data = tempfile.mkdtemp(prefix="dq-cpu-")
+    proc = None
+    try:
+        if args.pid:
+            pid, port = args.pid, args.port
+        else:
+            port = free_port()
+            dq = str(Path(sys.executable).parent / "dq")
+            default = f"{dq} serve --data-dir {{data}} --port {{port}} --fsync {args.fsync}"
+            command = (args.command or default).format(port=port, data=data)
+            command += " --log-level warning"
+            proc = subprocess.Popen(shlex.split(command))
+            pid = proc.pid
+        _wait_up(port, proc)
+        load = os.getloadavg()
+        print(
+            f"server pid {pid}, fsync={args.fsync}, fast path "
+            f"{'off' if os.environ.get('DQ_FAST_PATH') == '0' else 'on'}, "
+            f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} CPUs",
+            flush=True,
+        )
+        n, c = args.requests, args.clients
+        run_phase(pid, port, "enqueue", "cpu", n, c, [])  # creates the queue, warms up
+        run_phase(pid, port, "enqueue", "cpu", n, c, [])
+        _, got = run_phase(pid, port, "dequeue", "cpu", n, c, [])
+        run_phase(pid, port, "release", "cpu", n, c, got)
+        _fill(port, "cpu", n + c)
+        run_phase(pid, port, "dequeue+release", "cpu", n, c, [])
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    finally:
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(data, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Timed, metered engine calls: the one wrapper every route and the fast path use.
+
+``Metered`` times one operation from its start and records its outcome exactly once
+(``ok`` with the items handled, or ``failed`` with the error code); ``metered`` and
+``metered_durable`` wrap a synchronous and a durable engine call with it. Failures
+leave as ``StorageError`` (an ``OSError`` that escaped the engine becomes a 503, see
+``server.errors.as_storage_error``). Invariant: a durable write is awaited on the loop
+without blocking it and without cancelling the engine's future; a short write stall is
+waited out, up to ``STALL_TIMEOUT_S``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sized
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, TypeVar
+
+from server.errors import as_storage_error
+from storage.errors import QueueNotFound, StorageError, WriteStall
+
+if TYPE_CHECKING:
+    from server.dependencies import Service
+    from storage import Engine
+
+__all__ = ["STALL_TIMEOUT_S", "Metered", "metered", "metered_durable", "queue_exists"]
+
+STALL_TIMEOUT_S = 30.0
+_STALL_NAP_S = 0.005
+_perf = time.perf_counter
+T = TypeVar("T", bound=Sized)
+
+
+class Metered:
+    """One operation's timing and outcome, recorded once into the app's metrics."""
+
+    __slots__ = ("metrics", "op", "t0")
+
+    def __init__(self, service: Service, op: str) -> None:
+        self.metrics = service.metrics
+        self.op = op
+        self.t0 = _perf()
+
+    def ok(self, result: Sized) -> None:
+        self.metrics.observe(self.op, _perf() - self.t0, len(result))
+
+    def failed(self, exc: BaseException) -> StorageError:
+        """Record the failure; returns it as the ``StorageError`` to answer."""
+        error = as_storage_error(exc)
+        self.metrics.observe_error(self.op, error.code, _perf() - self.t0)
+        return error
+
+
+def metered(service: Service, op: str, call: Callable[[], T]) -> T:
+    """A synchronous engine call (dequeue, extend), timed and counted."""
+    m = Metered(service, op)
+    try:
+        result = call()
+    except (StorageError, OSError) as exc:
+        raise m.failed(exc) from None
+    m.ok(result)
+    return result
+
+
+async def metered_durable(
+    service: Service, op: str, start: Callable[[], Future[T]], *, off_loop: bool = False
+) -> T:
+    """A durable engine write (``*_nowait``), awaited on the loop, timed and counted.
+
+    ``off_loop``: hand the write over from a worker thread, for a write that may first
+    create its queue (which writes and syncs several files)."""
+    m = Metered(service, op)
+    give_up = _perf() + STALL_TIMEOUT_S
+    while True:
+        try:
+            fut = await asyncio.to_thread(start) if off_loop else start()
+            result = fut.result() if fut.done() else await service.completions.wait(fut)
+        except WriteStall as exc:
+            if _perf() <= give_up:
+                await asyncio.sleep(_STALL_NAP_S)
+                continue
+            raise m.failed(exc) from None
+        except (StorageError, OSError) as exc:
+            raise m.failed(exc) from None
+        m.ok(result)
+        return result
+
+
+def queue_exists(engine: Engine, name: str) -> bool:
+    """False only for a well-formed name of a queue that does not exist (yet)."""
+    try:
+        engine.get_queue(name)
+    except QueueNotFound:
+        return False
+    except StorageError:
+        return True  # a bad name or a closed engine: the call itself will say so
+    return True

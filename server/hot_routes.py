@@ -1,0 +1,246 @@
+"""What the fast path answers for a valid enqueue, dequeue or release: no framework.
+
+FastAPI's request machinery (routing, dependencies, body validation, response
+handling, Starlette's middleware) costs several times what the engine needs for a
+single item. For the three hot routes — ``POST /v1/queues/{queue}/items``,
+``/dequeue`` and ``/release`` with a JSON body — the HTTP protocol
+(``server/protocol.py``) hands the complete body here instead. This module validates
+it with the routes' own pydantic schemas (in Rust, from the raw JSON), runs the same
+steps with the routes' own helpers (``server.routers.items``: limits, metering, JSON
+formatting, long-poll) and answers through a ``Reply`` callback, from the loop and
+without a task when the answer is ready at once or arrives with a group commit.
+
+Anything it does not answer itself — a body that fails validation or a limit, a write
+stall to wait out — it hands back (``fall_back``) to the FastAPI app, which words
+every such answer; storage errors it renders with ``server.errors``, as the routes'
+handler does. Invariant: whichever path serves a request, the answer is the same
+bytes (``tests/server/test_hot_path.py`` compares them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from server.calls import Metered, queue_exists
+from server.errors import storage_error_reply
+from server.routers import items as routes
+from server.schemas import (
+    DequeueRequest,
+    EnqueueRequest,
+    InvalidItem,
+    ReleaseRequest,
+    to_new_items,
+)
+from storage.errors import StorageError, WriteStall
+from storage.types import ItemOutcome
+
+if TYPE_CHECKING:
+    from server.dependencies import Service
+
+__all__ = ["HOT_ROUTES", "HotRoutes", "Reply"]
+
+#: The last path segment of each hot route.
+HOT_ROUTES = frozenset({"items", "dequeue", "release"})
+
+#: ``reply(status, body, retry_after)`` writes the answer; called at most once.
+Reply = Callable[[int, bytes, bool], None]
+
+_ENQUEUE = TypeAdapter(EnqueueRequest)
+_RELEASE = TypeAdapter(ReleaseRequest)
+_DEQUEUE = TypeAdapter(DequeueRequest)
+
+
+class HotRoutes:
+    """Serves the hot routes of one running service."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.max_batch = service.settings.max_batch
+
+    def serve(
+        self,
+        route: str,
+        queue: str,
+        body: bytes,
+        reply: Reply,
+        fall_back: Callable[[], None],
+        gone: Callable[[], Awaitable[object]],
+    ) -> None:
+        """Answer through ``reply``, or call ``fall_back`` having answered nothing."""
+        try:
+            if route == "items":
+                self._enqueue(queue, body, reply, fall_back)
+            elif route == "release":
+                self._release(queue, body, reply, fall_back)
+            else:
+                self._dequeue(queue, body, reply, fall_back, gone)
+        except _FallBack:
+            fall_back()
+
+    # ------------------------------------------------------------------ enqueue
+
+    def _enqueue(
+        self, queue: str, body: bytes, reply: Reply, fall_back: Callable[[], None]
+    ) -> None:
+        try:
+            items = _ENQUEUE.validate_json(body).items
+            if len(items) > self.max_batch:
+                raise _FallBack
+            new = to_new_items(items)
+        except (ValidationError, InvalidItem):
+            raise _FallBack from None
+        engine = self.service.engine
+        if not queue_exists(engine, queue):
+            raise _FallBack  # its creation syncs files: the route does it off the loop
+        m = Metered(self.service, "enqueue")
+        try:
+            fut = engine.enqueue_nowait(queue, new)
+        except WriteStall:
+            raise _FallBack from None  # the route waits it out
+        except (StorageError, OSError) as exc:
+            self._failed(m, exc, reply, queue)
+            return
+        self._when_durable(fut, m, routes.enqueued_json, reply, queue)
+
+    # ------------------------------------------------------------------ release
+
+    def _release(
+        self, queue: str, body: bytes, reply: Reply, fall_back: Callable[[], None]
+    ) -> None:
+        try:
+            released = _RELEASE.validate_json(body).items
+        except ValidationError:
+            raise _FallBack from None
+        if len(released) > self.max_batch:
+            raise _FallBack
+        self._start_release(queue, routes.releases(released), reply, routes.results_json)
+
+    def _start_release(
+        self,
+        queue: str,
+        batch: list[Any],
+        reply: Reply,
+        answer: Callable[[list[ItemOutcome]], bytes | None],
+    ) -> None:
+        m = Metered(self.service, "release")
+        try:
+            fut = self.service.engine.release_nowait(queue, batch)
+        except WriteStall:
+            raise _FallBack from None
+        except (StorageError, OSError) as exc:
+            self._failed(m, exc, reply, queue)
+            return
+        self._when_durable(fut, m, answer, reply, queue)
+
+    # ------------------------------------------------------------------ dequeue
+
+    def _dequeue(
+        self,
+        queue: str,
+        body: bytes,
+        reply: Reply,
+        fall_back: Callable[[], None],
+        gone: Callable[[], Awaitable[object]],
+    ) -> None:
+        try:
+            request = _DEQUEUE.validate_json(body)
+        except ValidationError:
+            raise _FallBack from None
+        if request.count > self.max_batch or (
+            request.release is not None and len(request.release) > self.max_batch
+        ):
+            raise _FallBack
+        if not request.release:
+            self._lease(queue, request, None, reply, gone)
+            return
+
+        def then_lease(outcomes: list[ItemOutcome]) -> bytes | None:
+            self._lease(queue, request, outcomes, reply, gone)
+            return None  # _lease replies
+
+        # A fall-back from here happens before anything is released.
+        self._start_release(queue, routes.releases(request.release), reply, then_lease)
+
+    def _lease(
+        self,
+        queue: str,
+        request: DequeueRequest,
+        released: list[ItemOutcome] | None,
+        reply: Reply,
+        gone: Callable[[], Awaitable[object]],
+    ) -> None:
+        service = self.service
+        m = Metered(service, "dequeue")
+        try:
+            got = routes.dequeue_now(service, queue, request.count, request.lease_ms)
+        except (StorageError, OSError) as exc:
+            self._failed(m, exc, reply, queue)
+            return
+        if got or request.wait_ms <= 0:
+            reply(200, routes.delivered(service, m, got, request.encoding, released), False)
+            return
+        # Nothing due and the client will wait: a long-poll, in a task of its own.
+        task = asyncio.ensure_future(self._long_poll(queue, request, released, reply, gone))
+        _tasks.add(task)
+        task.add_done_callback(_tasks.discard)
+
+    async def _long_poll(
+        self,
+        queue: str,
+        request: DequeueRequest,
+        released: list[ItemOutcome] | None,
+        reply: Reply,
+        gone: Callable[[], Awaitable[object]],
+    ) -> None:
+        service = self.service
+        m = Metered(service, "dequeue")
+        wait_ms = min(request.wait_ms, service.settings.max_wait_ms)
+        try:
+            got = await service.longpoll.dequeue(
+                queue, request.count, request.lease_ms, wait_ms, gone
+            )
+        except (StorageError, OSError) as exc:
+            self._failed(m, exc, reply, queue)
+            return
+        reply(200, routes.delivered(service, m, got, request.encoding, released), False)
+
+    # ------------------------------------------------------------------ shared
+
+    def _when_durable(
+        self,
+        fut: Future[Any],
+        m: Metered,
+        answer: Callable[[Any], bytes | None],
+        reply: Reply,
+        queue: str,
+    ) -> None:
+        def done(f: Future[Any]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                self._failed(m, exc, reply, queue)
+                return
+            result = f.result()
+            m.ok(result)
+            payload = answer(result)
+            if payload is not None:
+                reply(200, payload, False)
+
+        self.service.completions.when_done(fut, done)
+
+    def _failed(self, m: Metered, exc: BaseException, reply: Reply, queue: str) -> None:
+        error = m.failed(exc)
+        status, payload, retry = storage_error_reply(error, f"POST /v1/queues/{queue}")
+        reply(status, payload, retry)
+
+
+class _FallBack(Exception):
+    """The request is not for the fast path: the FastAPI app answers it."""
+
+
+#: Long-polls in flight (the loop keeps only weak references to tasks).
+_tasks: set[asyncio.Task[None]] = set()

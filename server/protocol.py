@@ -1,0 +1,282 @@
+"""The HTTP/1.1 protocol ``dq serve`` runs: uvicorn's httptools protocol plus the fast path.
+
+uvicorn's protocol starts an ASGI task per request, writes the status line and headers
+and then the body as two socket writes, and our app wraps every request in Starlette's
+middleware; for a single enqueue that is most of the server's CPU. This subclass
+serves the hot routes (``server/hot_routes.py``) straight from the parser callbacks:
+once a hot request's body is complete it is answered from the loop — at once, or when
+its group commit is on disk — with one socket write and no task. Every other request,
+and every hot one the fast path declines, goes to the FastAPI app exactly as uvicorn
+would send it.
+
+It also holds the connection-level limits (``docs/http.md``, "Limits"): a cap on open
+connections (over it, a 503 and close), a time limit to send a request's headers and
+one to send its body (a 408 and close), and an idle limit for a fresh connection.
+The body limit (413 from ``Content-Length`` before reading) and the token check (401
+before reading) are answered by the app's outermost middleware for every route; a
+request is only a fast-path candidate if it would pass both.
+
+Invariant: a request answered here gets the bytes the FastAPI route would answer
+(``tests/server/test_hot_path.py``); the fast path never answers a request that
+uvicorn has queued behind another (pipelining) before that one is answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
+
+from server.auth import token_ok
+from server.errors import error_json
+from server.hot_routes import HOT_ROUTES, HotRoutes
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from server.settings import Settings
+
+__all__ = ["protocol_for"]
+
+_QUEUES = "/v1/queues/"
+_SWEEP_S = 1.0
+_JSON_TYPE = b"application/json"
+
+
+def protocol_for(app: FastAPI, settings: Settings) -> type[HttpToolsProtocol]:
+    """The protocol class for uvicorn's ``Config(http=...)``, bound to ``app``."""
+    return type(
+        "DqHttpProtocol",
+        (DqHttpProtocol,),
+        {
+            "dq_app": app,
+            "dq_fast": settings.fast_path,
+            "dq_tokens": tuple(t.encode() for t in settings.tokens),
+            "dq_body_limit": settings.body_limit,
+            "dq_max_connections": settings.max_connections,
+            "dq_header_timeout": settings.header_timeout_s,
+            "dq_body_timeout": settings.body_timeout_s,
+        },
+    )
+
+
+class DqHttpProtocol(HttpToolsProtocol):
+    dq_app: FastAPI
+    dq_fast: bool
+    dq_tokens: tuple[bytes, ...]
+    dq_body_limit: int
+    dq_max_connections: int
+    dq_header_timeout: float
+    dq_body_timeout: float
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._hot_cycle: RequestResponseCycle | None = None
+        self._hot: tuple[str, str] = ("", "")
+        #: When the headers or body being read must be complete (0: not reading one).
+        self._read_deadline = 0.0
+        self._reading = "headers"
+
+    # ------------------------------------------------------------ connection limits
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        _Sweeper.ensure(self.loop, self.connections)
+        if len(self.connections) > self.dq_max_connections:
+            self._refuse(503, "too_many_connections", "the server is at its connection limit")
+            return
+        # A connection that never sends a request is closed like an idle keep-alive one.
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._read_deadline = self.loop.time() + self.dq_header_timeout
+        self._reading = "headers"
+
+    def read_overdue(self, now: float) -> None:
+        """Called about once a second: refuse a request that is too slow to arrive."""
+        if self._read_deadline and now > self._read_deadline:
+            self._read_deadline = 0.0
+            what = self._reading
+            limit = self.dq_header_timeout if what == "headers" else self.dq_body_timeout
+            cycle = self.cycle
+            if what == "body" and cycle is not None and cycle.response_started:
+                self.transport.close()  # the app is answering already: just end it
+                return
+            self._refuse(408, "request_timeout", f"the request {what} took longer than {limit:g} s")
+
+    def _refuse(self, status: int, code: str, message: str) -> None:
+        """Answer a connection-level refusal and close (nothing more is read); a request
+        the app is reading then sees its client gone."""
+        if self.transport.is_closing():
+            return
+        body = error_json(code, message)
+        head = _head(self.server_state.default_headers, status, len(body), False, False)
+        self.transport.write(head + body)
+        self.transport.close()
+
+    # ------------------------------------------------------------ request dispatch
+
+    def on_headers_complete(self) -> None:
+        self._read_deadline = self.loop.time() + self.dq_body_timeout
+        self._reading = "body"
+        super().on_headers_complete()  # builds the cycle; may call _start_asgi_task
+
+    def on_message_complete(self) -> None:
+        self._read_deadline = 0.0
+        super().on_message_complete()
+        cycle = self._hot_cycle
+        if cycle is not None and cycle is self.cycle:
+            self._dispatch(cycle)
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self._hot_cycle
+        if cycle is not None and cycle is self.cycle:
+            cycle.body += body  # within the body limit: no flow control needed
+            return
+        super().on_body(body)
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        hot = self._candidate(cycle) if app is self.app else None
+        if hot is None:
+            super()._start_asgi_task(cycle, app)
+            return
+        self._hot_cycle = cycle
+        self._hot = hot
+        if not cycle.more_body:  # queued behind another request, and complete already
+            self._dispatch(cycle)
+
+    def _candidate(self, cycle: RequestResponseCycle) -> tuple[str, str] | None:
+        """(route, queue) if the fast path may take this request, else ``None``."""
+        scope = cycle.scope
+        if not self.dq_fast or scope["method"] != "POST" or cycle.waiting_for_100_continue:
+            return None
+        path: str = scope["path"]
+        if not path.startswith(_QUEUES):
+            return None
+        queue, _, route = path[len(_QUEUES) :].partition("/")
+        if route not in HOT_ROUTES or not queue:
+            return None
+        length = -1
+        json_body = False
+        auth = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = int(value) if value.isdigit() else -1
+            elif name == b"content-type":
+                json_body = value.split(b";", 1)[0].strip().lower() == _JSON_TYPE
+            elif name == b"authorization":
+                auth = value
+            elif name == b"transfer-encoding":
+                return None
+        if not json_body or not 0 <= length <= self.dq_body_limit:
+            return None
+        if self.dq_tokens and not token_ok(auth, self.dq_tokens):
+            return None
+        return route, queue
+
+    def _dispatch(self, cycle: RequestResponseCycle) -> None:
+        hot: HotRoutes | None = getattr(self.dq_app.state, "hot_routes", None)
+        if hot is None:  # starting or stopping: the app answers
+            self._fall_back(cycle)
+            return
+        route, queue = self._hot
+        hot.serve(
+            route,
+            queue,
+            bytes(cycle.body),
+            partial(self._reply, cycle),
+            partial(self._fall_back, cycle),
+            partial(_gone, cycle),
+        )
+
+    def _fall_back(self, cycle: RequestResponseCycle) -> None:
+        if self._hot_cycle is cycle:
+            self._hot_cycle = None
+        # The body is complete in the cycle: the app reads it as uvicorn would hand it.
+        super()._start_asgi_task(cycle, self.app)
+
+    def _reply(self, cycle: RequestResponseCycle, status: int, body: bytes, retry: bool) -> None:
+        if self._hot_cycle is cycle:
+            self._hot_cycle = None
+        if cycle.response_complete:
+            return
+        cycle.response_started = cycle.response_complete = True
+        if cycle.disconnected:
+            return
+        head = _head(self.server_state.default_headers, status, len(body), retry, cycle.keep_alive)
+        self.transport.write(head + body)
+        if self.access_log:
+            self.access_logger.info(
+                '%s - "POST %s HTTP/%s" %d',
+                f"{self.client[0]}:{self.client[1]}" if self.client else "-",
+                cycle.scope["path"],
+                cycle.scope["http_version"],
+                status,
+            )
+        if not cycle.keep_alive:
+            self.transport.close()
+        cycle.on_response()
+
+
+class _Sweeper:
+    """One timer per event loop that checks every connection's read deadline each
+    second (a timer per request would cost more than the check)."""
+
+    _loops: set[asyncio.AbstractEventLoop] = set()
+
+    @classmethod
+    def ensure(cls, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+        if loop not in cls._loops:
+            cls._loops.add(loop)
+            loop.call_later(_SWEEP_S, cls._sweep, loop, connections)
+
+    @classmethod
+    def _sweep(cls, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+        if loop.is_closed():
+            cls._loops.discard(loop)
+            return
+        now = loop.time()
+        for conn in list(connections):
+            if isinstance(conn, DqHttpProtocol):
+                conn.read_overdue(now)
+        loop.call_later(_SWEEP_S, cls._sweep, loop, connections)
+
+
+async def _gone(cycle: RequestResponseCycle) -> None:
+    """Completes when the client of ``cycle`` has disconnected."""
+    while not cycle.disconnected:
+        await cycle.message_event.wait()
+        cycle.message_event.clear()
+
+
+_default_cache: tuple[list[tuple[bytes, bytes]], bytes] = ([], b"")
+
+
+def _head(
+    defaults: list[tuple[bytes, bytes]], status: int, length: int, retry: bool, keep_alive: bool
+) -> bytes:
+    """Status line and headers, in the order uvicorn writes a Starlette ``Response``."""
+    global _default_cache
+    cached, encoded = _default_cache
+    if cached is not defaults:  # uvicorn replaces the list when the date changes
+        encoded = b"".join(b"%s: %s\r\n" % pair for pair in defaults)
+        _default_cache = (defaults, encoded)
+    return b"".join(
+        (
+            STATUS_LINE[status],
+            encoded,
+            b"retry-after: 1\r\n" if retry else b"",
+            b"content-length: %d\r\ncontent-type: application/json\r\n" % length,
+            b"" if keep_alive else b"connection: close\r\n",
+            b"\r\n",
+        )
+    )

@@ -1,0 +1,178 @@
+"""The fast path answers byte for byte what the FastAPI routes answer.
+
+Two live servers with the same settings, one with the fast path (the default) and one
+with ``DQ_FAST_PATH=0``, get the same sequence of raw HTTP/1.1 requests on fresh data
+directories; their raw responses must be equal once the parts that depend on the clock
+or the engine instance (the ``date`` header, 13-digit times, receipt prefixes) are
+masked. The sequence covers successes and errors of the three hot routes, fall-backs
+to the framework (validation, limits, auth) and a keep-alive connection closed by the
+client's ``Connection: close``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.server.live import LiveServer, live_server
+
+TOKEN = "t0ken"
+ENV = {
+    "DQ_TOKENS": TOKEN,
+    "DQ_MAX_BATCH": "5",
+    "DQ_MAX_VALUE_BYTES": "64",
+    "DQ_MAX_BODY_BYTES": "4096",
+    "DQ_EXPIRE_INTERVAL_MS": "60000",
+}
+_DATE = re.compile(rb"^date: [^\r]*\r\n", re.MULTILINE | re.IGNORECASE)
+_TIME = re.compile(rb"\b1\d{12}\b")
+_RECEIPT = re.compile(rb'"[0-9a-f]{8}\.(\d+)\.(\d+)"')
+
+
+def _mask(raw: bytes) -> bytes:
+    raw = _DATE.sub(b"date: -\r\n", raw)
+    raw = _TIME.sub(b"T" * 13, raw)
+    return _RECEIPT.sub(rb'"RRRRRRRR.\1.\2"', raw)
+
+
+class Raw:
+    """One keep-alive connection speaking raw bytes, reading whole responses."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.buf = b""
+
+    def send(
+        self, path: str, body: bytes, *, token: str | None = TOKEN, close: bool = False
+    ) -> bytes:
+        head = [f"POST {path} HTTP/1.1", "host: x", "content-type: application/json"]
+        head.append(f"content-length: {len(body)}")
+        if token is not None:
+            head.append(f"authorization: Bearer {token}")
+        if close:
+            head.append("connection: close")
+        self.sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        return self._response()
+
+    def _response(self) -> bytes:
+        while b"\r\n\r\n" not in self.buf:
+            self._more()
+        head, _, rest = self.buf.partition(b"\r\n\r\n")
+        match = re.search(rb"content-length: (\d+)", head, re.IGNORECASE)
+        length = int(match.group(1)) if match else 0
+        while len(rest) < length:
+            self.buf = head + b"\r\n\r\n" + rest
+            self._more()
+            head, _, rest = self.buf.partition(b"\r\n\r\n")
+        self.buf = rest[length:]
+        return head + b"\r\n\r\n" + rest[:length]
+
+    def _more(self) -> None:
+        data = self.sock.recv(65536)
+        if not data:
+            raise ConnectionError("closed")
+        self.buf += data
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LiveServer, LiveServer]]:
+    base: Path = tmp_path_factory.mktemp("dq-hot")
+    with (
+        live_server(base / "fast", env=ENV) as fast,
+        live_server(base / "slow", env={**ENV, "DQ_FAST_PATH": "0"}) as slow,
+    ):
+        yield fast, slow
+
+
+def _j(doc: object) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def _script(conn: Raw) -> Iterator[bytes]:
+    """The requests, in order; receipts are taken from the answers themselves."""
+    q = "/v1/queues/hot"
+    yield conn.send(q + "/items", _j({"items": [{"value": "a"}]}))
+    yield conn.send(
+        q + "/items",
+        _j(
+            {
+                "items": [
+                    {"value": "é ünïcode ✓"},
+                    {"value": base64.b64encode(b"\xff\x00").decode(), "encoding": "base64"},
+                    {"value": "later", "delay_ms": 3_600_000},
+                    {"value": "past", "deadline": 1},
+                ]
+            }
+        ),
+    )
+    yield conn.send(q + "/items", _j({"items": [{"value": "x" * 65}]}))  # value_too_large
+    yield conn.send("/v1/queues/sp%20ace/items", _j({"items": [{"value": "x"}]}))
+    yield conn.send(q + "/items", _j({"items": [{"value": "x"}] * 6}))  # batch_too_large
+    yield conn.send(q + "/items", _j({"items": [{"value": "x", "deadline": 1, "delay_ms": 1}]}))
+    yield conn.send(q + "/items", b'{"items": [')  # invalid JSON
+    yield conn.send(q + "/items", _j({"items": []}))
+    yield conn.send(q + "/items", _j({"items": [{"value": "a"}]}), token=None)
+    yield conn.send(q + "/items", _j({"items": [{"value": "a"}]}), token="wrong")
+    got = conn.send(q + "/dequeue", _j({"count": 2}))
+    yield got
+    items = json.loads(got.partition(b"\r\n\r\n")[2])["items"]
+    yield conn.send(q + "/dequeue", _j({"count": 1, "encoding": "base64"}))
+    yield conn.send(q + "/dequeue", _j({"count": 6}))  # over the batch limit
+    yield conn.send(q + "/dequeue", _j({"count": 0}))
+    yield conn.send("/v1/queues/nothing-yet/dequeue", _j({"count": 3}))
+    yield conn.send("/v1/queues/nothing-yet/dequeue", _j({"count": 1, "wait_ms": 50}))
+    first = {"id": items[0]["id"], "receipt": items[0]["receipt"]}
+    yield conn.send(q + "/release", _j({"items": [first]}))
+    yield conn.send(q + "/release", _j({"items": [first]}))  # stale now
+    yield conn.send(q + "/release", _j({"items": [{"id": 99, "receipt": "nope"}]}))
+    yield conn.send(q + "/release", _j({"items": [{"id": 1, "receipt": "x"}] * 6}))
+    yield conn.send("/v1/queues/nothing-yet/release", _j({"items": [first]}))
+    second = {"id": items[1]["id"], "receipt": items[1]["receipt"]}
+    yield conn.send(q + "/dequeue", _j({"count": 1, "release": [second, first]}))
+    yield conn.send("/v1/queues/nothing-yet/dequeue", _j({"count": 1, "release": [first]}))
+    yield conn.send(q + "/dequeue", _j({"count": 1, "release": [first] * 6}))
+    yield conn.send(q + "/items", _j({"items": [{"value": "bye"}]}), close=True)
+
+
+def test_fast_path_and_framework_answer_the_same_bytes(
+    pair: tuple[LiveServer, LiveServer],
+) -> None:
+    fast, slow = pair
+    answers = []
+    for server in (fast, slow):
+        conn = Raw(server.port)
+        try:
+            answers.append([_mask(r) for r in _script(conn)])
+        finally:
+            conn.close()
+    assert len(answers[0]) == len(answers[1])
+    for n, (a, b) in enumerate(zip(*answers, strict=True)):
+        assert a == b, f"request {n}:\nfast: {a!r}\nslow: {b!r}"
+    statuses = [int(a.split(b" ", 2)[1]) for a in answers[0]]
+    assert {200, 400, 401, 404, 413, 422} <= set(statuses)
+    assert b"connection: close" in answers[0][-1]
+
+
+def test_fast_path_counts_in_metrics(pair: tuple[LiveServer, LiveServer]) -> None:
+    fast, _ = pair
+    conn = Raw(fast.port)
+    try:
+        conn.send("/v1/queues/counted/items", _j({"items": [{"value": "a"}]}))
+        conn.send("/v1/queues/counted/items", _j({"items": [{"value": "x" * 65}]}))
+        conn.sock.sendall(
+            f"GET /metrics HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {TOKEN}\r\n\r\n".encode()
+        )
+        text = conn._response().decode()
+    finally:
+        conn.close()
+    assert 'dq_requests_total{operation="enqueue",outcome="ok"}' in text
+    assert 'dq_requests_total{operation="enqueue",outcome="value_too_large"}' in text
