@@ -24,12 +24,20 @@ if TYPE_CHECKING:
     from server.dependencies import Service
     from storage import Engine
 
-__all__ = ["STALL_TIMEOUT_S", "Metered", "metered", "metered_durable", "queue_exists"]
+__all__ = [
+    "STALL_TIMEOUT_S",
+    "Metered",
+    "durable",
+    "metered",
+    "metered_durable",
+    "queue_exists",
+]
 
 STALL_TIMEOUT_S = 30.0
 _STALL_NAP_S = 0.005
 _perf = time.perf_counter
 T = TypeVar("T", bound=Sized)
+R = TypeVar("R")
 
 
 class Metered:
@@ -71,20 +79,28 @@ async def metered_durable(
     ``off_loop``: hand the write over from a worker thread, for a write that may first
     create its queue (which writes and syncs several files)."""
     m = Metered(service, op)
+    try:
+        result = await durable(service, start, off_loop=off_loop)
+    except StorageError as exc:
+        raise m.failed(exc) from None
+    m.ok(result)
+    return result
+
+
+async def durable(service: Service, start: Callable[[], Future[R]], *, off_loop: bool = False) -> R:
+    """A durable engine write awaited on the loop, short write stalls waited out; for
+    callers that count it themselves. Raises ``StorageError`` only."""
     give_up = _perf() + STALL_TIMEOUT_S
     while True:
         try:
             fut = await asyncio.to_thread(start) if off_loop else start()
-            result = fut.result() if fut.done() else await service.completions.wait(fut)
-        except WriteStall as exc:
-            if _perf() <= give_up:
-                await asyncio.sleep(_STALL_NAP_S)
-                continue
-            raise m.failed(exc) from None
-        except (StorageError, OSError) as exc:
-            raise m.failed(exc) from None
-        m.ok(result)
-        return result
+            return fut.result() if fut.done() else await service.completions.wait(fut)
+        except WriteStall:
+            if _perf() > give_up:
+                raise
+            await asyncio.sleep(_STALL_NAP_S)
+        except OSError as exc:
+            raise as_storage_error(exc) from None
 
 
 def queue_exists(engine: Engine, name: str) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from server.routers.items import durable
+from server.calls import durable, metered_durable
 from server.sqs.batches import check_entries, failed
 from server.sqs.context import MAX_VISIBILITY_S, Ctx
 from server.sqs.errors import SqsError, from_storage
@@ -170,14 +170,13 @@ def _visibility_error(o: ItemOutcome, handle: str) -> SqsError | None:
 
 
 async def _release(ctx: Ctx, name: str, batch: list[Release]) -> list[ItemOutcome]:
-    service = ctx.service
-    t0 = _perf()
+    engine = ctx.service.engine
     try:
-        outcomes = await durable(lambda: service.engine.release_nowait(name, batch))
+        outcomes = await metered_durable(
+            ctx.service, "release", lambda: engine.release_nowait(name, batch)
+        )
     except StorageError as exc:
-        service.metrics.observe_error("release", exc.code, _perf() - t0)
         raise from_storage(exc, name) from None
-    service.metrics.observe("release", _perf() - t0, len(outcomes))
     ctx.state.receives.forget(name, [o.id for o in outcomes if o.error is None])
     return outcomes
 
@@ -224,7 +223,11 @@ async def _change(ctx: Ctx, name: str, changes: list[tuple[int, str, int]]) -> l
     t0 = _perf()
     try:
         extended = engine.extend(name, extends) if extends else []
-        requeued = await durable(lambda: engine.requeue_nowait(name, requeues)) if requeues else []
+        requeued = (
+            await durable(service, lambda: engine.requeue_nowait(name, requeues))
+            if requeues
+            else []
+        )
     except StorageError as exc:
         service.metrics.observe_error("extend", exc.code, _perf() - t0)
         raise from_storage(exc, name) from None

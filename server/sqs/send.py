@@ -14,7 +14,7 @@ import time
 from decimal import Decimal
 from typing import Any
 
-from server.routers.items import durable
+from server.calls import metered_durable
 from server.sqs.batches import check_entries, failed
 from server.sqs.context import Ctx
 from server.sqs.errors import SqsError, from_storage
@@ -110,15 +110,13 @@ def _prepare(ctx: Ctx, sidecar: Sidecar, entry: dict[str, Any]) -> tuple[NewItem
 
 
 async def _enqueue(ctx: Ctx, name: str, items: list[NewItem]) -> list[Enqueued]:
-    service = ctx.service
-    t0 = _perf()
+    engine = ctx.service.engine
     try:
-        done = await durable(lambda: service.engine.enqueue_nowait(name, items))
+        return await metered_durable(
+            ctx.service, "enqueue", lambda: engine.enqueue_nowait(name, items)
+        )
     except StorageError as exc:
-        service.metrics.observe_error("enqueue", exc.code, _perf() - t0)
         raise from_storage(exc, name) from None
-    service.metrics.observe("enqueue", _perf() - t0, len(done))
-    return done
 
 
 def _sidecar(ctx: Ctx, name: str) -> Sidecar:
