@@ -4,12 +4,14 @@ Run as ``python -m tests.storage.crash_writer DATA_DIR``. Threads enqueue batche
 release what they dequeue; every enqueue and release acknowledged by the engine is
 printed as ``E <id>`` / ``R <id>`` (``K <id>`` for the queue nobody consumes) and flushed (``D <id>`` before a release is
 requested: such an item may end either way), so the parent knows exactly what the
-engine promised before it was killed.
+engine promised before it was killed. Keyed enqueues print ``Y <key> <id>``; a pause
+or resume prints ``p``/``u`` when asked and ``P``/``U`` once answered.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 
@@ -43,8 +45,37 @@ def main() -> None:
                 out = engine.release("crash", [Release(d.id, d.receipt) for d in items])
                 say([f"R {o.id}\n" for o in out if o.ok])
 
+    def keyed() -> None:
+        # idempotent enqueues: every batch repeats one key of the batch before it
+        run = os.urandom(4).hex()
+        i, last = 0, None
+        while True:
+            keys = [f"{run}-{i + j}" for j in range(5)]
+            i += 5
+            batch = [NewItem(k.encode(), key=k) for k in keys]
+            if last is not None:
+                batch.append(NewItem(b"again", key=last))
+            got = engine.enqueue("keyed", batch)
+            say([f"Y {k} {g.id}\n" for k, g in zip(keys, got, strict=False)])
+            last = keys[-1]
+
+    def toggler() -> None:
+        # pause/resume: "p"/"u" before asking, "P"/"U" once answered (durable)
+        engine.enqueue("toggle", [NewItem(b"x")])
+        n = 0
+        while True:
+            n += 1
+            say([f"p {n}\n"])
+            engine.pause("toggle")
+            say([f"P {n}\n"])
+            say([f"u {n}\n"])
+            engine.resume("toggle")
+            say([f"U {n}\n"])
+
     threads = [threading.Thread(target=producer, args=(n,), daemon=True) for n in range(3)]
     threads.append(threading.Thread(target=consumer, daemon=True))
+    threads.append(threading.Thread(target=keyed, daemon=True))
+    threads.append(threading.Thread(target=toggler, daemon=True))
     for t in threads:
         t.start()
     say(["READY\n"])

@@ -12,16 +12,17 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from storage import Engine, EngineConfig
+from storage import Engine, EngineConfig, NewItem
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_and_kill(data: Path, seconds: float) -> dict[str, set[int]]:
+def run_and_kill(data: Path, seconds: float) -> Run:
     """Start the writer, let it run ``seconds`` after it is ready, SIGKILL it."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.storage.crash_writer", str(data)],
@@ -59,10 +60,36 @@ def run_and_kill(data: Path, seconds: float) -> dict[str, set[int]]:
         assert proc.stdout is not None
         proc.stdout.close()
     sets: dict[str, set[int]] = {"E": set(), "R": set(), "D": set(), "K": set()}
+    keys: dict[str, int] = {}
+    toggles: list[str] = []
     for line in lines:
         if line[:2] in ("E ", "R ", "D ", "K "):
             sets[line[0]].add(int(line[2:]))
-    return sets
+        elif line.startswith("Y "):
+            _y, key, item_id = line.split()
+            keys[key] = int(item_id)
+        elif line[:2] in ("p ", "P ", "u ", "U "):
+            toggles.append(line[0])
+    return Run(sets, keys, toggles)
+
+
+@dataclass
+class Run:
+    sets: dict[str, set[int]]
+    keys: dict[str, int]  # acknowledged keyed enqueues: key -> id
+    toggles: list[str]  # p/u asked, P/U answered, in order
+
+    def __getitem__(self, kind: str) -> set[int]:
+        return self.sets[kind]
+
+    def paused_after(self) -> set[bool]:
+        """The pause states a recovery may show: the last answered one, or the one asked
+        after it (in flight when killed)."""
+        answered = [t for t in self.toggles if t in "PU"]
+        state = {answered[-1] == "P"} if answered else {False}
+        if self.toggles and self.toggles[-1] in "pu":
+            state.add(self.toggles[-1] == "p")
+        return state
 
 
 @pytest.mark.parametrize("seconds", [0.7, 1.5, 2.5])
@@ -72,8 +99,10 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path, seconds: float) -> 
     all_rel: set[int] = set()
     in_doubt: set[int] = set()
     kept: set[int] = set()
+    keys: dict[str, int] = {}
     for _round in range(2):  # crash, recover, crash again on the recovered directory
-        got = run_and_kill(data, seconds)
+        got = last = run_and_kill(data, seconds)
+        keys |= got.keys
         assert got["E"] and got["R"] and got["K"], "the writer acknowledged nothing before the kill"
         all_enq |= got["E"]
         all_rel |= got["R"]
@@ -99,3 +128,15 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path, seconds: float) -> 
             kept_present.update(d.id for d in more)
         lost = kept - kept_present
         assert not lost, f"{len(lost)} acknowledged enqueues lost from the unconsumed queue"
+        # every acknowledged key is remembered: enqueuing it again writes nothing
+        assert keys, "the writer acknowledged no keyed enqueue"
+        names = sorted(keys)
+        for i in range(0, len(names), 1000):
+            chunk = names[i : i + 1000]
+            again = engine.enqueue("keyed", [NewItem(b"retry", key=k) for k in chunk])
+            wrong = [
+                k for k, g in zip(chunk, again, strict=True) if not g.duplicate or g.id != keys[k]
+            ]
+            assert not wrong, f"{len(wrong)} acknowledged keys forgotten, e.g. {wrong[:3]}"
+        # the last answered pause or resume holds (or the one in flight at the kill)
+        assert engine.stats("toggle").paused in last.paused_after()

@@ -1,9 +1,11 @@
 """The engine and a trivial in-memory model, driven through the same random operations.
 
-Hypothesis picks enqueues (with past, present and future deadlines), dequeues,
-releases, requeues, extends, stale receipts, clock moves, lease expiry, freezes,
-merges of any contiguous segment range, and close-and-reopen; after every step the
-engine and the model must agree on what was delivered and on the counts.
+Hypothesis picks enqueues (with past, present and future deadlines, with and without
+idempotency keys), dequeues, releases, requeues, extends, stale receipts, clock moves,
+lease expiry, freezes, merges of any contiguous segment range, pause and resume,
+purge, delete by id, redrive of dead letters, browsing, and close-and-reopen; after
+every step the engine and the model must agree on what was delivered, on what a
+browse shows, and on the counts.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from storage import Engine, EngineConfig, Extend, NewItem, QueueConfig, Release, Requeue
 from storage.codec import encode_key, key_deadline, key_id
+from storage.errors import ItemNotFound
 from tests.storage.conftest import FakeClock
 
 Q = "jobs"
@@ -49,9 +52,12 @@ class EngineVsModel(RuleBasedStateMachine):
         self.engine.put_queue(
             Q, QueueConfig(default_lease_ms=1000, max_deliveries=3, dead_letter_queue=DLQ)
         )
+        self.engine.put_queue(DLQ, QueueConfig(default_lease_ms=1000))
         self.model: dict[str, dict[int, Item]] = {Q: {}, DLQ: {}}
         self.stale: list[tuple[int, str]] = []
         self.values = 0
+        self.paused = False
+        self.keys: dict[str, tuple[int, int, int]] = {}  # key -> (id, deadline, time)
 
     def teardown(self) -> None:
         self.engine.close()
@@ -116,6 +122,9 @@ class EngineVsModel(RuleBasedStateMachine):
         self.expire(queue)
         now = self.clock.now
         qcfg = self.engine.get_queue(queue)
+        if queue == Q and self.paused:
+            assert self.engine.dequeue(queue, count, lease) == []
+            return
         due = sorted(
             (i for i in self.model[queue].values() if i.receipt is None and i.deadline <= now),
             key=lambda i: (i.deadline, i.id),
@@ -247,6 +256,136 @@ class EngineVsModel(RuleBasedStateMachine):
         stop = data.draw(st.integers(start + 1, n))
         self.engine.queue(Q).merge(start, stop)
 
+    # -------------------------------------------------------------- operator rules
+
+    @rule(keys=st.lists(st.sampled_from(["a", "b", "c", "d", "e", None]), min_size=1, max_size=5))
+    def keyed_enqueue(self, keys: list[str | None]) -> None:
+        now = self.clock.now
+        window = 300_000
+        next_id = self.engine.queue(Q).next_id
+        expected: list[tuple[int, int, bool]] = []
+        fresh: list[int] = []
+        batch_keys: dict[str, tuple[int, int]] = {}
+        for k in keys:
+            known = None
+            if k is not None:
+                if k in batch_keys:
+                    known = batch_keys[k]
+                elif k in self.keys and now - self.keys[k][2] < window:
+                    known = self.keys[k][:2]
+            if known is not None:
+                expected.append((known[0], known[1], True))
+                continue
+            item_id = next_id + len(fresh)
+            deadline = self.place(Q, now, item_id)
+            fresh.append(item_id)
+            expected.append((item_id, deadline, False))
+            if k is not None:
+                batch_keys[k] = (item_id, deadline)
+        got = self.engine.enqueue(Q, [NewItem(f"k{k}".encode(), key=k) for k in keys])
+        assert [(g.id, g.deadline, g.duplicate) for g in got] == expected
+        for k, (item_id, deadline, dup) in zip(keys, expected, strict=True):
+            if dup:
+                continue
+            self.model[Q][item_id] = Item(item_id, deadline, f"k{k}".encode(), now)
+            if k is not None:
+                self.keys[k] = (item_id, deadline, now)
+
+    @rule()
+    def pause(self) -> None:
+        assert self.engine.pause(Q).paused
+        self.paused = True
+
+    @rule()
+    def resume(self) -> None:
+        assert not self.engine.resume(Q).paused
+        self.paused = False
+
+    @rule()
+    def purge(self) -> None:
+        self.expire(Q)
+        items = self.model[Q]
+        assert self.engine.purge(Q) == len(items)
+        for item in items.values():
+            if item.receipt is not None:
+                self.stale.append((item.id, item.receipt))
+        items.clear()
+
+    @rule(data=st.data())
+    def delete(self, data: st.DataObject) -> None:
+        self.expire(Q)
+        next_id = self.engine.queue(Q).next_id
+        if next_id == 1:
+            return
+        item_id = data.draw(st.integers(1, next_id - 1))
+        item = self.model[Q].get(item_id)
+        if item is None:
+            try:
+                self.engine.delete_item(Q, item_id)
+            except ItemNotFound:
+                return
+            raise AssertionError(f"deleted item {item_id}, which the model says is gone")
+        self.engine.delete_item(Q, item_id)
+        if item.receipt is not None:
+            self.stale.append((item.id, item.receipt))
+        del self.model[Q][item_id]
+
+    @rule(values=st.lists(st.binary(max_size=50), min_size=1, max_size=4))
+    def enqueue_dead_letters(self, values: list[bytes]) -> None:
+        """Items written straight into the dead-letter queue (reaching it by deliveries
+        takes more steps than most runs have); a redrive sends them to its one source."""
+        now = self.clock.now
+        next_id = self.engine.queue(DLQ).next_id
+        expected = [self.place(DLQ, now, next_id + i) for i in range(len(values))]
+        got = self.engine.enqueue(DLQ, [NewItem(v) for v in values])
+        assert [g.deadline for g in got] == expected
+        for g, v in zip(got, values, strict=True):
+            self.model[DLQ][g.id] = Item(g.id, g.deadline, v, now)
+
+    @rule()
+    def redrive(self) -> None:
+        if DLQ not in self.engine.list_queues():
+            return
+        self.expire(DLQ)
+        now = self.clock.now
+        waiting = sorted(
+            (i for i in self.model[DLQ].values() if i.receipt is None),
+            key=lambda i: (i.deadline, i.id),
+        )
+        next_id = self.engine.queue(Q).next_id
+        result = self.engine.redrive(DLQ)
+        assert result.moved == len(waiting) and not result.failed
+        for n, item in enumerate(waiting):
+            new_id = next_id + n
+            deadline = self.place(Q, now, new_id)
+            self.model[Q][new_id] = Item(new_id, deadline, item.value, item.enqueue_time, now)
+            del self.model[DLQ][item.id]
+
+    @rule(queue=st.sampled_from([Q, DLQ]), limit=st.integers(1, 7))
+    def browse(self, queue: str, limit: int) -> None:
+        """A browse, page by page, shows exactly the model's items in key order."""
+        if queue not in self.engine.list_queues():
+            return
+        self.expire(queue)
+        now = self.clock.now
+        seen = []
+        after = None
+        while True:
+            page = self.engine.browse(queue, "all", after, limit, True)
+            assert len(page.items) <= limit
+            seen += page.items
+            if page.next is None:
+                break
+            after = page.next
+        expected = sorted(self.model[queue].values(), key=lambda i: (i.deadline, i.id))
+        assert [(b.id, b.deadline, b.value) for b in seen] == [
+            (i.id, i.deadline, i.value) for i in expected
+        ]
+        for b, i in zip(seen, expected, strict=True):
+            state = "leased" if i.receipt else ("due" if i.deadline <= now else "delayed")
+            assert b.state == state, (b, i)
+            assert b.stats is not None and b.stats.dequeue_count == i.count
+
     @rule()
     def reopen(self) -> None:
         self.engine.close()
@@ -257,6 +396,7 @@ class EngineVsModel(RuleBasedStateMachine):
                     self.stale.append((item.id, item.receipt))
                 item.receipt = None
                 item.count = item.durable_count
+        assert self.engine.stats(Q).paused == self.paused
 
     # -------------------------------------------------------------- invariants
 
