@@ -33,7 +33,7 @@ import httpx
 
 from storage import Engine, EngineConfig, NewItem
 from tests.server.browser import CHROMIUM, LAUNCH_ARGS
-from tests.server.live import live_server
+from tests.server.live import LiveServer
 
 BATCH = 1000
 
@@ -53,6 +53,7 @@ def build(root: Path, queues: int, items: int) -> float:
                 for k in range(min(BATCH, items - start))
             ]
             engine.enqueue("big", batch)
+        engine.freeze("big")  # into a segment file, as a long-lived backlog would be
     return time.monotonic() - t0
 
 
@@ -140,7 +141,8 @@ def main() -> None:
         root = Path(tmp) / "data"
         built = build(root, args.queues, args.items)
         print(f"built {args.queues:,} queues + 1 queue of {args.items:,} items in {built:.0f} s")
-        with live_server(root, env={"DQ_HISTORY_INTERVAL_MS": "5000"}, fsync="never") as server:
+        server = LiveServer(root, fsync="never").start(timeout=600)
+        try:
             rows = {
                 "GET /v1/queues (server)": fetch_ms(server.url + "/v1/queues", args.runs),
                 "GET browse page of big (server)": fetch_ms(
@@ -148,6 +150,8 @@ def main() -> None:
                 ),
                 **measure(server.url, args.queues, args.runs),
             }
+        finally:
+            server.terminate(timeout=60)
     load = os.getloadavg()
     print(
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} cores, "

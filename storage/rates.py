@@ -14,11 +14,14 @@ _WINDOW_S = 60
 
 
 class Rates:
-    __slots__ = ("_counts", "_seconds")
+    __slots__ = ("_counts", "_last", "_seconds")
 
     def __init__(self) -> None:
         self._counts = {k: [0] * _WINDOW_S for k in RATE_KINDS}
         self._seconds = {k: [0] * _WINDOW_S for k in RATE_KINDS}
+        #: the last second with an event of each kind: an idle queue answers in O(1)
+        #: (listing 1,000 queues reads 3,000 rates)
+        self._last = dict.fromkeys(RATE_KINDS, -1)
 
     def add(self, kind: str, n: int, now_ms: int) -> None:
         sec = now_ms // 1000
@@ -29,10 +32,13 @@ class Rates:
             seconds[slot] = sec
             counts[slot] = 0
         counts[slot] += n
+        self._last[kind] = sec
 
     def per_second(self, kind: str, now_ms: int) -> float:
         """Events per second over the last 60 seconds (the current second included)."""
         oldest = now_ms // 1000 - _WINDOW_S
+        if self._last[kind] <= oldest:
+            return 0.0
         seconds, counts = self._seconds[kind], self._counts[kind]
         total = sum(c for s, c in zip(seconds, counts, strict=True) if s > oldest)
         return total / _WINDOW_S
