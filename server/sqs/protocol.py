@@ -2,7 +2,9 @@
 
 A request names its action in ``X-Amz-Target: AmazonSQS.<Action>`` and carries its
 parameters as a JSON object (``Content-Type: application/x-amz-json-1.0``); the answer
-is a JSON object, or an error in the shape of ``server.sqs.errors``. Every answer has
+is a JSON object, or an error in the shape of ``server.sqs.errors``. Older SDKs' query
+protocol (a form with ``Action=``, at ``/`` or at the queue's URL) is translated by
+``server.sqs.query`` to the same actions. Every answer has
 an ``x-amzn-RequestId``. With ``DQ_TOKENS`` set, the request's Signature Version 4 is
 verified first (``server.sqs.sigv4``). Queue URLs in answers use the host the client
 addressed, so URLs work from wherever the client reaches the server.
@@ -19,10 +21,12 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
+from server.errors import error_response
 from server.routers.items import disconnected
 from server.sqs import admin, receive, send
 from server.sqs.context import Ctx, Limits, SqsState
 from server.sqs.errors import SqsError
+from server.sqs.query import error_xml, params_from_form, result_xml
 from server.sqs.sigv4 import verify
 
 __all__ = ["ACTIONS", "router"]
@@ -100,44 +104,87 @@ def _context(request: Request, body: bytes) -> Ctx:
     )
 
 
-@router.post("/")
-async def sqs_json(request: Request) -> Response:
-    """Serve one SQS JSON-protocol request."""
-    request_id = str(uuid.uuid4())
+def _is_query(request: Request) -> bool:
+    """A query-protocol request: form-encoded, or ``Action`` in the query string."""
+    ctype = request.headers.get("content-type", "")
+    return ctype.startswith("application/x-www-form-urlencoded") or b"Action=" in request.scope.get(
+        "query_string", b""
+    )
+
+
+def _action(name: str) -> Action:
+    action = ACTIONS.get(name)
+    if action is None:
+        raise SqsError("InvalidAction", f"The action {name} is not valid for this endpoint.")
+    return action
+
+
+async def _json_call(request: Request, target: str) -> dict[str, Any]:
+    action = _action(target[len(_TARGET_PREFIX) :])
+    body = await request.body()
+    ctx = _context(request, body)
     try:
-        target = request.headers.get("x-amz-target", "")
-        if not target.startswith(_TARGET_PREFIX):
+        params = json.loads(body) if body.strip() else {}
+    except ValueError:
+        raise SqsError("SerializationException", "The request body is not valid JSON.") from None
+    if not isinstance(params, dict):
+        raise SqsError("SerializationException", "The request body must be a JSON object.")
+    return await action(ctx, params)
+
+
+async def _serve(request: Request, queue_path: str | None) -> Response:
+    request_id = str(uuid.uuid4())
+    target = request.headers.get("x-amz-target", "")
+    query = not target and _is_query(request)
+    name = target
+    try:
+        if target.startswith(_TARGET_PREFIX):
+            result = await _json_call(request, target)
+        elif query:
+            body = await request.body()
+            ctx = _context(request, body)
+            name, params = params_from_form(
+                body, request.scope.get("query_string", b""), queue_path
+            )
+            result = await _action(name)(ctx, params)
+        else:
             raise SqsError(
                 "InvalidAction",
-                "dq serves the SQS JSON protocol at POST / "
-                "(X-Amz-Target: AmazonSQS.<Action>); see docs/sqs.md.",
+                "dq serves SQS at POST / (JSON protocol: X-Amz-Target: AmazonSQS.<Action>; "
+                "query protocol: a form with Action=...); see docs/sqs.md.",
             )
-        action = ACTIONS.get(target[len(_TARGET_PREFIX) :])
-        if action is None:
-            raise SqsError(
-                "InvalidAction",
-                f"The action {target[len(_TARGET_PREFIX) :]} is not valid for this endpoint.",
-            )
-        body = await request.body()
-        ctx = _context(request, body)
-        try:
-            params = json.loads(body) if body.strip() else {}
-        except ValueError:
-            raise SqsError(
-                "SerializationException", "The request body is not valid JSON."
-            ) from None
-        if not isinstance(params, dict):
-            raise SqsError("SerializationException", "The request body must be a JSON object.")
-        result = await action(ctx, params)
     except SqsError as err:
+        if query:
+            return Response(error_xml(err, request_id), err.status, media_type="text/xml")
         return _error(err, request_id)
     except Exception:
-        logger.exception("SQS %s failed", request.headers.get("x-amz-target"))
-        return _error(
-            SqsError("InternalFailure", "Internal error (see the server log)."), request_id
+        logger.exception("SQS %s failed", name)
+        failure = SqsError("InternalFailure", "Internal error (see the server log).")
+        if query:
+            return Response(error_xml(failure, request_id), failure.status, media_type="text/xml")
+        return _error(failure, request_id)
+    if query:
+        return Response(
+            result_xml(name, result, request_id),
+            media_type="text/xml",
+            headers={"x-amzn-RequestId": request_id},
         )
     return Response(
         json.dumps(result, separators=(",", ":")),
         media_type=_CONTENT_TYPE,
         headers={"x-amzn-RequestId": request_id},
     )
+
+
+@router.post("/")
+async def sqs_root(request: Request) -> Response:
+    """Serve one SQS request (JSON or query protocol)."""
+    return await _serve(request, None)
+
+
+@router.post("/{account}/{queue}")
+async def sqs_queue_path(account: str, queue: str, request: Request) -> Response:
+    """A query-protocol request sent to a queue's URL; any other POST here is not found."""
+    if request.headers.get("x-amz-target") or not _is_query(request):
+        return error_response(404, "not_found", "Not Found")
+    return await _serve(request, f"/{account}/{queue}")
