@@ -1,7 +1,8 @@
 """A real Celery worker on kombu's SQS transport, with dq as the broker.
 
-One worker subprocess (solo pool) runs a task, a task Celery retries, and a long task
-during which it is SIGKILLed; a second worker then gets that task again once its
+The server requires a token (the worker signs with it as its secret key). One worker
+subprocess (solo pool) runs a task, a task Celery retries, and a long task during which
+it is SIGKILLed; a second worker then gets that task again once its
 visibility timeout (3 s) has run out, because the task was acknowledged late.
 """
 
@@ -20,6 +21,8 @@ import pytest
 from tests.server.live import REPO, live_server
 from tests.sqs.conftest import SERVER_ENV
 
+TOKEN = "celery-secret-token"
+
 
 def _wait_for(path: Path, timeout: float, worker: subprocess.Popen[bytes], log: Path) -> str:
     give_up = time.monotonic() + timeout
@@ -36,11 +39,12 @@ def _wait_for(path: Path, timeout: float, worker: subprocess.Popen[bytes], log: 
 def env(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
     out = tmp_path / "out"
     out.mkdir()
-    with live_server(tmp_path / "data", env=SERVER_ENV) as server:
+    # with a token set, so the worker's requests are SigV4-signed with it and checked
+    with live_server(tmp_path / "data", env={**SERVER_ENV, "DQ_TOKENS": TOKEN}) as server:
         host_port = server.url.removeprefix("http://")
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "DQ_"))},
-            "DQ_CELERY_BROKER": f"sqs://celery:unused@{host_port}",
+            "DQ_CELERY_BROKER": f"sqs://celery:{TOKEN}@{host_port}",
             "DQ_CELERY_QUEUE": "dq-celery",
             "DQ_CELERY_OUT": str(out),
             "PYTHONPATH": str(REPO / "tests" / "sqs"),
