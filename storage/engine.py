@@ -36,6 +36,7 @@ from storage.errors import (
     InvalidArgument,
     QueueNotFound,
     StorageError,
+    TooManyQueues,
     ValueTooLarge,
     WriteStall,
 )
@@ -86,12 +87,19 @@ class EngineConfig:
     auto_merge: bool = True
     #: a log holding tombstones is frozen after this many quiet seconds
     idle_freeze_seconds: float = 2.0
+    #: queues this engine holds at most; creating one more is refused (``TooManyQueues``).
+    #: Each queue costs a log descriptor, a descriptor per segment file and its memory
+    max_queues: int = 10_000
+    #: the longest a blocking call (``enqueue``, ``release`` ...) waits for its answer
+    wait_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.fsync not in ("always", "interval", "never"):
             raise InvalidArgument("fsync must be always, interval or never", fsync=self.fsync)
         if self.compaction not in ("process", "thread", "inline"):
             raise InvalidArgument("compaction must be process, thread or inline")
+        if not isinstance(self.max_queues, int) or self.max_queues < 1:
+            raise InvalidArgument("max_queues must be a positive integer")
 
 
 def _remover(callbacks: list[Any], callback: Any) -> Callable[[], None]:
@@ -140,11 +148,9 @@ class Engine(Operations):
         self._listeners: list[Callable[[Event], None]] = []
         self.closed = False
         self._stop_maintenance = threading.Event()
-        self._maintenance: threading.Thread | None = None
-        if config.auto_merge:
-            self._maintenance = threading.Thread(
-                target=self._maintain, name="dq-maintenance", daemon=True
-            )
+        self._maintenance: threading.Thread | None = threading.Thread(
+            target=self._maintain, name="dq-maintenance", daemon=True
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -171,9 +177,10 @@ class Engine(Operations):
             qroot = os.path.join(root, "queues")
             for name in sorted(os.listdir(qroot)):
                 path = os.path.join(qroot, name)
-                if name.startswith(".deleted-"):
+                if name.startswith(".deleted-"):  # no queue name starts with a dot
                     shutil.rmtree(path, ignore_errors=True)
                 elif os.path.isfile(os.path.join(path, "queue.json")):
+                    # never raises for one queue's damage: it is quarantined instead
                     engine._queues[name] = Queue.open(engine, name, path)
                 elif os.path.isdir(path):
                     log.warning("ignoring %s: no queue.json (creation was interrupted)", path)
@@ -185,12 +192,15 @@ class Engine(Operations):
         return engine
 
     def _maintain(self) -> None:
-        """Background upkeep: freeze idle logs that hold tombstones, start merges."""
+        """Background upkeep: reopen failed queues once their fault clears; with
+        ``auto_merge``, freeze idle logs that hold tombstones and start merges."""
         while not self._stop_maintenance.wait(0.5):
             for q in list(self._queues.values()):
                 try:
-                    q.freeze_if_idle(self.config.idle_freeze_seconds)
-                    self.merge_policy.consider(q)
+                    q.recover_if_due()
+                    if self.config.auto_merge:
+                        q.freeze_if_idle(self.config.idle_freeze_seconds)
+                        self.merge_policy.consider(q)
                 except Exception:
                     log.exception("maintenance of queue %s failed", q.name)
 
@@ -241,10 +251,34 @@ class Engine(Operations):
                 raise EngineUnavailable("engine is closed")
             q = self._queues.get(name)
             if q is None:
-                q = Queue.create(self, name, os.path.join(self.root, "queues", name), config)
+                if len(self._queues) >= self.config.max_queues:
+                    raise TooManyQueues(
+                        f"this server holds at most {self.config.max_queues} queues",
+                        queue=name,
+                        limit=self.config.max_queues,
+                    )
+                directory = os.path.join(self.root, "queues", name)
+                try:
+                    q = Queue.create(self, name, directory, config)
+                except BaseException:  # all or nothing: no half-made queue stays behind
+                    shutil.rmtree(directory, ignore_errors=True)
+                    raise
                 self._queues[name] = q
                 self.emit("queue_created", name, [])
             return q
+
+    def has_queue(self, name: str) -> bool:
+        return name in self._queues
+
+    def ensure_queue(self, name: str) -> None:
+        """Create ``name`` with the default config unless it exists.
+
+        Creating a queue writes and fsyncs its directory, config and first log (a few
+        milliseconds): an event loop should call this in a worker thread before the
+        first write to a new queue (``has_queue`` says when), rather than let
+        ``enqueue_nowait`` create the queue on the loop.
+        """
+        self._queue_for_write(name)
 
     def list_queues(self) -> list[str]:
         return sorted(self._queues)
@@ -261,6 +295,8 @@ class Engine(Operations):
             if q is None:
                 return self._create(name, config).config
         with q.lock:
+            if q.quarantined and q.failed is not None:
+                raise q.failed
             save_config(q.directory, config)
             q.config = config
         return config
@@ -344,8 +380,11 @@ class Engine(Operations):
             return done
         return self._queue_for_write(name).enqueue(prepared, keys=keys)
 
-    def enqueue(self, name: str, items: Sequence[NewItem], timeout: float = 60.0) -> list[Enqueued]:
+    def enqueue(
+        self, name: str, items: Sequence[NewItem], timeout: float | None = None
+    ) -> list[Enqueued]:
         """Enqueue a batch and wait until it is durable (waits out write stalls)."""
+        timeout = self.config.wait_timeout_s if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -366,14 +405,14 @@ class Engine(Operations):
         return self._queue(name).release(items)
 
     def release(self, name: str, items: Sequence[Release]) -> list[ItemOutcome]:
-        return self.release_nowait(name, items).result()
+        return self.release_nowait(name, items).result(self.config.wait_timeout_s)
 
     def requeue_nowait(self, name: str, items: Sequence[Requeue]) -> Future[list[ItemOutcome]]:
         self._check_batch(len(items))
         return self._queue(name).requeue(items)
 
     def requeue(self, name: str, items: Sequence[Requeue]) -> list[ItemOutcome]:
-        return self.requeue_nowait(name, items).result()
+        return self.requeue_nowait(name, items).result(self.config.wait_timeout_s)
 
     def extend(self, name: str, items: Sequence[Extend]) -> list[ItemOutcome]:
         self._check_batch(len(items))
@@ -417,16 +456,7 @@ class Engine(Operations):
     def freeze(self, name: str) -> None:
         """Freeze the queue's current log now and wait until its segment file is in."""
         q = self._queue(name)
-        if self.syncer is not None and self.config.fsync == "always":
-            with q.lock:
-                q._rotate_requested = True
-            self.syncer.mark_dirty(q)
-            deadline = time.monotonic() + 30
-            while q._rotate_requested and time.monotonic() < deadline:
-                time.sleep(0.001)
-        else:
-            with q.lock:
-                q._rotate_locked()
+        q.freeze_now()
         self.compactor.wait_idle(timeout=120)
 
     def merge_policy_hook(self, q: Queue) -> None:
@@ -449,7 +479,11 @@ class Engine(Operations):
             return
         for key, stats, value in entries:
             enq, _req, cnt = decode_stats(stats)
-            fut = target.enqueue([(now, value)], stats=(enq, now, cnt), origin=source.name)
+            try:
+                fut = target.enqueue([(now, value)], stats=(enq, now, cnt), origin=source.name)
+            except StorageError:  # left pending at the source: delivered after a restart
+                log.exception("queue %s: cannot dead-letter to %s", source.name, target_name)
+                return
 
             def moved(f: Future[Any], key: bytes = key) -> None:
                 if f.exception() is None and not source.closed:

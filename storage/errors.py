@@ -23,7 +23,9 @@ file, offset) as attributes and a stable ``code`` string that clients can rely o
     ├── DataDirLocked            another process owns the directory (503)
     ├── CorruptionError          bad bytes, with file and offset     (500)
     ├── StorageFull              ENOSPC                              (507)
+    ├── TooManyQueues            the engine's queue limit is reached  (507)
     └── EngineUnavailable        closed, or failed after an I/O error (503)
+        ├── QueueDamaged         quarantined at open: names file and offset (503)
         └── WriteStall           segment files are behind: retry shortly (503)
 """
 
@@ -43,10 +45,12 @@ __all__ = [
     "InvalidReceipt",
     "ItemNotFound",
     "NotADeadLetterQueue",
+    "QueueDamaged",
     "QueueNotFound",
     "StaleReceipt",
     "StorageError",
     "StorageFull",
+    "TooManyQueues",
     "ValueTooLarge",
     "WriteStall",
     "status_for_code",
@@ -150,6 +154,20 @@ class StorageFull(StorageError):
 class EngineUnavailable(StorageError):
     code = "unavailable"
     http_status = 503
+
+
+class TooManyQueues(StorageError):
+    """Creating one more queue would pass ``EngineConfig.max_queues``."""
+
+    code = "too_many_queues"
+    http_status = 507
+
+
+class QueueDamaged(EngineUnavailable):
+    """The queue was found damaged when the engine opened it and is kept aside
+    (quarantined); ``context`` names the file and offset. The other queues serve."""
+
+    code = "queue_damaged"
 
 
 class WriteStall(EngineUnavailable):

@@ -17,6 +17,7 @@ from storage.errors import StorageFull
 
 __all__ = [
     "FAULTS",
+    "create",
     "fdatasync",
     "fsync",
     "fsync_dir",
@@ -121,10 +122,20 @@ def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int, path:
         raise
 
 
+def create(path: str) -> int:
+    """Create (or empty) a file for writing; a step, so tests can refuse it (EMFILE)."""
+    step("create", path)
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        _raise_full(exc, path)
+        raise
+
+
 def write_file_atomic(path: str, data: bytes) -> None:
     """temp name → write → fsync → rename → fsync directory."""
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = create(tmp)
     try:
         write_all(fd, data, tmp)
         fsync(fd, tmp)

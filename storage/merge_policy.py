@@ -22,17 +22,41 @@ in online (``Queue._install_merge``).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from storage.queue import Queue
-
-__all__ = ["MergePolicy"]
+__all__ = ["MergePolicy", "MergeSource", "SegmentDesc"]
 
 log = logging.getLogger(__name__)
 
 #: what one tombstone costs in a compressed block (measured: 3-5 bytes)
 TOMBSTONE_BYTES = 4
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentDesc:
+    """What the policy knows of one segment file: its footer counts and its size."""
+
+    seg_lo: int
+    seg_hi: int
+    pending: int
+    tombstones: int
+    size: int
+
+
+class MergeSource(Protocol):
+    """What the policy needs from a queue."""
+
+    name: str
+
+    def segment_descriptions(self) -> list[SegmentDesc]: ...
+
+    def unfrozen_logs(self) -> list[int]: ...
+
+    def merge_idle(self) -> bool: ...
+
+    def merge(self, start: int, stop: int, *, wait: bool = True) -> object: ...
 
 
 class MergePolicy:
@@ -43,14 +67,26 @@ class MergePolicy:
         self.fan_in = fan_in
         self.garbage_ratio = garbage_ratio
 
-    def plan(self, q: Queue) -> tuple[int, int] | None:
+    def plan(self, q: MergeSource) -> tuple[int, int] | None:
         """The segment range ``[start, stop)`` to merge now, or None."""
-        segs = q.segments
+        return self.plan_for(q.segment_descriptions(), q.unfrozen_logs())
+
+    def plan_for(
+        self, segments: Sequence[SegmentDesc], unfrozen: Sequence[int] = ()
+    ) -> tuple[int, int] | None:
+        """The range to merge among ``segments`` (sorted by log number).
+
+        Only segments older than every log still waiting for its segment file
+        (``unfrozen``) take part: a merge output is named by the range of logs it
+        covers, and must never claim one whose entries it does not hold.
+        """
+        limit = min(unfrozen, default=None)
+        segs = [s for s in segments if limit is None or s.seg_hi < limit]
         if not segs:
             return None
-        pend = sum(r.info.pending_count for r in segs)
-        tombs = sum(r.info.tombstone_count for r in segs)
-        total = sum(r.file_size for r in segs)
+        pend = sum(s.pending for s in segs)
+        tombs = sum(s.tombstones for s in segs)
+        total = sum(s.size for s in segs)
         if tombs:
             pend_bytes = max(total - TOMBSTONE_BYTES * tombs, 0) / pend if pend else 0.0
             pairs = min(tombs, pend)
@@ -58,19 +94,21 @@ class MergePolicy:
             live = max(total - garbage, 0.0)
             if garbage >= self.garbage_ratio * live:
                 return 0, len(segs)
-        if len(segs) > self.max_segments:
-            n = self.fan_in
-            sizes = [r.file_size for r in segs]
+        n = self.fan_in
+        if len(segs) > self.max_segments and len(segs) >= n:
+            sizes = [s.size for s in segs]
             best = min(range(len(segs) - n + 1), key=lambda i: sum(sizes[i : i + n]))
             return best, best + n
         return None
 
-    def consider(self, q: Queue) -> None:
+    def consider(self, q: MergeSource) -> None:
         """Start the planned merge, if any, unless one is already running."""
-        with q.lock:
-            if q.closed or q._merging or q.failed is not None:
-                return
-            planned = self.plan(q)
+        if not q.merge_idle():
+            return
+        planned = self.plan(q)
         if planned is not None:
             log.info("queue %s: merging segments %d..%d", q.name, planned[0], planned[1] - 1)
-            q.merge(planned[0], planned[1], wait=False)
+            try:
+                q.merge(planned[0], planned[1], wait=False)
+            except Exception as exc:  # raced with another merge or a failure: next time
+                log.info("queue %s: merge not started: %s", q.name, exc)

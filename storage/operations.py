@@ -53,6 +53,7 @@ from storage.types import (
     QueueStats,
     RedriveResult,
     check_queue_name,
+    default_dead_letter_queue,
 )
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def effective_dead_letter_queue(name: str, config: QueueConfig) -> str | None:
     if config.dead_letter_queue is not None:
         return config.dead_letter_queue
     if config.max_deliveries is not None:
-        return f"{name}.dlq"[:128]
+        return default_dead_letter_queue(name)
     return None
 
 

@@ -42,19 +42,22 @@ from storage.codec import (
 from storage.compactor import FreezeResult, freeze_log, merge_segments
 from storage.dedup import enqueue_keyed
 from storage.errors import (
+    CorruptionError,
     EngineUnavailable,
     InvalidArgument,
     InvalidDeadline,
+    QueueDamaged,
     StorageError,
     WriteStall,
 )
 from storage.itemmeta import ItemMeta, encode_origin_entry
 from storage.leases import Lease, Leases
 from storage.memseg import MemSegment
+from storage.merge_policy import SegmentDesc
 from storage.queue_state import QueueState, load_state
 from storage.rates import Rates
 from storage.recovery import recover_directory
-from storage.segment import SegmentReader
+from storage.segment import SegmentReader, segment_name
 from storage.types import (
     Delivery,
     Enqueued,
@@ -72,12 +75,11 @@ from storage.wal import WalWriter
 if TYPE_CHECKING:
     from storage.engine import Engine
 
-__all__ = ["Queue", "WriteStall", "settle"]
+__all__ = ["PendingBatch", "Queue", "WriteStall", "settle"]
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "queue.json"
-_Waiting = tuple[WalWriter, int, Callable[[], None], Callable[[], None] | None, "Future[Any]", Any]
 
 
 def settle(fut: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
@@ -109,6 +111,43 @@ def load_config(directory: str) -> QueueConfig:
     return QueueConfig(**raw)
 
 
+class PendingBatch:
+    """One appended record waiting for its sync (``always`` mode): what to publish once
+    it is durable, what to undo if it is refused, and whom to answer."""
+
+    __slots__ = ("future", "publish", "result", "rollback", "seq", "wal")
+
+    def __init__(
+        self,
+        wal: WalWriter,
+        seq: int,
+        publish: Callable[[], None],
+        rollback: Callable[[], None] | None,
+        future: Future[Any],
+        result: Any,
+    ) -> None:
+        self.wal = wal
+        self.seq = seq
+        self.publish = publish
+        self.rollback = rollback
+        self.future = future
+        self.result = result
+
+
+#: (future, result, error): settled outside the queue lock by ``answer``
+Answer = tuple["Future[Any]", Any, BaseException | None]
+
+
+def answer(answers: list[Answer]) -> None:
+    for fut, result, error in answers:
+        settle(fut, result, error)
+
+
+def _backoff(previous: float) -> float:
+    """The next retry delay: 50 ms, doubling, at most 5 s."""
+    return min(max(previous * 2, 0.05), 5.0)
+
+
 class Queue:
     def __init__(self, engine: Engine, name: str, directory: str, config: QueueConfig) -> None:
         self.engine = engine
@@ -123,14 +162,21 @@ class Queue:
         self.frozen: list[tuple[str, MemSegment]] = []
         self.memseg = MemSegment(1)
         self.wal: WalWriter
+        #: a log is open and the in-memory state mirrors the directory
+        self.loaded = False
         self.next_id = 1
         self.closed = False
+        #: why the queue refuses work (an I/O error, or damage found when opening it)
         self.failed: StorageError | None = None
+        #: damaged on disk: stays failed until an operator repairs it and restarts
+        self.quarantined = False
         self.watchers: list[Callable[[], None]] = []
-        self._waiting: list[_Waiting] = []
+        self._waiting: list[PendingBatch] = []
         self._unpublished: dict[int, bytes] = {}
         self._token = 0
         self._rotate_requested = False
+        self._rotate_delay = 0.0
+        self._rotate_retry_at = 0.0
         self._merging = False
         self.merge_error: BaseException | None = None
         self.last_write = time.monotonic()
@@ -140,6 +186,20 @@ class Queue:
         self.rates = Rates()
         self.dead_lettered = 0
         self.lease_expired = 0
+        #: bumped whenever the queue is reloaded from disk; older job callbacks are ignored
+        self._generation = 0
+        self._freeze_delay: dict[str, float] = {}
+        self._timers: set[threading.Timer] = set()
+        self._recover_delay = 0.0
+        self._recover_at = 0.0
+        self._log_cut = False
+        #: counters shown in ``stats().extra``
+        self.counters = {
+            "io_errors": 0,
+            "freeze_failures": 0,
+            "rotation_failures": 0,
+            "recoveries": 0,
+        }
 
     # ------------------------------------------------------------------ opening
 
@@ -150,38 +210,180 @@ class Queue:
         q = cls(engine, name, directory, config)
         q.wal = WalWriter.create(directory, 1, 1, engine.config.wal_prealloc_bytes)
         q.view.memsegs = [q.memseg]
+        q.loaded = True
         fileio.fsync_dir(os.path.dirname(directory))
         return q
 
     @classmethod
     def open(cls, engine: Engine, name: str, directory: str) -> Queue:
-        q = cls(engine, name, directory, load_config(directory))
-        q.state = load_state(directory)
-        rec = recover_directory(directory)
-        q.meta.load_directory(
-            directory, [p for p, _ in rec.frozen], engine.now(), q.config.dedup_window_ms
-        )
-        q.segments = rec.segments
-        q.next_id = rec.next_id
-        for reader in q.segments:
-            q.view.add_segment(reader, b"")
-        q.memseg = MemSegment(rec.next_segment_no)
-        q.wal = WalWriter.create(
-            directory, rec.next_segment_no, q.next_id, engine.config.wal_prealloc_bytes
-        )
-        q.frozen = rec.frozen
-        q.view.memsegs = [q.memseg] + [m for _, m in q.frozen]
-        for path, mem in list(q.frozen):
-            q._schedule_freeze(path, mem)
+        """Open a queue directory. Damage does not raise: the queue is returned
+        quarantined (every operation answers ``QueueDamaged`` naming file and offset),
+        so one damaged queue never keeps the others from serving."""
+        try:
+            config = load_config(directory)
+            state = load_state(directory)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            q = cls(engine, name, directory, QueueConfig())
+            q._quarantine(CorruptionError(f"unreadable queue settings: {exc}", file=directory))
+            return q
+        q = cls(engine, name, directory, config)
+        q.state = state
+        try:
+            q._load()
+        except CorruptionError as exc:
+            q._quarantine(exc)
+        except Exception as exc:  # a fault (disk full, descriptors): retried, like a restart
+            with q.lock:
+                answer(q._fail_locked(exc, "opening the queue"))
         return q
+
+    def _load(self) -> None:
+        """Read the directory into memory and start a fresh log (the restart path)."""
+        rec = recover_directory(self.directory)
+        try:
+            meta = ItemMeta()
+            meta.load_directory(
+                self.directory,
+                [p for p, _ in rec.frozen],
+                self.engine.now(),
+                self.config.dedup_window_ms,
+            )
+            wal = WalWriter.create(
+                self.directory,
+                rec.next_segment_no,
+                max(rec.next_id, self.next_id),
+                self.engine.config.wal_prealloc_bytes,
+            )
+        except BaseException:
+            for reader in rec.segments:
+                reader.close()
+            raise
+        self._generation += 1
+        self.wal = wal
+        self.meta = meta
+        self.segments = rec.segments
+        self.next_id = max(rec.next_id, self.next_id)  # ids of refused batches stay unused
+        self.leases = Leases()
+        self.view = MergedView()
+        self.cursor = b""
+        self._unpublished.clear()
+        self._rotate_requested = False
+        for reader in self.segments:
+            self.view.add_segment(reader, b"")
+        self.memseg = MemSegment(rec.next_segment_no)
+        self.frozen = rec.frozen
+        self.view.memsegs = [self.memseg] + [m for _, m in self.frozen]
+        self.loaded = True
+        self._log_cut = False
+        for path, mem in list(self.frozen):
+            self._schedule_freeze(path, mem)
+
+    def _quarantine(self, exc: CorruptionError) -> None:
+        file = exc.context.get("file", self.directory)
+        offset = exc.context.get("offset")
+        self.quarantined = True
+        self.failed = QueueDamaged(
+            f"queue is damaged at {file} offset {offset}: {exc.message}; "
+            "it is kept as it is (see docs/reliability.md)",
+            queue=self.name,
+            file=file,
+            offset=offset,
+        )
+        log.error(
+            "queue %s quarantined: %s (file %s, offset %s); the other queues serve",
+            self.name,
+            exc.message,
+            file,
+            offset,
+        )
+
+    # ------------------------------------------------------------------ failure
+
+    def _fail_locked(self, exc: BaseException, what: str) -> list[Answer]:
+        """Fail the queue after a write or sync error (call under the lock).
+
+        After a failed write or fsync the page cache cannot be trusted to say what is
+        on disk, so nothing more is acknowledged: every waiting batch is refused and
+        rolled back, records still buffered are discarded (a refused operation must
+        never happen later), and the queue refuses work until it is reopened from disk.
+        """
+        error: BaseException = (
+            exc
+            if isinstance(exc, StorageError)
+            else EngineUnavailable(f"{what} failed: {exc}", queue=self.name)
+        )
+        if self.failed is None:
+            self.counters["io_errors"] += 1
+            self.failed = EngineUnavailable(
+                f"queue failed: {what}: {exc}; it is reopened from disk once the fault clears",
+                queue=self.name,
+            )
+            self.failed.__cause__ = exc
+            self._recover_delay = 0.0
+            self._recover_at = time.monotonic()
+            log.error(
+                "queue %s: %s failed: %s; the queue refuses work until reopened",
+                self.name,
+                what,
+                exc,
+            )
+        if self.loaded:
+            self.wal.discard_buffer()
+        answers: list[Answer] = []
+        for batch in reversed(self._waiting):
+            if batch.rollback is not None:
+                batch.rollback()
+            answers.append((batch.future, None, error))
+        self._waiting = []
+        return answers
+
+    def recover_if_due(self) -> None:
+        """Reopen a failed queue from disk when its retry is due (the restart path)."""
+        with self.lock:
+            self._recover_locked()
+
+    def _recover_locked(self) -> None:
+        if self.failed is None or self.quarantined or self.closed:
+            return
+        if time.monotonic() < self._recover_at or self._merging:
+            return
+        try:
+            if self.loaded and not self._log_cut:
+                # keep exactly what was acknowledged: synced bytes in ``always``, written
+                # bytes otherwise; what lies beyond belongs to refused batches
+                wal = self.wal
+                keep = wal.synced_offset if self.engine.config.fsync == "always" else wal.offset
+                wal.cut_back(keep)
+                self._log_cut = True
+            for reader in self.segments:
+                reader.close()
+            self.segments = []
+            self.loaded = False
+            self._load()
+        except CorruptionError as exc:
+            self._quarantine(exc)
+            return
+        except Exception as exc:
+            self._recover_delay = _backoff(self._recover_delay)
+            self._recover_at = time.monotonic() + self._recover_delay
+            log.warning(
+                "queue %s: still failed; reopening from disk failed (%s), next try in %.2f s",
+                self.name,
+                exc,
+                self._recover_delay,
+            )
+            return
+        log.warning("queue %s: reopened from disk after: %s", self.name, self.failed)
+        self.failed = None
+        self.counters["recoveries"] += 1
 
     # ------------------------------------------------------------------ helpers
 
     def _check_open(self) -> None:
         if self.failed is not None:
-            raise EngineUnavailable(
-                "queue failed after an I/O error; restart the server", queue=self.name
-            ) from self.failed
+            self._recover_locked()
+        if self.failed is not None:
+            raise self.failed
         if self.closed:
             raise EngineUnavailable("queue is closed", queue=self.name)
 
@@ -214,8 +416,9 @@ class Queue:
         seq = wal.append(payload, meta)
         self.last_write = time.monotonic()
         mode = self.engine.config.fsync
+        answers: list[Answer] = []
         if mode == "always":
-            self._waiting.append((wal, seq, publish, rollback, fut, result))
+            self._waiting.append(PendingBatch(wal, seq, publish, rollback, fut, result))
             assert self.engine.syncer is not None
             self.engine.syncer.mark_dirty(self)
         else:
@@ -223,41 +426,35 @@ class Queue:
             try:
                 with wal.io_lock:
                     wal.write(data)
-            except BaseException:
+            except BaseException as exc:
                 if rollback is not None:
                     rollback()
-                raise
+                answer(self._fail_locked(exc, "writing the log"))
+                if isinstance(exc, StorageError):
+                    raise
+                assert self.failed is not None
+                raise self.failed from exc
             publish()
             settle(fut, result)
             if mode == "interval" and self.engine.syncer is not None:
                 self.engine.syncer.mark_dirty(self)
         if wal.size >= self.engine.config.memseg_bytes:
-            self._request_rotation()
+            answers = self._request_rotation()
+        answer(answers)
         return fut
 
-    def _complete(self, wal: WalWriter, seq: int) -> list[tuple[Future[Any], Any]]:
-        """Publish every waiting batch of ``wal`` up to ``seq``; return futures to resolve."""
-        done, keep = [], []
-        for item in self._waiting:
-            if item[0] is wal and item[1] <= seq:
-                item[2]()
-                done.append((item[4], item[5]))
+    def _complete(self, wal: WalWriter, seq: int) -> list[Answer]:
+        """Publish every waiting batch of ``wal`` up to ``seq``; return the answers."""
+        done: list[Answer] = []
+        keep: list[PendingBatch] = []
+        for batch in self._waiting:
+            if batch.wal is wal and batch.seq <= seq:
+                batch.publish()
+                done.append((batch.future, batch.result, None))
             else:
-                keep.append(item)
+                keep.append(batch)
         self._waiting = keep
         return done
-
-    def _fail_waiting(self, wal: WalWriter, exc: BaseException) -> list[Future[Any]]:
-        failed, keep = [], []
-        for item in self._waiting:
-            if item[0] is wal:
-                if item[3] is not None:
-                    item[3]()
-                failed.append(item[4])
-            else:
-                keep.append(item)
-        self._waiting = keep
-        return failed
 
     def _notify(self) -> None:
         for cb in list(self.watchers):
@@ -269,119 +466,252 @@ class Queue:
     # ------------------------------------------------------------------ group commit
 
     def sync_round(self) -> None:
-        """Called by the syncer: write and sync what is buffered, then publish it."""
+        """Called by the syncer: write and sync what is buffered, then publish it.
+
+        The log's ``io_lock`` is taken before the queue lock is let go, so no one can
+        close the log between taking its buffer and writing it. Any write or sync error
+        fails the queue, in every mode (``_fail_locked``).
+        """
+        mode = self.engine.config.fsync
         with self.lock:
-            if self.closed and not self._waiting:
+            if not self.loaded or self.failed is not None or self.closed:
                 return
             wal = self.wal
             data, seq = wal.take_buffer()
+            wal.io_lock.acquire()
         error: BaseException | None = None
-        with wal.io_lock:
-            if not wal.closed:
-                try:
-                    wal.write(data)
-                    if self.engine.config.fsync != "never":
-                        t0 = time.perf_counter()
-                        wal.sync()
-                        self.engine.fsync_stats.observe(time.perf_counter() - t0)
-                except BaseException as exc:
-                    error = exc
-        if self.engine.config.fsync != "always":
-            return
+        try:
+            wal.write(data)
+            if mode != "never":
+                t0 = time.perf_counter()
+                wal.sync()
+                self.engine.fsync_stats.observe(time.perf_counter() - t0)
+        except BaseException as exc:
+            error = exc
+        finally:
+            wal.io_lock.release()
         with self.lock:
             if error is not None:
-                failed = self._fail_waiting(wal, error)
-                if not isinstance(error, StorageError):
-                    # fsync failed: the page cache can no longer be trusted (fsyncgate)
-                    self.failed = EngineUnavailable(f"log sync failed: {error}", queue=self.name)
-                done: list[tuple[Future[Any], Any]] = []
+                answers = self._fail_locked(error, "syncing the log")
+            elif mode == "always":
+                answers = self._complete(wal, seq)
+                if self._rotate_requested and not self.closed and self.failed is None:
+                    answers += self._rotate_locked()
             else:
-                failed = []
-                done = self._complete(wal, seq)
-                if self._rotate_requested:
-                    done += self._rotate_locked()
-            if done:
+                answers = []
+            if any(e is None for _f, _r, e in answers):
                 self._notify()
-        for fut, res in done:
-            settle(fut, res)
-        for f in failed:
-            assert error is not None
-            settle(f, error=error)
+        answer(answers)
 
     # ------------------------------------------------------------------ rotation
 
-    def _request_rotation(self) -> None:
+    def _request_rotation(self) -> list[Answer]:
         if self.engine.config.fsync == "always":
             self._rotate_requested = True
-        else:
-            self._rotate_locked()
+            return []
+        return self._rotate_locked()
 
-    def _rotate_locked(self) -> list[tuple[Future[Any], Any]]:
-        """Close the log, rename it ``*.log_ro``, start a new log and memseg, freeze the old."""
+    def _retry_rotation(self) -> None:
+        """Writes are stalled: try the pending rotation again (when its backoff allows)."""
+        if not self._rotate_requested:
+            return
+        if self.engine.config.fsync == "always":
+            assert self.engine.syncer is not None
+            self.engine.syncer.mark_dirty(self)
+        else:
+            answer(self._rotate_locked())
+
+    def _rotate_locked(self) -> list[Answer]:
+        """Start the next log and freeze the current one: all or nothing.
+
+        The next log is created first. If that fails the queue stays on its current
+        log, still writable, and the rotation is retried with a backoff. Then the
+        current log is closed (its buffer written and synced): if that fails, the queue
+        fails like any failed sync, and every waiter is answered.
+        """
+        self._rotate_requested = True
         if len(self.frozen) >= self.engine.config.max_frozen:
-            self._rotate_requested = True  # retried when a freeze is installed
+            return []  # retried when a freeze is installed
+        if time.monotonic() < self._rotate_retry_at:
+            return []
+        old = self.wal
+        no = old.segment_no + 1
+        try:
+            new = WalWriter.create(
+                self.directory, no, self.next_id, self.engine.config.wal_prealloc_bytes
+            )
+        except Exception as exc:
+            self.counters["rotation_failures"] += 1
+            self._rotate_delay = _backoff(self._rotate_delay)
+            self._rotate_retry_at = time.monotonic() + self._rotate_delay
+            log.warning(
+                "queue %s: could not start log %d (%s); staying on log %d, next try in %.2f s",
+                self.name,
+                no,
+                exc,
+                old.segment_no,
+                self._rotate_delay,
+            )
             return []
         self._rotate_requested = False
-        old = self.wal
-        old.close(sync=self.engine.config.fsync != "never")
-        done = self._complete(old, old.appended_seq)
+        self._rotate_delay = 0.0
+        try:
+            old.close(sync=self.engine.config.fsync != "never")
+        except Exception as exc:
+            new.abandon()
+            fileio.remove(new.path)
+            return self._fail_locked(exc, "closing the log for rotation")
+        answers = self._complete(old, old.appended_seq)
         ro = old.path + "_ro"
-        fileio.rename(old.path, ro)
-        no = old.segment_no + 1
-        self.wal = WalWriter.create(  # fsyncs the directory
-            self.directory, no, self.next_id, self.engine.config.wal_prealloc_bytes
-        )
+        try:
+            fileio.rename(old.path, ro)
+        except OSError as exc:  # recovery reads a closed ``.log`` the same way
+            log.warning(
+                "queue %s: could not rename %s (%s); freezing it as is", self.name, old.path, exc
+            )
+            ro = old.path
+        self.wal = new
         frozen = self.memseg
         self.memseg = MemSegment(no)
         self.frozen.append((ro, frozen))
         self.view.memsegs = [self.memseg] + [m for _, m in self.frozen]
         self._schedule_freeze(ro, frozen)
-        return done
+        return answers
+
+    # ------------------------------------------------------------------ freezing
 
     def _schedule_freeze(self, path: str, mem: MemSegment) -> None:
+        gen = self._generation
         fut = self.engine.compactor.submit(freeze_log, path, self.directory)
-        fut.add_done_callback(lambda f: self._install_frozen(path, mem, f))
+        fut.add_done_callback(lambda f: self._install_frozen(path, mem, f, gen))
 
-    def _install_frozen(self, path: str, mem: MemSegment, fut: Future[Any]) -> None:
+    def _install_frozen(self, path: str, mem: MemSegment, fut: Future[Any], gen: int) -> None:
+        """Swap a finished segment file in for its frozen in-memory segment.
+
+        The ``.log_ro`` is deleted (and the deletion synced) *before* the segment joins
+        the set merges may read: so a merge output never covers a log that still exists.
+        Any failure here, or in the freeze itself, is retried (``_freeze_failed``).
+        """
+        answers: list[Answer] = []
         try:
             result: FreezeResult = fut.result()
-        except BaseException as exc:
-            log.error("queue %s: freezing %s failed: %s", self.name, path, exc)
-            self.merge_error = exc
+            with self.lock:
+                if self.closed or gen != self._generation:
+                    return
+                reader = SegmentReader(result.path) if result.path else None
+                try:
+                    fileio.remove(path)
+                    fileio.fsync_dir(self.directory)
+                except BaseException:
+                    if reader is not None:
+                        reader.close()
+                    raise
+                self._freeze_delay.pop(path, None)
+                self.frozen = [(p, m) for p, m in self.frozen if m is not mem]
+                self.view.memsegs = [self.memseg] + [m for _, m in self.frozen]
+                if reader is not None:
+                    self.segments.append(reader)
+                    self.segments.sort(key=lambda r: r.seg_lo)
+                    self.view.add_segment(reader, self.cursor)
+                mem.replaced_by = reader
+                if self._rotate_requested and self.failed is None:
+                    if self.engine.config.fsync == "always":
+                        assert self.engine.syncer is not None
+                        self.engine.syncer.mark_dirty(self)
+                    else:
+                        answers = self._rotate_locked()
+        except Exception as exc:
+            self._freeze_failed(path, mem, exc, gen)
             return
-        with self.lock:
-            if self.closed:
-                return
-            reader = SegmentReader(result.path) if result.path else None
-            self.frozen = [(p, m) for p, m in self.frozen if m is not mem]
-            self.view.memsegs = [self.memseg] + [m for _, m in self.frozen]
-            if reader is not None:
-                self.segments.append(reader)
-                self.segments.sort(key=lambda r: r.seg_lo)
-                self.view.add_segment(reader, self.cursor)
-            mem.replaced_by = reader
-            fileio.remove(path)
-            fileio.fsync_dir(self.directory)
-            if self._rotate_requested:
-                if self.engine.config.fsync == "always":
-                    assert self.engine.syncer is not None
-                    self.engine.syncer.mark_dirty(self)
-                else:
-                    self._rotate_locked()
+        answer(answers)
         self.engine.merge_policy_hook(self)
+
+    def _freeze_failed(self, path: str, mem: MemSegment, exc: BaseException, gen: int) -> None:
+        """Retry a failed freeze (disk full, descriptors, a killed worker) with a backoff,
+        until it succeeds: the log stays in memory and on disk meanwhile."""
+        with self.lock:
+            if self.closed or gen != self._generation:
+                return
+            self.counters["freeze_failures"] += 1
+            delay = _backoff(self._freeze_delay.get(path, 0.0))
+            self._freeze_delay[path] = delay
+            log.error(
+                "queue %s: freezing %s failed (%s); retrying in %.2f s", self.name, path, exc, delay
+            )
+            self.merge_error = exc
+            timer = threading.Timer(delay, self._retry_freeze, (path, mem, gen))
+            timer.daemon = True
+            self._timers.add(timer)
+            timer.start()
+
+    def _retry_freeze(self, path: str, mem: MemSegment, gen: int) -> None:
+        with self.lock:
+            self._timers = {
+                t for t in self._timers if t.is_alive() and t is not threading.current_thread()
+            }
+            if self.closed or gen != self._generation or all(m is not mem for _, m in self.frozen):
+                return
+        if os.path.exists(path):
+            self._schedule_freeze(path, mem)
+            return
+        # the log is gone: an earlier attempt wrote the segment and deleted the log, then
+        # failed to sync the directory; install what is there
+        no = mem.segment_no
+        seg = os.path.join(self.directory, segment_name(no, no))
+        done: Future[Any] = Future()
+        done.set_result(FreezeResult(no, seg if os.path.exists(seg) else None))
+        self._install_frozen(path, mem, done, gen)
+
+    def freeze_now(self, timeout: float = 30.0) -> None:
+        """Rotate the log now (``Engine.freeze``); waits until the rotation is done."""
+        with self.lock:
+            self._check_open()
+            answers = self._request_rotation()
+        answer(answers)
+        syncer = self.engine.syncer
+        if self.engine.config.fsync != "always" or syncer is None:
+            return
+        syncer.mark_dirty(self)
+        deadline = time.monotonic() + timeout
+        while self._rotate_requested and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def unfrozen_logs(self) -> list[int]:
+        """Numbers of logs that have no segment file yet."""
+        with self.lock:
+            return [m.segment_no for _, m in self.frozen] + [self.memseg.segment_no]
+
+    def segment_descriptions(self) -> list[SegmentDesc]:
+        """The segment files, oldest first, as the merge policy sees them."""
+        with self.lock:
+            return [
+                SegmentDesc(
+                    r.seg_lo, r.seg_hi, r.info.pending_count, r.info.tombstone_count, r.file_size
+                )
+                for r in self.segments
+            ]
+
+    def merge_idle(self) -> bool:
+        """True when a merge could start now (open, healthy, no merge running)."""
+        with self.lock:
+            return self.loaded and not (self.closed or self._merging or self.failed is not None)
 
     def freeze_if_idle(self, idle_seconds: float) -> None:
         """Freeze a log holding tombstones after a quiet spell, so merges can use them."""
+        answers: list[Answer] = []
         with self.lock:
-            if self.closed or self.failed is not None or self.frozen or self._rotate_requested:
+            if not self.loaded or self.closed or self.failed is not None:
+                return
+            if self.frozen or self._rotate_requested:
                 return
             if self.memseg.tombstone_count == 0:
                 return
             if time.monotonic() - self.last_write < idle_seconds:
                 return
-            self._request_rotation()
+            answers = self._request_rotation()
             if self._rotate_requested and self.engine.syncer is not None:
                 self.engine.syncer.mark_dirty(self)
+        answer(answers)
 
     # ------------------------------------------------------------------ merging
 
@@ -389,7 +719,10 @@ class Queue:
         """Merge ``segments[start:stop]`` (a contiguous range) into one segment file.
 
         Tombstones whose pending entry is outside the range are kept (rogue), unless
-        the range starts at the oldest segment, where nothing older could need them.
+        the range starts at the oldest segment and no older log is waiting for its
+        segment file, where nothing older could need them. A range whose log numbers
+        span a log that has no segment file yet is refused: the output's name would
+        claim that log, and recovery would take the claim for a fact.
         """
         with self.lock:
             self._check_open()
@@ -398,8 +731,17 @@ class Queue:
             inputs = self.segments[start:stop]
             if len(inputs) < 1:
                 return None
+            lo = min(r.seg_lo for r in inputs)
+            hi = max(r.seg_hi for r in inputs)
+            unfrozen = self.unfrozen_logs()
+            spanned = [n for n in unfrozen if lo <= n <= hi]
+            if spanned:
+                raise InvalidArgument(
+                    f"segments {lo}..{hi} span log {spanned[0]}, which has no segment file yet",
+                    queue=self.name,
+                )
             self._merging = True
-            drop_rogue = start == 0
+            drop_rogue = start == 0 and all(n > hi for n in unfrozen)
             marker = os.path.join(self.directory, "merge.cancel")
         fut = self.engine.compactor.submit(
             merge_segments,
@@ -461,6 +803,7 @@ class Queue:
         with self.lock:
             self._check_open()
             if self.wal.size > 2 * self.engine.config.memseg_bytes:
+                self._retry_rotation()
                 raise WriteStall("writes are stalled while segment files are written; retry")
             window = self.config.dedup_window_ms
             if keys is not None and window > 0 and any(k is not None for k in keys):
@@ -776,7 +1119,8 @@ class Queue:
             oldest = None
             if due > 0 and top is not None and key_deadline(top[0]) <= now:
                 oldest = now - key_deadline(top[0])
-            disk = sum(r.file_size for r in self.segments) + self.wal.size
+            disk = sum(r.file_size for r in self.segments)
+            disk += self.wal.size if self.loaded else 0
             for path, _m in self.frozen:
                 try:
                     disk += os.path.getsize(path)
@@ -793,7 +1137,13 @@ class Queue:
                 bytes_on_disk=disk,
                 oldest_due_age_ms=oldest,
                 next_id=self.next_id,
-                extra={"frozen": len(self.frozen), "memseg_entries": len(self.memseg)},
+                extra={
+                    "frozen": len(self.frozen),
+                    "memseg_entries": len(self.memseg),
+                    "failed": int(self.failed is not None),
+                    "damaged": int(self.quarantined),
+                    **self.counters,
+                },
             )
 
     # ------------------------------------------------------------------ closing
@@ -807,16 +1157,26 @@ class Queue:
                 with open(marker, "wb"):
                     pass
         self.engine.compactor.wait_idle(timeout=120)
+        answers: list[Answer] = []
         with self.lock:
             self.closed = True
-            sync = self.engine.config.fsync != "never"
-            self.wal.close(sync=sync)
-            done = self._complete(self.wal, self.wal.appended_seq)
+            for timer in self._timers:
+                timer.cancel()
+            if self.loaded and self.failed is None:
+                try:
+                    self.wal.close(sync=self.engine.config.fsync != "never")
+                    answers = self._complete(self.wal, self.wal.appended_seq)
+                except Exception as exc:
+                    answers = self._fail_locked(exc, "closing the log")
+            elif self.loaded:
+                self.wal.abandon()
+            gone = EngineUnavailable("queue is closed", queue=self.name)
+            answers += [(b.future, None, gone) for b in self._waiting]  # none in practice
+            self._waiting = []
             for r in self.segments:
                 r.close()
             fileio.remove(marker)
-        for fut, res in done:
-            settle(fut, res)
+        answer(answers)
 
 
 def estimate_between(reader: SegmentReader, after: bytes, upto: bytes) -> int:

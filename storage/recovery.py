@@ -8,8 +8,10 @@ Order (``docs/storage.md``, "Recovery"):
 3. cut a torn tail off the ``*.log`` (copied aside first) and turn it into a
    ``*.log_ro``: a new process never appends to an old log, so within one log no
    key is ever written twice;
-4. delete each ``*.log_ro`` a segment already covers; load the rest into frozen
-   in-memory segments to be rewritten as segment files in the background;
+4. delete each ``*.log_ro`` whose own segment file (``N-N.seg``) exists; load the
+   rest into frozen in-memory segments to be rewritten as segment files in the
+   background. A log inside a *merged* segment's range is never deleted: a merge
+   never takes a log that still exists, so such a log is damage (an error);
 5. restore the id counter from footers (``max_id``), log headers (id floor) and
    log entries, so ids are never reused.
 """
@@ -59,12 +61,22 @@ def load_log(path: str) -> tuple[MemSegment, int]:
 
 
 def recover_directory(directory: str) -> Recovered:
+    """Recover one queue directory; on any error every segment opened is closed again."""
+    readers: list[SegmentReader] = []
+    try:
+        return _recover(directory, readers)
+    except BaseException:
+        for r in readers:
+            r.close()
+        raise
+
+
+def _recover(directory: str, readers: list[SegmentReader]) -> Recovered:
     out = Recovered()
     names = sorted(os.listdir(directory))
     for name in names:
         if name.endswith(".tmp") or name.endswith(".cancel"):
             fileio.remove(os.path.join(directory, name))
-    readers: list[SegmentReader] = []
     for name in names:
         if _SEG.fullmatch(name):
             readers.append(SegmentReader(os.path.join(directory, name)))
@@ -101,9 +113,17 @@ def recover_directory(directory: str) -> Recovered:
         fileio.fsync_dir(directory)
     for no, path in sorted(logs):
         top_no = max(top_no, no)
-        if any(r.seg_lo <= no <= r.seg_hi for r in kept):
-            fileio.remove(path)
+        covering = [r for r in kept if r.seg_lo <= no <= r.seg_hi]
+        if covering and covering[0].seg_lo == covering[0].seg_hi:
+            fileio.remove(path)  # its freeze finished; only the deletion was lost
             continue
+        if covering:
+            raise CorruptionError(
+                "log lies inside a merged segment's range but was never frozen into it",
+                file=path,
+                offset=0,
+                segment=covering[0].path,
+            )
         mem, top = load_log(path)
         top_id = max(top_id, top)
         out.frozen.append((path, mem))

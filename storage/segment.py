@@ -103,7 +103,7 @@ def write_segment(
     """
     compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = fileio.create(tmp)
     try:
         pos = HEADER.size
         out = [encode_header()]

@@ -6,6 +6,7 @@ the client all speak in these. Times are integers, milliseconds since the epoch.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 from typing import Literal
@@ -13,6 +14,7 @@ from typing import Literal
 from storage.errors import InvalidQueueName
 
 __all__ = [
+    "MAX_QUEUE_NAME",
     "QUEUE_NAME_PATTERN",
     "BrowsePage",
     "BrowsedItem",
@@ -29,26 +31,38 @@ __all__ = [
     "Release",
     "Requeue",
     "check_queue_name",
+    "default_dead_letter_queue",
 ]
 
 FsyncMode = Literal["always", "interval", "never"]
 
+MAX_QUEUE_NAME = 128
 QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
+def default_dead_letter_queue(name: str) -> str:
+    """``<name>.dlq``; for a name too long for that, a shortened name with a hash of the
+    whole, so it is never the queue itself (a poison item would cycle forever)."""
+    candidate = f"{name}.dlq"
+    if len(candidate) <= MAX_QUEUE_NAME:
+        return candidate
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[: MAX_QUEUE_NAME - 13]}.{digest}.dlq"
+
+
 def check_queue_name(name: str) -> str:
-    """Return ``name`` if it is a valid queue name, else raise ``InvalidQueueName``."""
+    """Return ``name`` if it is a valid queue name, else raise ``InvalidQueueName``.
+
+    Names starting with a dot belong to the engine (a deleted queue's directory is
+    renamed ``.deleted-…`` and erased at the next start), so no queue may take one.
+    """
     if (
         not isinstance(name, str)
         or QUEUE_NAME_PATTERN.fullmatch(name) is None
-        or name
-        in {
-            ".",
-            "..",
-        }
+        or name.startswith(".")
     ):
         raise InvalidQueueName(
-            "queue names match [A-Za-z0-9._-]{1,128} and are not '.' or '..'", queue=name
+            "queue names match [A-Za-z0-9._-]{1,128} and do not start with '.'", queue=name
         )
     return name
 

@@ -9,11 +9,12 @@ ids are never reused even after every segment is merged away). Then records:
 A type-1 payload is a batch of entries in the seed's format (``storage.codec``).
 One record is one atomic batch: it is either wholly recovered or wholly dropped.
 
-Recovery rule (after LevelDB's log reader): a record that fails its checksum or
-runs past the end of the file, with no valid record after it, is a torn tail — a
-normal crash; it is copied aside and truncated. A bad record followed by a valid
-one is corruption in the middle and an error naming file and offset. An all-zero
-record header marks the end of preallocated space.
+Recovery rule (``read_wal``): decided by declared lengths, never by the contents of
+a payload. A record whose length runs past the end of the file, or a complete record
+failing its checksum with nothing but zeros after it, is a torn tail — a normal crash;
+it is copied aside and truncated. A complete bad record followed by more data is
+corruption in the middle and an error naming file and offset. An all-zero record
+header followed by zeros marks the end of preallocated space.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from storage import fileio
-from storage.errors import CorruptionError
+from storage.errors import CorruptionError, EngineUnavailable
 
 __all__ = [
     "HEADER",
@@ -57,7 +58,6 @@ RECORD_ENTRIES = 1
 RECORD_WITH_META = 2
 _RECORD_KINDS = (RECORD_ENTRIES, RECORD_WITH_META)
 _META_LENGTH = struct.Struct(">I")
-_MAX_RECORD = 1 << 30
 
 
 def encode_header(segment_no: int, id_floor: int) -> bytes:
@@ -105,65 +105,51 @@ def _parse_header(path: str, data: bytes) -> tuple[int, int]:
     return segment_no, id_floor
 
 
-def _record_at(data: bytes, pos: int) -> tuple[int, bytes] | None:
-    """Return (next position, payload) if a complete, valid record starts at ``pos``."""
-    end = len(data)
-    if end - pos < RECORD_HEADER.size:
-        return None
-    length, crc, kind = RECORD_HEADER.unpack_from(data, pos)
-    if kind not in _RECORD_KINDS or length > _MAX_RECORD:
-        return None
-    start = pos + RECORD_HEADER.size
-    if start + length > end:
-        return None
-    payload = data[start : start + length]
-    if zlib.crc32(payload, zlib.crc32(bytes((kind,)))) != crc:
-        return None
-    return start + length, payload
-
-
-def _zero_header(data: bytes, pos: int) -> bool:
-    chunk = data[pos : pos + RECORD_HEADER.size]
-    return not chunk.strip(b"\0")
-
-
-def _valid_record_after(data: bytes, pos: int) -> int | None:
-    """First offset after ``pos`` where a valid record starts (corruption vs torn tail)."""
-    for cand in range(pos + 1, len(data) - RECORD_HEADER.size + 1):
-        if data[cand + 8] in _RECORD_KINDS and _record_at(data, cand) is not None:
-            return cand
-    return None
+def _zero(data: bytes, start: int, stop: int | None = None) -> bool:
+    return not data[start:stop].strip(b"\0")
 
 
 def read_wal(path: str) -> WalContents:
-    """Parse a whole log. Raises ``CorruptionError`` for a bad header or mid-log damage."""
+    """Parse a whole log by declared lengths. Raises ``CorruptionError`` for a bad header
+    or for a complete record that fails its checksum and is followed by more data.
+
+    The rule (``docs/format.md``, "Recovery"), decided by lengths alone, never by
+    looking inside a payload for something that resembles a record (a value may hold
+    any bytes, a whole log record included):
+
+    - a record header cut short, or a record whose declared length runs past the end
+      of the file, is a *torn tail*, whatever its bytes contain;
+    - a complete record that fails its checksum is a torn tail when nothing but zeros
+      follows it (the last write of a crash), and corruption otherwise;
+    - an all-zero record header followed only by zeros is the end of preallocated space.
+    """
     with open(path, "rb") as f:
         data = f.read()
     segment_no, id_floor = _parse_header(path, data)
-    contents = WalContents(path, segment_no, id_floor, file_size=len(data))
+    size = len(data)
+    contents = WalContents(path, segment_no, id_floor, file_size=size)
     pos = HEADER.size
-    while pos < len(data):
-        if _zero_header(data, pos):
-            if data[pos:].strip(b"\0"):
-                later = _valid_record_after(data, pos)
-                if later is not None:
-                    raise CorruptionError(
-                        "zeroed bytes in the middle of the log", file=path, offset=pos
-                    )
-            # preallocated space (or a torn write that left only zeros)
-            contents.valid_end = pos
-            contents.zero_tail = not data[pos:].strip(b"\0")
-            return contents
-        rec = _record_at(data, pos)
-        if rec is None:
-            later = _valid_record_after(data, pos)
-            if later is not None:
+    while pos < size:
+        if size - pos < RECORD_HEADER.size or _zero(data, pos, pos + RECORD_HEADER.size):
+            contents.zero_tail = _zero(data, pos)
+            if not contents.zero_tail and size - pos >= RECORD_HEADER.size:
                 raise CorruptionError(
-                    "bad record in the middle of the log", file=path, offset=pos, next_valid=later
+                    "zeroed record header in the middle of the log", file=path, offset=pos
                 )
             break
-        payload = rec[1]
-        if data[pos + 8] == RECORD_WITH_META:
+        length, crc, kind = RECORD_HEADER.unpack_from(data, pos)
+        start = pos + RECORD_HEADER.size
+        end = start + length
+        if end > size:
+            break  # torn tail: the write of this record never finished
+        payload = data[start:end]
+        if kind not in _RECORD_KINDS or zlib.crc32(payload, zlib.crc32(bytes((kind,)))) != crc:
+            if _zero(data, end):
+                break  # the last record, torn: its bytes did not all reach the disk
+            raise CorruptionError(
+                "bad record in the middle of the log", file=path, offset=pos, length=length
+            )
+        if kind == RECORD_WITH_META:
             (meta_len,) = _META_LENGTH.unpack_from(payload, 0) if len(payload) >= 4 else (-1,)
             if not 0 <= meta_len <= len(payload) - 4:
                 raise CorruptionError("record metadata runs past its record", file=path, offset=pos)
@@ -171,7 +157,7 @@ def read_wal(path: str) -> WalContents:
             contents.records.append((pos + 4 + meta_len, payload[4 + meta_len :]))
         else:
             contents.records.append((pos, payload))
-        pos = rec[0]
+        pos = end
     contents.valid_end = pos
     return contents
 
@@ -235,6 +221,7 @@ class WalWriter:
         self.allocated = offset  # bytes the file holds (zeros past ``offset``)
         self.prealloc = prealloc
         self.size = offset  # bytes in the file plus the buffer
+        self.synced_offset = offset  # end of the bytes the last successful sync covered
         self._buffer = bytearray()
         self.appended_seq = 0
         self.io_lock = threading.Lock()
@@ -242,17 +229,19 @@ class WalWriter:
 
     @classmethod
     def create(cls, directory: str, segment_no: int, id_floor: int, prealloc: int = 0) -> WalWriter:
+        """Create a new, empty log: all or nothing (on failure no file is left behind)."""
         path = os.path.join(directory, f"{segment_no:010d}.log")
         tmp = path + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            fileio.write_all(fd, encode_header(segment_no, id_floor), tmp)
-            fileio.fsync(fd, tmp)
-        finally:
-            os.close(fd)
-        fileio.rename(tmp, path)
-        fileio.fsync_dir(directory)
-        fd = fileio.open_for_write(path)
+            fileio.write_file_atomic(path, encode_header(segment_no, id_floor))
+            fd = fileio.open_for_write(path)
+        except BaseException:
+            for leftover in (tmp, path):
+                try:
+                    os.unlink(leftover)
+                except OSError:
+                    pass
+            raise
         return cls(path, segment_no, id_floor, fd, HEADER.size, prealloc)
 
     def append(self, payload: bytes, meta: bytes = b"") -> int:
@@ -273,8 +262,15 @@ class WalWriter:
         self._buffer.clear()
         return data, self.appended_seq
 
+    def discard_buffer(self) -> None:
+        """Forget appended records that were never written: their batches were refused."""
+        self.size -= len(self._buffer)
+        self._buffer.clear()
+
     def write(self, data: bytes) -> None:
         """Write detached bytes after the valid ones (call under ``io_lock``)."""
+        if self.closed:  # never write through a descriptor number that may be reused
+            raise EngineUnavailable("log is closed", file=self.path)
         if data:
             end = self.offset + len(data)
             if self.prealloc and end > self.allocated:
@@ -289,17 +285,50 @@ class WalWriter:
 
     def sync(self) -> None:
         """fdatasync (call under ``io_lock``): everything written so far becomes durable."""
+        if self.closed:
+            raise EngineUnavailable("log is closed", file=self.path)
+        offset = self.offset
         fileio.fdatasync(self._fd, self.path)
+        self.synced_offset = offset
 
     def close(self, *, sync: bool) -> None:
+        """Write what is buffered, sync, close. The descriptor is closed even when the
+        write or sync fails (the error is raised after)."""
         with self.io_lock:
             if self.closed:
                 return
-            data, _seq = self.take_buffer()
-            self.write(data)
-            if self.allocated > self.offset:  # give the unused preallocation back
-                fileio.truncate(self._fd, self.offset, self.path)
-            if sync:
-                self.sync()
-            os.close(self._fd)
+            try:
+                data, _seq = self.take_buffer()
+                self.write(data)
+                if self.allocated > self.offset:  # give the unused preallocation back
+                    fileio.truncate(self._fd, self.offset, self.path)
+                if sync:
+                    self.sync()
+            finally:
+                self.abandon()
+
+    def abandon(self) -> None:
+        """Close the descriptor without writing or syncing anything more."""
+        if not self.closed:
             self.closed = True
+            self._buffer.clear()
+            os.close(self._fd)
+
+    def cut_back(self, keep: int) -> None:
+        """Truncate the file to ``keep`` bytes and sync, closing the log.
+
+        Used after a failed write or sync: the bytes past the last acknowledged record
+        belong to refused batches, and the page cache cannot be trusted to say what
+        reached the disk, so they are cut off before the log is read again.
+        """
+        with self.io_lock:
+            if self.closed:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CLOEXEC)
+            else:
+                fd, self.closed = self._fd, True
+                self._buffer.clear()
+            try:
+                fileio.truncate(fd, keep, self.path)
+                fileio.fsync(fd, self.path)
+            finally:
+                os.close(fd)

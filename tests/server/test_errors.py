@@ -23,6 +23,8 @@ from storage import errors as e
         (e.ConfigConflict("x"), 409),
         (e.StorageFull("x"), 507),
         (e.EngineUnavailable("x"), 503),
+        (e.QueueDamaged("x"), 503),
+        (e.TooManyQueues("x"), 507),
         (e.DataDirLocked("x"), 503),
         (e.CorruptionError("x"), 500),
     ],

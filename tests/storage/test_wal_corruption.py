@@ -1,9 +1,11 @@
 """Corruption table for the write-ahead log: each case states what is kept and what is reported.
 
-A damaged *last* record is a torn tail (a crash mid-write): recovery keeps every
-earlier record, copies the bad bytes aside and truncates. Damage *followed by* a
-valid record is corruption in the middle: an error naming file and offset, and the
-file is left untouched.
+The rule is decided by declared lengths alone. A record whose length runs past the end
+of the file, or a complete last record that fails its checksum, is a torn tail (a crash
+mid-write): recovery keeps every earlier record, copies the bad bytes aside and
+truncates. A complete record that fails its checksum *followed by* more data is
+corruption in the middle: an error naming file and offset, and the file is left
+untouched. A payload is never searched for something that looks like a record.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def test_flipped_byte_in_the_last_record_is_a_torn_tail(tmp_path: Path, where: s
     assert (tmp_path / f"{path.name}.torn-{last}").read_bytes() == bytes(bad[last:])
 
 
-@pytest.mark.parametrize("where", ["length-small", "length-huge", "crc", "payload"])
+@pytest.mark.parametrize("where", ["length-small", "crc", "payload"])
 def test_damage_in_the_middle_is_an_error_with_file_and_offset(tmp_path: Path, where: str) -> None:
     path, offsets, data = build(tmp_path)
     mid = offsets[1]
@@ -137,3 +139,34 @@ def test_torn_write_into_preallocated_space_is_cut(tmp_path: Path) -> None:
     c = recover_wal(str(path))
     assert [o for o, _ in c.records] == offsets
     assert path.stat().st_size == len(data)
+
+
+def test_a_length_running_past_the_end_is_a_torn_tail_whatever_follows(tmp_path: Path) -> None:
+    """A damaged length field cannot be told from a torn write by lengths alone; the
+    bytes after it are never parsed as records (they may be any value's bytes)."""
+    path, offsets, data = build(tmp_path)
+    mid = offsets[1]
+    bad = bytearray(data)
+    bad[mid] = 0x7F
+    path.write_bytes(bytes(bad))
+    c = recover_wal(str(path))
+    assert [o for o, _ in c.records] == offsets[:1]
+    assert path.stat().st_size == mid
+    assert (tmp_path / f"{path.name}.torn-{mid}").read_bytes() == bytes(bad[mid:])
+
+
+def test_a_torn_record_whose_value_holds_a_whole_record_is_a_torn_tail(tmp_path: Path) -> None:
+    """A value may contain a well-formed log record; tearing the record that carries it
+    must leave a torn tail, not "a bad record followed by a valid one"."""
+    path, offsets, data = build(tmp_path, n=2)
+    inner = record(7) * 3  # complete, valid records inside a value
+    outer = frame_record(encode_pending(encode_key(D, 9), encode_stats(D, 0, 0), inner + b"x" * 50))
+    whole = data + outer
+    start = len(data) + RECORD_HEADER.size + 16 + 16 + 4  # where the value begins
+    for cut in (start + len(inner), start + len(inner) // 2 + 3, len(whole) - 1):
+        for aside in tmp_path.glob("*.torn-*"):
+            aside.unlink()
+        path.write_bytes(whole[:cut])
+        c = recover_wal(str(path))
+        assert [o for o, _ in c.records] == offsets, cut
+        assert path.stat().st_size == len(data)

@@ -1,0 +1,163 @@
+"""A failed freeze is retried until it succeeds, and no merge covers a log that has
+not become a segment file yet (else recovery deletes it as covered: items lost, or
+tombstones dropped and released items back)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from storage import Engine, EngineConfig, NewItem, Release, fileio
+from storage.compactor import merge_segments
+from storage.errors import InvalidArgument, QueueDamaged, WriteStall
+from storage.merge_policy import MergePolicy
+from tests.storage.conftest import FakeClock
+
+
+@contextmanager
+def failing(match: Callable[[str, str], bool]) -> Iterator[list[str]]:
+    """Fail every step that ``match`` accepts with ENOSPC while the block runs."""
+    seen: list[str] = []
+
+    def hook(step: str, path: str) -> None:
+        if match(step, path):
+            seen.append(path)
+            raise OSError(errno.ENOSPC, "No space left on device (injected)", path)
+
+    fileio.FAULTS.append(hook)
+    try:
+        yield seen
+    finally:
+        fileio.FAULTS.remove(hook)
+
+
+def seg_of(no: int) -> Callable[[str, str], bool]:
+    return lambda step, path: step == "write" and f"{no:010d}-{no:010d}.seg" in path
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+def drain(e: Engine, q: str) -> list[bytes]:
+    out: list[bytes] = []
+    while got := e.dequeue(q, 1000, 60_000):
+        out += [d.value for d in got]
+    return out
+
+
+def test_a_failed_freeze_is_retried_until_it_succeeds(
+    open_engine: Callable[..., Engine], tmp_path: Path
+) -> None:
+    e = open_engine()
+    e.enqueue("q", [NewItem(b"a"), NewItem(b"b")])
+    q = e.queue("q")
+    with failing(seg_of(1)) as seen:
+        e.freeze("q")
+        wait_for(lambda: len(seen) >= 2)  # tried again, still failing
+        assert len(q.frozen) == 1 and q.stats().extra["freeze_failures"] >= 2
+    wait_for(lambda: not q.frozen)  # the fault cleared: the next retry installs it
+    queue_dir = tmp_path / "data" / "queues" / "q"
+    assert (queue_dir / "0000000001-0000000001.seg").exists()
+    assert not list(queue_dir.glob("*.log_ro"))
+    assert sorted(drain(e, "q")) == [b"a", b"b"]
+
+
+def test_no_merge_spans_a_log_whose_freeze_failed(tmp_path: Path, clock: FakeClock) -> None:
+    """Log 1 and log 3 become segment files; log 2 (an item and the tombstone of a
+    released one) cannot. A full merge of the files must not claim log 2."""
+    cfg = EngineConfig(fsync="never", compaction="inline", auto_merge=False)
+    path = tmp_path / "data"
+    e = Engine.open(path, cfg, clock=clock)
+    try:
+        e.enqueue("q", [NewItem(b"keep-1"), NewItem(b"gone-1")])
+        e.freeze("q")  # 1-1.seg
+        with failing(seg_of(2)):
+            [d] = [d for d in e.dequeue("q", 2) if d.value == b"gone-1"] or [None]
+            e.release("q", [Release(d.id, d.receipt)])  # its tombstone: log 2
+            e.enqueue("q", [NewItem(b"keep-2"), NewItem(b"gone-2")])
+            e.freeze("q")  # log 2's freeze fails (and keeps failing)
+            e.enqueue("q", [NewItem(b"keep-3")])
+            got = {x.value: x for x in e.dequeue("q", 10)}
+            gone2 = got[b"gone-2"]
+            e.release("q", [Release(gone2.id, gone2.receipt)])  # tombstone in log 3
+            e.freeze("q")  # 3-3.seg
+            q = e.queue("q")
+            assert [(r.seg_lo, r.seg_hi) for r in q.segments] == [(1, 1), (3, 3)]
+            with pytest.raises(InvalidArgument):
+                q.merge(0, 2)  # would write 1-3.seg
+            eager = MergePolicy(max_segments=0, fan_in=1)  # merges whatever it may
+            assert eager.plan(q) == (0, 1)  # 1-1 alone: older than log 2
+            assert MergePolicy(max_segments=0, fan_in=2).plan(q) is None
+    finally:
+        e.close()
+    e = Engine.open(path, cfg, clock=clock)
+    try:
+        assert sorted(drain(e, "q")) == [b"keep-1", b"keep-2", b"keep-3"]
+    finally:
+        e.close()
+
+
+def test_recovery_keeps_a_log_inside_a_merged_range(tmp_path: Path, clock: FakeClock) -> None:
+    """A directory where a merged segment's range covers a log that still exists (left
+    by an older version): the log is not deleted, the queue is quarantined."""
+    cfg = EngineConfig(fsync="never", compaction="inline", auto_merge=False)
+    path = tmp_path / "data"
+    e = Engine.open(path, cfg, clock=clock)
+    qdir = path / "queues" / "q"
+    try:
+        e.enqueue("q", [NewItem(b"one")])
+        e.freeze("q")
+        with failing(seg_of(2)):
+            e.enqueue("q", [NewItem(b"two")])
+            e.freeze("q")
+            e.enqueue("q", [NewItem(b"three")])
+            e.freeze("q")
+            segs = [r.path for r in e.queue("q").segments]
+            merge_segments(segs, str(qdir), drop_rogue=True)  # what the old policy did
+    finally:
+        e.close()
+    assert (qdir / "0000000002.log_ro").exists() and (qdir / "0000000001-0000000003.seg").exists()
+    e = Engine.open(path, cfg, clock=clock)
+    try:
+        assert (qdir / "0000000002.log_ro").exists()
+        with pytest.raises(QueueDamaged) as err:
+            e.dequeue("q")
+        assert err.value.context["file"] == str(qdir / "0000000002.log_ro")
+    finally:
+        e.close()
+
+
+def test_write_stall_clears_when_segment_writes_work_again(
+    open_engine: Callable[..., Engine],
+) -> None:
+    e = open_engine(memseg_bytes=4096, max_frozen=1)
+    value = os.urandom(500)
+    stalled = False
+    with failing(lambda step, path: step == "write" and path.endswith(".seg.tmp")):
+        for _ in range(200):
+            try:
+                e.enqueue_nowait("q", [NewItem(value)]).result(5)
+            except WriteStall:
+                stalled = True
+                break
+    assert stalled
+    deadline = time.monotonic() + 15
+    while True:  # the fault is gone: the stall must clear without a restart
+        try:
+            e.enqueue_nowait("q", [NewItem(b"after")]).result(5)
+            break
+        except WriteStall:
+            assert time.monotonic() < deadline, "the write stall never cleared"
+            time.sleep(0.05)
+    assert e.queue("q").failed is None

@@ -1,0 +1,53 @@
+"""One damaged queue never stops the engine: it is quarantined (kept as it is, named in
+the log with file and offset) and answers 503 naming them, while the others serve."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from server.errors import status_for
+from storage import Engine, EngineConfig, NewItem, QueueConfig
+from storage.errors import QueueDamaged
+from storage.wal import HEADER, RECORD_HEADER
+from tests.storage.conftest import FakeClock
+
+
+def test_a_damaged_queue_is_quarantined_and_the_others_serve(
+    tmp_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = EngineConfig(fsync="never", compaction="inline", auto_merge=False)
+    path = tmp_path / "d"
+    with Engine.open(path, cfg, clock=clock) as e:
+        e.enqueue("good", [NewItem(b"fine")])
+        for i in range(3):
+            e.enqueue("bad", [NewItem(b"item-%d" % i)])
+    log_file = path / "queues" / "bad" / "0000000001.log"
+    data = bytearray(log_file.read_bytes())
+    second = HEADER.size + RECORD_HEADER.size + int.from_bytes(data[32:36], "big")
+    data[second + RECORD_HEADER.size + 3] ^= 0x01  # a complete record, followed by another
+    log_file.write_bytes(bytes(data))
+
+    with caplog.at_level(logging.ERROR), Engine.open(path, cfg, clock=clock) as e:
+        assert e.list_queues() == ["bad", "good"]
+        assert [d.value for d in e.dequeue("good")] == [b"fine"]
+        e.enqueue("good", [NewItem(b"more")])
+        where = str(log_file)
+        for op in (
+            lambda: e.dequeue("bad"),
+            lambda: e.enqueue("bad", [NewItem(b"x")]),
+            lambda: e.put_queue("bad", QueueConfig()),
+        ):
+            with pytest.raises(QueueDamaged) as err:
+                op()
+            assert err.value.context["file"] == where
+            assert err.value.context["offset"] == second
+            assert where in err.value.message and str(second) in err.value.message
+            assert status_for(err.value) == 503
+        assert e.stats("bad").extra["damaged"] == 1
+        assert any(
+            where in r.getMessage() and str(second) in r.getMessage() for r in caplog.records
+        )
+    assert log_file.read_bytes() == bytes(data)  # kept exactly as it was
