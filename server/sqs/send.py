@@ -10,7 +10,6 @@ engine write: its valid entries are all stored or none is.
 from __future__ import annotations
 
 import re
-import time
 from decimal import Decimal
 from typing import Any
 
@@ -33,13 +32,13 @@ from server.sqs.names import queue_from_url
 from server.sqs.params import get_int, get_str, invalid
 from server.sqs.queue_attrs import DEFAULTS, stored_int
 from server.sqs.sidecar import Sidecar
+from storage.codec import MAX_DEADLINE
 from storage.errors import StorageError
 from storage.types import Enqueued, NewItem
 
 __all__ = ["send_message", "send_message_batch"]
 
 _DEDUP_ID = re.compile(r"[!-~]{1,128}")
-_perf = time.perf_counter
 
 
 def _max_size(ctx: Ctx, sidecar: Sidecar) -> int:
@@ -56,8 +55,11 @@ def _deadline(attrs: dict[str, dict[str, str]]) -> int | None:
     if not a["DataType"].startswith("Number"):
         raise SqsError("InvalidParameterValue", f"{DEADLINE_ATTRIBUTE} must be a Number attribute.")
     value = Decimal(a["StringValue"])
-    if value != value.to_integral_value():
-        raise SqsError("InvalidParameterValue", f"{DEADLINE_ATTRIBUTE} must be whole ms.")
+    if value != value.to_integral_value() or not 0 <= value <= MAX_DEADLINE:
+        raise SqsError(
+            "InvalidParameterValue",
+            f"{DEADLINE_ATTRIBUTE} must be whole ms since the epoch, at most {MAX_DEADLINE}.",
+        )
     return int(value)
 
 

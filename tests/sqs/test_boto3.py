@@ -308,6 +308,17 @@ def test_delays(sqs: Any, qname: str) -> None:
     assert "Messages" not in sqs.receive_message(QueueUrl=url)
     (m,) = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=10)["Messages"]
     assert m["Body"] == "soon"
+    # a deadline out of dq's range fails its own entry only
+    far = {"dq.Deadline": {"DataType": "Number", "StringValue": "1e20"}}
+    res = sqs.send_message_batch(
+        QueueUrl=url,
+        Entries=[
+            {"Id": "far", "MessageBody": "x", "MessageAttributes": far},
+            {"Id": "ok", "MessageBody": "x", "DelaySeconds": 60},
+        ],
+    )
+    assert [e["Id"] for e in res["Successful"]] == ["ok"]
+    assert [(e["Id"], e["Code"]) for e in res["Failed"]] == [("far", "InvalidParameterValue")]
     # the queue's DelaySeconds applies to messages that give none
     sqs.set_queue_attributes(QueueUrl=url, Attributes={"DelaySeconds": "2"})
     sqs.send_message(QueueUrl=url, MessageBody="queue delay")
