@@ -13,6 +13,8 @@ import * as server from "./views/server.js";
 const VIEWS = { overview, queue, charts, dead, find, server };
 const params = new URLSearchParams(location.search);
 const REFRESH_MS = Math.max(250, Number(params.get("refresh")) || 3000);
+// A cheap guarded read: does the server let us in (with the stored token, if any)?
+const PROBE = "/v1/history?seconds=1";
 
 const main = document.getElementById("view");
 const loginForm = document.getElementById("login");
@@ -109,7 +111,7 @@ loginForm.addEventListener("submit", async (event) => {
   event.preventDefault();
   const candidate = document.getElementById("token").value.trim();
   try {
-    await api("GET", "/v1/server", undefined, candidate);
+    await api("GET", PROBE, undefined, candidate);
   } catch (err) {
     if (err instanceof Unauthorized) { showLogin("That token was refused."); return; }
   }
@@ -128,7 +130,7 @@ window.addEventListener("hashchange", () => { if (loginForm.hidden) show(); });
 // Start: ask the server whether we may read (with the stored token, if any).
 (async () => {
   try {
-    await get("/v1/server");
+    await get(PROBE);
     showApp(Boolean(token.get()));
   } catch (err) {
     if (err instanceof Unauthorized) showLogin(token.get() ? "The stored token was refused." : "");

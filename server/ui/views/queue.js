@@ -1,12 +1,12 @@
 // One queue: live figures, pause/resume and purge (each confirmed), and tabs for its
 // charts, items, leased items, dead letters and settings.
 
-import { get, post, del, q } from "../api.js";
+import { ApiError, del, get, post, q } from "../api.js";
 import { confirmAction } from "../dialog.js";
 import { bytes, duration, esc, num, rate } from "../format.js";
 import { historyCharts } from "./history.js";
 import { browser } from "./items.js";
-import { rows } from "./model.js";
+import { deadLetterQueueOf, rows } from "./model.js";
 import { settingsForm } from "./settings.js";
 
 const TABS = [["overview", "Charts"], ["items", "Items"], ["leased", "Leased"], ["dead", "Dead letters"], ["settings", "Settings"]];
@@ -21,16 +21,31 @@ export async function mount(root, { name, tab }, ctx) {
     <section id="tab"></section>`;
   const tabRoot = root.querySelector("#tab");
   let info = null;
-  let all = [];
   let row = null;
   let child = null;
 
+  // Whether this queue is some queue's dead-letter queue needs the full list: read it
+  // once, in the background (the badge and the Dead letters tab use it); each refresh
+  // reads only this queue and its own dead-letter queue, whatever the number of queues.
+  let isDlq = name.endsWith(".dlq");
+  const dlqCheck = get("/v1/queues").then((list) => {
+    isDlq = rows(list.queues).find((r) => r.name === name)?.isDlq ?? isDlq;
+    if (row) drawHeader();
+  }).catch(() => {});
+
   async function loadInfo() {
-    // The list answers the queue and the dead-letter queue it feeds in one request.
-    const [one, list] = await Promise.all([get(`/v1/queues/${q(name)}`), get("/v1/queues")]);
-    info = one;
-    all = rows(list.queues);
-    row = all.find((r) => r.name === name) ?? rows([one])[0];
+    info = await get(`/v1/queues/${q(name)}`);
+    const dlqName = deadLetterQueueOf(info);
+    const dlq = dlqName ? await get(`/v1/queues/${q(dlqName)}`).catch((err) => {
+      if (err instanceof ApiError && err.status === 404) return null; // not created yet
+      throw err;
+    }) : null;
+    row = { ...rows(dlq ? [info, dlq] : [info])[0] };
+    drawHeader();
+  }
+
+  function drawHeader() {
+    row.isDlq = row.isDlq || isDlq;
     root.querySelector("#badges").innerHTML = (row.paused ? `<span class="badge paused">paused</span>` : "") +
       (row.isDlq ? `<span class="badge dlq">DLQ</span>` : "");
     const pause = root.querySelector("#pause");
@@ -52,9 +67,11 @@ export async function mount(root, { name, tab }, ctx) {
     }
     if (tab === "items" || tab === "leased") return browser(tabRoot, name, { mode: tab, info, ctx });
     if (tab === "dead") {
+      await dlqCheck;
+      drawHeader();
       if (row.isDlq) return browser(tabRoot, name, { mode: "dead", info, ctx });
       tabRoot.innerHTML = row.dlq
-        ? `<p>Items that fail ${row.dlq ? num(info.config.max_deliveries) : ""} deliveries move to
+        ? `<p>Items delivered ${num(info.config.max_deliveries)} times without a release move to
            <a href="#/queue/${encodeURIComponent(row.dlq)}/dead">${esc(row.dlq)}</a> (${num(row.dead ?? 0)} there now).</p>`
         : `<p class="muted">This queue has no dead-letter queue (set max deliveries in Settings).</p>`;
       return null;
