@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from storage import Engine, EngineConfig, NewItem, Release
+from dq.storage import Engine, EngineConfig, NewItem, Release
 
 VALUE = os.urandom(256)
 

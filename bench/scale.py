@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from storage import Engine, EngineConfig, NewItem, Release
+from dq.storage import Engine, EngineConfig, NewItem, Release
 
 VALUE_SIZE = 256
 POOL = os.urandom(1 << 20)

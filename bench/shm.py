@@ -53,7 +53,7 @@ def dq_server(data_dir: Path, fsync: str) -> Iterator[tuple[str, int]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DQ_")}
     env["DQ_SHM"] = "1"
     cmd = [
-        sys.executable, "-m", "server.cli", "serve", "--data-dir", str(data_dir),
+        sys.executable, "-m", "dq.cli.main", "serve", "--data-dir", str(data_dir),
         "--port", str(port), "--fsync", fsync, "--log-level", "warning",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO, env=env)
@@ -83,7 +83,7 @@ def dq_server(data_dir: Path, fsync: str) -> Iterator[tuple[str, int]]:
 
 
 def worker(url: str, kind: str, seconds: float, queue: str) -> dict[str, Any]:
-    from client import Client
+    from dq.client import Client
 
     lat: list[float] = []
     with Client(url) as dq:
@@ -138,7 +138,7 @@ def run_workers(url: str, kind: str, seconds: float, queue: str, n: int) -> dict
 
 
 def prefill(url: str, queue: str, count: int) -> None:
-    from client import Client
+    from dq.client import Client
 
     with Client(url) as dq:
         for start in range(0, count, 1000):
@@ -153,7 +153,7 @@ def cpu_seconds(pid: int) -> float:
 
 IDLE_CLIENTS = """
 import sys, time
-from client import Client
+from dq.client import Client
 clients = [Client(sys.argv[1]) for _ in range(8)]
 for c in clients:
     c.health()
@@ -191,9 +191,9 @@ def floors() -> dict[str, float]:
     import mmap
     import timeit
 
-    from shm import _atomics as at
-    from storage import Engine, EngineConfig
-    from storage.types import NewItem
+    from dq.shm import _atomics as at
+    from dq.storage import Engine, EngineConfig
+    from dq.storage.types import NewItem
 
     mm = mmap.mmap(-1, 4096)
     n = 200_000

@@ -33,12 +33,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from shm.broadcast_ring import BroadcastReader, BroadcastWriter, init_ring, ring_size  # noqa: E402
-from shm.subscriber import submitter  # noqa: E402
-from shm.telemetry import MSG_WORDS, TelemetryPublisher, encode  # noqa: E402
-from shm.telemetry_ring import TelemetryRing  # noqa: E402
-from shm.telemetry_ring import init_ring as init_telemetry  # noqa: E402
-from shm.telemetry_ring import ring_size as telemetry_size  # noqa: E402
+from dq.shm.broadcast_ring import BroadcastReader, BroadcastWriter, init_ring, ring_size  # noqa: E402
+from dq.shm.subscriber import submitter  # noqa: E402
+from dq.shm.telemetry import MSG_WORDS, TelemetryPublisher, encode  # noqa: E402
+from dq.shm.telemetry_ring import TelemetryRing  # noqa: E402
+from dq.shm.telemetry_ring import init_ring as init_telemetry  # noqa: E402
+from dq.shm.telemetry_ring import ring_size as telemetry_size  # noqa: E402
 
 CTX = mp.get_context("fork")
 
@@ -55,7 +55,7 @@ def dq_server(data_dir: Path, fsync: str) -> Iterator[None]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DQ_")}
     env["DQ_SHM"] = "1"
     cmd = [
-        sys.executable, "-m", "server.cli", "serve", "--data-dir", str(data_dir),
+        sys.executable, "-m", "dq.cli.main", "serve", "--data-dir", str(data_dir),
         "--port", str(free_port()), "--fsync", fsync, "--log-level", "warning",
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO, env=env)
@@ -118,7 +118,7 @@ def submission_rate(data: Path, producers: int, seconds: float, window: int = 12
 
 
 def _command_client(data: str, seconds: float, out: Connection) -> None:
-    from client import Client
+    from dq.client import Client
 
     with Client(f"shm://{data}") as dq:
         done, lat, stop = 0, [], time.monotonic() + seconds
@@ -189,8 +189,8 @@ def broadcast_rate(readers: int, count: int) -> float:
 
 
 def telemetry_cost(queues: int, rounds: int) -> dict[str, float]:
-    from storage import Engine, EngineConfig
-    from storage.types import NewItem
+    from dq.storage import Engine, EngineConfig
+    from dq.storage.types import NewItem
 
     with tempfile.TemporaryDirectory() as d, Engine.open(d, EngineConfig(fsync="never")) as eng:
         for i in range(queues):
@@ -227,7 +227,7 @@ def telemetry_cost(queues: int, rounds: int) -> dict[str, float]:
 
 
 def _figures(s: object) -> object:
-    from shm.telemetry import QueueFigures
+    from dq.shm.telemetry import QueueFigures
 
     return QueueFigures(
         1, 0, 1, 0, s.name, s.pending, s.due, s.leased, s.delayed, 0, 0, 0, -1, 0, 0, 0, 0

@@ -53,7 +53,7 @@ def dq_server(data_dir: Path, fsync: str) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [
-        sys.executable, "-m", "server.cli", "serve", "--data-dir", str(data_dir),
+        sys.executable, "-m", "dq.cli.main", "serve", "--data-dir", str(data_dir),
         "--port", str(port), "--fsync", fsync, "--log-level", "warning",
     ]  # fmt: skip
     log = (data_dir.parent / "server.log").open("ab")
@@ -79,7 +79,7 @@ def dq_server(data_dir: Path, fsync: str) -> Iterator[str]:
 
 
 def fill(url: str, queue: str, items: int, size: int) -> None:
-    from client import Client
+    from dq.client import Client
 
     value = b"x" * size
     with Client(url) as dq:
@@ -89,7 +89,7 @@ def fill(url: str, queue: str, items: int, size: int) -> None:
 
 def python_consumer(url: str, queue: str, items: int) -> float:
     """Seconds for one client to dequeue and release ``items`` items, 1,000 at a time."""
-    from client import Client
+    from dq.client import Client
 
     done = 0
     with Client(url) as dq:
@@ -151,7 +151,7 @@ def main() -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    import pipeline
+    from dq import pipeline
 
     results: dict[str, Any] = {
         "items": args.items,

@@ -39,7 +39,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from client import Client
+from dq.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
 VALUE = "v" * 256
@@ -55,7 +55,7 @@ def _free_port() -> int:
 
 def _start(data_dir: str, port: int, fsync: str) -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DQ_")}
-    cmd = [sys.executable, "-m", "server.cli", "serve", "--data-dir", data_dir, "--port", str(port),
+    cmd = [sys.executable, "-m", "dq.cli.main", "serve", "--data-dir", data_dir, "--port", str(port),
            "--fsync", fsync, "--log-level", "warning"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO, env=env)
     give_up = time.monotonic() + 60

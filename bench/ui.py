@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from storage import Engine, EngineConfig, NewItem
+from dq.storage import Engine, EngineConfig, NewItem
 from tests.server.browser import CHROMIUM, LAUNCH_ARGS
 from tests.server.live import LiveServer
 

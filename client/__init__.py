@@ -1,6 +1,6 @@
 """Deadline Queue client: ``Client``/``AsyncClient`` over HTTP (or shared memory).
 
-from client import Client
+from dq.client import Client
 with Client("http://127.0.0.1:8080") as dq:
     dq.enqueue("emails", b"hello", delay_ms=5_000)
     for item in dq.dequeue("emails", count=10, wait_ms=20_000):
@@ -9,11 +9,10 @@ with Client("http://127.0.0.1:8080") as dq:
 
 from __future__ import annotations
 
-from client._async_client import AsyncClient
-from client._client import Client
-from client._transport import AsyncTransport, Transport
-from client.consumer import AsyncConsumer, Backoff, Consumer, ConsumerStats
-from client.errors import (
+from dq.client._async_client import AsyncClient
+from dq.client._client import Client
+from dq.client._transport import AsyncTransport, Transport
+from dq.client.errors import (
     BadRequest,
     ClientError,
     Conflict,
@@ -30,7 +29,8 @@ from client.errors import (
     UnsupportedAddress,
     ValidationError,
 )
-from client.types import (
+from dq.client.jobs import AsyncConsumer, Backoff, Consumer, ConsumerStats
+from dq.client.types import (
     Enqueued,
     Extend,
     Item,

@@ -6,9 +6,9 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from client._common import as_new_item, as_release, check_outcome
-from client._transport import AsyncTransport, open_async_transport
-from client.types import (
+from dq.client._common import as_new_item, as_release, check_outcome
+from dq.client._transport import AsyncTransport, open_async_transport
+from dq.client.types import (
     Enqueued,
     Extend,
     Item,
@@ -21,7 +21,7 @@ from client.types import (
 )
 
 if TYPE_CHECKING:
-    from client.consumer import AsyncConsumer, Backoff
+    from dq.client.jobs import AsyncConsumer, Backoff
 
 __all__ = ["AsyncClient"]
 
@@ -122,7 +122,7 @@ class AsyncClient:
         wait_ms: int = 20_000,
         backoff: Backoff | None = None,
     ) -> AsyncConsumer:
-        from client.consumer import AsyncConsumer
+        from dq.client.jobs import AsyncConsumer
 
         return AsyncConsumer(
             self, queue, lease_ms=lease_ms, count=count, wait_ms=wait_ms, backoff=backoff

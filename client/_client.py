@@ -10,9 +10,9 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from client._common import as_new_item, as_release, check_outcome
-from client._transport import Transport, open_transport
-from client.types import (
+from dq.client._common import as_new_item, as_release, check_outcome
+from dq.client._transport import Transport, open_transport
+from dq.client.types import (
     Enqueued,
     Extend,
     Item,
@@ -25,8 +25,8 @@ from client.types import (
 )
 
 if TYPE_CHECKING:
-    from client.consumer import Backoff, Consumer
-    from shm.subscriber import Subscription
+    from dq.client.jobs import Backoff, Consumer
+    from dq.shm.subscriber import Subscription
 
 __all__ = ["Client"]
 
@@ -127,8 +127,8 @@ class Client:
         wait_ms: int = 20_000,
         backoff: Backoff | None = None,
     ) -> Consumer:
-        """A consumer helper over this client (see ``client.consumer``)."""
-        from client.consumer import Consumer
+        """A consumer helper over this client (see ``dq.client.jobs``)."""
+        from dq.client.jobs import Consumer
 
         return Consumer(
             self, queue, lease_ms=lease_ms, count=count, wait_ms=wait_ms, backoff=backoff
@@ -136,10 +136,10 @@ class Client:
 
     def subscribe(self, queue: str | None = None, *, data_dir: str | None = None) -> Subscription:
         """The server's events for ``queue`` (all queues if None) over the broadcast ring
-        (``shm.subscriber``). Local only: the data directory comes from a ``shm://``
+        (``dq.shm.subscriber``). Local only: the data directory comes from a ``shm://``
         address, or pass ``data_dir`` with an ``http://`` one."""
-        from client.errors import UnsupportedAddress
-        from shm.subscriber import subscribe
+        from dq.client.errors import UnsupportedAddress
+        from dq.shm.subscriber import subscribe
 
         if data_dir is None:
             if not self.url.startswith("shm://"):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from client.errors import error_for
-from client.types import Item, NewItem, Outcome, Release
+from dq.client.errors import error_for
+from dq.client.types import Item, NewItem, Outcome, Release
 
 __all__ = ["as_new_item", "as_release", "check_outcome"]
 

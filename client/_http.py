@@ -17,9 +17,9 @@ from urllib.parse import quote
 
 import httpx
 
-from client import _wire
-from client.errors import TransportError
-from client.types import (
+from dq.client import _wire
+from dq.client.errors import TransportError
+from dq.client.types import (
     Enqueued,
     Extend,
     Item,

@@ -13,8 +13,8 @@ import importlib
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from client.errors import UnsupportedAddress
-from client.types import (
+from dq.client.errors import UnsupportedAddress
+from dq.client.types import (
     Enqueued,
     Extend,
     Item,
@@ -63,7 +63,7 @@ class AsyncTransport(Protocol):
 
 def _shm_class(name: str, url: str) -> Any:
     try:
-        module = importlib.import_module("client.shm_transport")
+        module = importlib.import_module("dq.client.shm_transport")
         return getattr(module, name)
     except (ImportError, AttributeError) as exc:
         raise UnsupportedAddress(
@@ -73,7 +73,7 @@ def _shm_class(name: str, url: str) -> Any:
 
 def open_transport(url: str, **options: Any) -> Transport:
     if url.startswith(("http://", "https://")):
-        from client._http import HttpTransport
+        from dq.client._http import HttpTransport
 
         return HttpTransport(url, **options)
     if url.startswith("shm://"):
@@ -84,7 +84,7 @@ def open_transport(url: str, **options: Any) -> Transport:
 
 def open_async_transport(url: str, **options: Any) -> AsyncTransport:
     if url.startswith(("http://", "https://")):
-        from client._http import AsyncHttpTransport
+        from dq.client._http import AsyncHttpTransport
 
         return AsyncHttpTransport(url, **options)
     if url.startswith("shm://"):

@@ -10,8 +10,8 @@ import base64
 from collections.abc import Sequence
 from typing import Any
 
-from client.errors import ServerError, error_for
-from client.types import (
+from dq.client.errors import ServerError, error_for
+from dq.client.types import (
     Enqueued,
     Extend,
     Item,

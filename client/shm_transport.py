@@ -20,8 +20,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from client.errors import ClientError, TransportError, error_for
-from client.types import (
+from dq.client.errors import ClientError, TransportError, error_for
+from dq.client.types import (
     Enqueued,
     Extend,
     Item,
@@ -34,9 +34,9 @@ from client.types import (
     Release,
     Requeue,
 )
-from shm import command_codec as codec
-from shm.attach import attach
-from shm.command_ring import (
+from dq.shm import command_codec as codec
+from dq.shm.attach import attach
+from dq.shm.command_ring import (
     DEFAULT_SPIN_US,
     KEY_SIZE,
     VALUE_MAX,
@@ -45,7 +45,7 @@ from shm.command_ring import (
     Response,
     Status,
 )
-from shm.errors import ShmError
+from dq.shm.errors import ShmError
 
 __all__ = ["AsyncShmTransport", "ShmTransport"]
 
@@ -148,7 +148,7 @@ class ShmTransport:
         if self._http is None:
             if self.http_url is None:
                 raise TransportError(f"{self.url}: this needs HTTP and the server has none")
-            from client._http import HttpTransport
+            from dq.client._http import HttpTransport
 
             self._http = HttpTransport(self.http_url, **self._http_options)
         return self._http

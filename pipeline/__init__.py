@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.errors import OptionError, PipelineError
+from dq.pipeline.errors import OptionError, PipelineError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -19,7 +19,7 @@ __all__ = ["OptionError", "PipelineError", "register", "release", "requeue"]
 
 def register(spark: SparkSession) -> None:
     """Register the ``dq`` data source on ``spark`` (idempotent)."""
-    from pipeline.source import DqDataSource
+    from dq.pipeline.source import DqDataSource
 
     spark.dataSource.register(DqDataSource)
 

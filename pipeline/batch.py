@@ -16,9 +16,9 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from client.consumers import ConsumerClient
-from pipeline.options import ReadOptions
-from pipeline.reading import LogRange, read_range, split
+from dq.client.groups import ConsumerClient
+from dq.pipeline.options import ReadOptions
+from dq.pipeline.reading import LogRange, read_range, split
 
 __all__ = ["BatchReader"]
 

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pipeline.errors import OptionError
+from dq.pipeline.errors import OptionError
 
 __all__ = ["Connection", "ReadOptions", "WriteOptions"]
 

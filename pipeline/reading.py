@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from client.consumers import ConsumerClient, ReadColumns
-from pipeline.options import Connection
+from dq.client.groups import ConsumerClient, ReadColumns
+from dq.pipeline.options import Connection
 
 __all__ = ["ARROW_SCHEMA", "SCHEMA", "LogRange", "read_range", "split", "to_arrow"]
 

@@ -1,7 +1,7 @@
 """The ``dq`` data source: wires options to the batch reader, stream reader and writer.
 
 Spark pickles the source and calls these factories on the driver; each factory parses
-its options once (``pipeline.options``) so bad options fail at planning time.
+its options once (``dq.pipeline.options``) so bad options fail at planning time.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from pipeline.batch import BatchReader
-from pipeline.options import ReadOptions, WriteOptions
-from pipeline.reading import SCHEMA
-from pipeline.stream import StreamReader
-from pipeline.writer import Writer
+from dq.pipeline.batch import BatchReader
+from dq.pipeline.options import ReadOptions, WriteOptions
+from dq.pipeline.reading import SCHEMA
+from dq.pipeline.stream import StreamReader
+from dq.pipeline.writer import Writer
 
 __all__ = ["DqDataSource"]
 

@@ -25,9 +25,9 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from client.consumers import ConsumerClient
-from pipeline.options import ReadOptions
-from pipeline.reading import LogRange, read_range, split
+from dq.client.groups import ConsumerClient
+from dq.pipeline.options import ReadOptions
+from dq.pipeline.reading import LogRange, read_range, split
 
 __all__ = ["StreamReader"]
 

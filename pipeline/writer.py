@@ -23,9 +23,9 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from client.consumers import ConsumerClient, KeyedEnqueuer
-from pipeline.errors import OptionError
-from pipeline.options import WriteOptions
+from dq.client.groups import ConsumerClient, KeyedEnqueuer
+from dq.pipeline.errors import OptionError
+from dq.pipeline.options import WriteOptions
 
 __all__ = ["Writer", "Written"]
 

@@ -12,21 +12,21 @@ from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
 
-from server.auth import TokenGate
-from server.dependencies import require_token
-from server.errors import install_error_handlers
-from server.history import History
-from server.lifespan import make_lifespan
-from server.limits import BodyLimit
-from server.metrics import Metrics
-from server.routers import consumers, dashboard, items, operate, ops, queues
-from server.routers._common import ERRORS
-from server.settings import Settings
-from server.sqs import install as install_sqs
-from server.ui import install_pages
+from dq.server.auth import TokenGate
+from dq.server.dependencies import require_token
+from dq.server.errors import install_error_handlers
+from dq.server.history import History
+from dq.server.lifespan import make_lifespan
+from dq.server.limits import BodyLimit
+from dq.server.metrics import Metrics
+from dq.server.routers import consumers, dashboard, items, operate, ops, queues
+from dq.server.routers._common import ERRORS
+from dq.server.settings import Settings
+from dq.server.sqs import install as install_sqs
+from dq.server.ui import install_pages
 
 if TYPE_CHECKING:
-    from storage import Engine
+    from dq.storage import Engine
 
 __all__ = ["create_app", "drain"]
 

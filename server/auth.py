@@ -13,7 +13,7 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.errors import error_response
+from dq.server.errors import error_response
 
 __all__ = ["GUARDED", "TokenGate", "guarded", "token_ok", "unauthorized"]
 

@@ -4,7 +4,7 @@
 (``ok`` with the items handled, or ``failed`` with the error code); ``metered`` and
 ``metered_durable`` wrap a synchronous and a durable engine call with it. Failures
 leave as ``StorageError`` (an ``OSError`` that escaped the engine becomes a 503, see
-``server.errors.as_storage_error``). Invariant: a durable write is awaited on the loop
+``dq.server.errors.as_storage_error``). Invariant: a durable write is awaited on the loop
 without blocking it and without cancelling the engine's future; a short write stall is
 waited out, up to ``STALL_TIMEOUT_S``.
 """
@@ -17,12 +17,12 @@ from collections.abc import Callable, Sized
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, TypeVar
 
-from server.errors import as_storage_error
-from storage.errors import QueueNotFound, StorageError, WriteStall
+from dq.server.errors import as_storage_error
+from dq.storage.errors import QueueNotFound, StorageError, WriteStall
 
 if TYPE_CHECKING:
-    from server.dependencies import Service
-    from storage import Engine
+    from dq.server.dependencies import Service
+    from dq.storage import Engine
 
 __all__ = [
     "STALL_TIMEOUT_S",

@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from storage.errors import QueueNotFound
-from storage.types import (
+from dq.storage.errors import QueueNotFound
+from dq.storage.types import (
     Delivery,
     Enqueued,
     Extend,

@@ -3,7 +3,7 @@
 Owns ``Service`` — what the lifespan opened (engine, long-poll, metrics, settings,
 durable completions) — and the ``require_token`` guard, which documents the bearer
 scheme in OpenAPI (the ``TokenGate`` in front of the app has already refused a request
-without a valid token before its body was read; both use ``server.auth.token_ok``). Invariant: every dependency here is ``async def``,
+without a valid token before its body was read; both use ``dq.server.auth.token_ok``). Invariant: every dependency here is ``async def``,
 so FastAPI never sends it to its thread pool (a sync dependency would cost a thread
 hop on every request); hot routes reach the service through ``service_of(request)``.
 """
@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from server.auth import token_ok, unauthorized
-from server.errors import ApiError
-from server.schemas import QUEUE_NAME_REGEX
+from dq.server.auth import token_ok, unauthorized
+from dq.server.errors import ApiError
+from dq.server.schemas import QUEUE_NAME_REGEX
 
 if TYPE_CHECKING:
-    from server.completions import Completions
-    from server.longpoll import LongPoll
-    from server.metrics import Metrics
-    from server.settings import Settings
-    from storage import Engine
+    from dq.server.completions import Completions
+    from dq.server.longpoll import LongPoll
+    from dq.server.metrics import Metrics
+    from dq.server.settings import Settings
+    from dq.storage import Engine
 
 __all__ = ["QueuePath", "Service", "require_token", "service_of"]
 

@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from storage.errors import EngineUnavailable, StorageError, status_for_code
+from dq.storage.errors import EngineUnavailable, StorageError, status_for_code
 
 __all__ = [
     "ApiError",

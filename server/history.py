@@ -26,11 +26,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from storage.errors import StorageError
+from dq.storage.errors import StorageError
 
 if TYPE_CHECKING:
-    from storage import Engine
-    from storage.types import QueueStats
+    from dq.storage import Engine
+    from dq.storage.types import QueueStats
 
 __all__ = ["FIELDS", "History", "Sample"]
 

@@ -6,13 +6,13 @@ single item. For the three hot routes — ``POST /v1/queues/{queue}/items``,
 ``/dequeue`` and ``/release`` with a JSON body — the HTTP protocol
 (``server/protocol.py``) hands the complete body here instead. This module validates
 it with the routes' own pydantic schemas (in Rust, from the raw JSON), runs the same
-steps with the routes' own helpers (``server.routers.items``: limits, metering, JSON
+steps with the routes' own helpers (``dq.server.routers.items``: limits, metering, JSON
 formatting, long-poll) and answers through a ``Reply`` callback, from the loop and
 without a task when the answer is ready at once or arrives with a group commit.
 
 Anything it does not answer itself — a body that fails validation or a limit, a write
 stall to wait out — it hands back (``fall_back``) to the FastAPI app, which words
-every such answer; storage errors it renders with ``server.errors``, as the routes'
+every such answer; storage errors it renders with ``dq.server.errors``, as the routes'
 handler does. Invariant: whichever path serves a request, the answer is the same
 bytes (``tests/server/test_hot_path.py`` compares them).
 """
@@ -26,21 +26,21 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
-from server.calls import Metered, queue_exists
-from server.errors import storage_error_reply
-from server.routers import items as routes
-from server.schemas import (
+from dq.server.calls import Metered, queue_exists
+from dq.server.errors import storage_error_reply
+from dq.server.routers import items as routes
+from dq.server.schemas import (
     DequeueRequest,
     EnqueueRequest,
     InvalidItem,
     ReleaseRequest,
     to_new_items,
 )
-from storage.errors import StorageError, WriteStall
-from storage.types import ItemOutcome
+from dq.storage.errors import StorageError, WriteStall
+from dq.storage.types import ItemOutcome
 
 if TYPE_CHECKING:
-    from server.dependencies import Service
+    from dq.server.dependencies import Service
 
 __all__ = ["HOT_ROUTES", "HotRoutes", "Reply"]
 

@@ -3,12 +3,12 @@
 Order on startup: open the engine (in a thread: recovery reads files) → publish the
 ``Service`` on ``app.state`` → start the periodic ``expire_leases`` task and the
 dashboard's history sampler (``server/history.py``) → install the
-consumer-group state (``server.routers.consumers``) → start the shared-memory server
+consumer-group state (``dq.server.routers.consumers``) → start the shared-memory server
 if ``settings.shm``. Shutdown runs it backwards and closes the
 engine last (closing syncs). Invariant: an engine handed to ``create_app`` belongs
 to the caller and is not closed here; one the lifespan opened always is.
 
-Plug-in seam for the shm server: ``shm.server.start(engine, settings)`` returns an
+Plug-in seam for the shm server: ``dq.shm.server.start(engine, settings)`` returns an
 object with ``close()``; both are called in a worker thread.
 """
 
@@ -22,18 +22,18 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from server.completions import Completions
-from server.dependencies import Service
-from server.hot_routes import HotRoutes
-from server.longpoll import LongPoll
-from server.routers import consumers
-from storage.errors import StorageError
+from dq.server.completions import Completions
+from dq.server.dependencies import Service
+from dq.server.hot_routes import HotRoutes
+from dq.server.longpoll import LongPoll
+from dq.server.routers import consumers
+from dq.storage.errors import StorageError
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from server.settings import Settings
-    from storage import Engine
+    from dq.server.settings import Settings
+    from dq.storage import Engine
 
 __all__ = ["make_lifespan", "open_engine"]
 
@@ -43,7 +43,7 @@ Lifespan = Callable[["FastAPI"], contextlib.AbstractAsyncContextManager[None]]
 
 
 def open_engine(settings: Settings) -> Engine:
-    from storage import Engine, EngineConfig
+    from dq.storage import Engine, EngineConfig
 
     config = EngineConfig(
         fsync=settings.fsync,
@@ -66,12 +66,12 @@ async def _expire_forever(engine: Engine, interval_s: float) -> None:
 
 def _start_shm(engine: Engine, settings: Settings) -> Any:
     try:
-        module = importlib.import_module("shm.server")
+        module = importlib.import_module("dq.shm.server")
     except ImportError as exc:
-        raise RuntimeError("DQ_SHM is on but the shm.server module is not available") from exc
+        raise RuntimeError("DQ_SHM is on but the dq.shm.server module is not available") from exc
     server = module.start(engine, settings)
     # issue 8: the submission, broadcast and telemetry rings ride along (shm/rings_host.py)
-    return importlib.import_module("shm.rings_host").with_rings(server, engine, settings)
+    return importlib.import_module("dq.shm.rings_host").with_rings(server, engine, settings)
 
 
 def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import error_response
+from dq.server.errors import error_response
 
 __all__ = ["BodyLimit"]
 

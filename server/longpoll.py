@@ -23,12 +23,12 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
 
-from storage.errors import QueueNotFound
+from dq.storage.errors import QueueNotFound
 
 if TYPE_CHECKING:
-    from storage import Engine
-    from storage.events import Event
-    from storage.types import Delivery
+    from dq.storage import Engine
+    from dq.storage.events import Event
+    from dq.storage.types import Delivery
 
 __all__ = ["LongPoll"]
 

@@ -25,7 +25,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from storage import Engine
+    from dq.storage import Engine
 
 __all__ = ["OPERATIONS", "Metrics"]
 

@@ -33,14 +33,14 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from server.auth import token_ok
-from server.errors import error_json
-from server.hot_routes import HOT_ROUTES, HotRoutes
+from dq.server.auth import token_ok
+from dq.server.errors import error_json
+from dq.server.hot_routes import HOT_ROUTES, HotRoutes
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from server.settings import Settings
+    from dq.server.settings import Settings
 
 __all__ = ["protocol_for"]
 

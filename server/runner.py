@@ -18,9 +18,9 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from server.app import create_app, drain
-from server.protocol import protocol_for
-from server.settings import Settings
+from dq.server.app import create_app, drain
+from dq.server.protocol import protocol_for
+from dq.server.settings import Settings
 
 __all__ = ["DrainingServer", "serve"]
 

@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal, NotRequired
 from pydantic import BaseModel, ConfigDict, Field, model_validator, with_config
 from typing_extensions import TypedDict
 
-from storage.codec import MAX_DEADLINE, MAX_ID
-from storage.types import NewItem
+from dq.storage.codec import MAX_DEADLINE, MAX_ID
+from dq.storage.types import NewItem
 
 __all__ = [
     "QUEUE_NAME_REGEX",

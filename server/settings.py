@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from storage.types import FsyncMode
+from dq.storage.types import FsyncMode
 
 __all__ = ["FSYNC_MODES", "MAX_DEFAULT_BODY", "Settings", "SettingsError", "parse_tokens"]
 

@@ -515,7 +515,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
-    "shm._atomics",
+    "dq.shm._atomics",
     "Acquire/release loads and stores, CAS, fetch-add and shared futex wait/wake on "
     "Python buffers. See docs/shm.md.",
     -1,

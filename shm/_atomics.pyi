@@ -1,4 +1,4 @@
-"""Type stub for the C extension ``shm._atomics`` (see shm/_atomics.c and docs/shm.md)."""
+"""Type stub for the C extension ``dq.shm._atomics`` (see shm/_atomics.c and docs/shm.md)."""
 
 from typing_extensions import Buffer
 

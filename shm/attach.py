@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from shm.errors import AttachError
+from dq.shm.errors import AttachError
 
 __all__ = [
     "PROTOCOL_VERSION",

@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from shm import _atomics as A
-from shm.errors import ProtocolError, RingClosed, RingFullError, ShmError
+from dq.shm import _atomics as A
+from dq.shm.errors import ProtocolError, RingClosed, RingFullError, ShmError
 
 __all__ = [
     "HEADER",

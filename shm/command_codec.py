@@ -25,8 +25,8 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shm.errors import MalformedSlot
-from storage.types import Delivery, ItemStats
+from dq.shm.errors import MalformedSlot
+from dq.storage.types import Delivery, ItemStats
 
 __all__ = [
     "DELIVERY_HEAD",

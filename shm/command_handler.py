@@ -23,11 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shm import command_codec as codec
-from shm.command_ring import RESPONSE_BODY_MAX, Command, Op, Status, encode_response
-from shm.errors import MalformedSlot
-from storage.errors import StorageError
-from storage.types import Extend, ItemOutcome, NewItem, Release, Requeue, check_queue_name
+from dq.shm import command_codec as codec
+from dq.shm.command_ring import RESPONSE_BODY_MAX, Command, Op, Status, encode_response
+from dq.shm.errors import MalformedSlot
+from dq.storage.errors import StorageError
+from dq.storage.types import Extend, ItemOutcome, NewItem, Release, Requeue, check_queue_name
 
 __all__ = ["ASYNC_OPS", "CommandHandler", "Outcome"]
 

@@ -34,8 +34,8 @@ import time
 from dataclasses import dataclass
 from enum import IntEnum
 
-from shm import _atomics as at
-from shm.errors import (
+from dq.shm import _atomics as at
+from dq.shm.errors import (
     MalformedSlot,
     ProtocolError,
     RingClosed,

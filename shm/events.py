@@ -22,9 +22,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from shm.broadcast_ring import BroadcastWriter
-from shm.errors import ProtocolError
-from storage.events import Event
+from dq.shm.broadcast_ring import BroadcastWriter
+from dq.shm.errors import ProtocolError
+from dq.storage.events import Event
 
 __all__ = ["KINDS", "EventPublisher", "decode", "encode"]
 

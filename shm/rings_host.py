@@ -16,11 +16,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from shm import broadcast_ring, submission_ring, telemetry_ring
-from shm.attach import create_shm, shm_prefix, unlink_shm
-from shm.events import EventPublisher
-from shm.submission_drain import SubmissionDrainer
-from shm.telemetry import MSG_WORDS, TelemetryPublisher
+from dq.shm import broadcast_ring, submission_ring, telemetry_ring
+from dq.shm.attach import create_shm, shm_prefix, unlink_shm
+from dq.shm.events import EventPublisher
+from dq.shm.submission_drain import SubmissionDrainer
+from dq.shm.telemetry import MSG_WORDS, TelemetryPublisher
 
 __all__ = ["DISCOVERY", "RingsHost", "with_rings"]
 

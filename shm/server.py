@@ -26,7 +26,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from shm.attach import (
+from dq.shm.attach import (
     PROTOCOL_VERSION,
     SHM_DIR,
     create_shm,
@@ -38,8 +38,8 @@ from shm.attach import (
     socket_path,
     unlink_shm,
 )
-from shm.command_handler import ASYNC_OPS, CommandHandler, Outcome
-from shm.command_ring import (
+from dq.shm.command_handler import ASYNC_OPS, CommandHandler, Outcome
+from dq.shm.command_ring import (
     DEFAULT_SPIN_US,
     MAX_CAPACITY,
     SLOT_SIZE,
@@ -47,8 +47,8 @@ from shm.command_ring import (
     ServerRing,
     ring_size,
 )
-from shm.errors import ShmError
-from storage.types import check_queue_name
+from dq.shm.errors import ShmError
+from dq.storage.types import check_queue_name
 
 __all__ = ["ShmServer", "start"]
 

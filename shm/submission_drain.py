@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from shm import _atomics as A
-from shm.errors import ProtocolError, ShmError
-from shm.submission_ring import (
+from dq.shm import _atomics as A
+from dq.shm.errors import ProtocolError, ShmError
+from dq.shm.submission_ring import (
     ALLOCATED,
     DONE,
     ENQUEUE_AFTER,
@@ -44,14 +44,14 @@ from shm.submission_ring import (
     SubmissionRing,
     init_ring,
 )
-from storage.errors import (
+from dq.storage.errors import (
     InvalidArgument,
     InvalidDeadline,
     InvalidQueueName,
     StorageError,
     ValueTooLarge,
 )
-from storage.types import Enqueued, NewItem, check_queue_name
+from dq.storage.types import Enqueued, NewItem, check_queue_name
 
 __all__ = ["DrainStats", "SubmissionDrainer"]
 

@@ -26,8 +26,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from shm import _atomics as A
-from shm.errors import ProtocolError, RingFullError
+from dq.shm import _atomics as A
+from dq.shm.errors import ProtocolError, RingFullError
 
 __all__ = [
     "ENTRY_OFF",

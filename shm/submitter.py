@@ -20,9 +20,9 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from shm import _atomics as A
-from shm.errors import RingFullError, RingTimeout, ShmError, ValueTooLargeForRing
-from shm.submission_ring import (
+from dq.shm import _atomics as A
+from dq.shm.errors import RingFullError, RingTimeout, ShmError, ValueTooLargeForRing
+from dq.shm.submission_ring import (
     ALLOCATED,
     DONE,
     ENQUEUE_AFTER,
@@ -37,7 +37,7 @@ from shm.submission_ring import (
     SUBMITTED,
     SubmissionRing,
 )
-from storage.types import Enqueued, check_queue_name
+from dq.storage.types import Enqueued, check_queue_name
 
 __all__ = ["ERROR_CODES", "SubmissionRejected", "Submitter"]
 

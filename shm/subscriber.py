@@ -2,8 +2,8 @@
 
 Owns reading ``dq-rings.json`` (docs/shm.md, "Discovery of the other three rings") and
 mapping the rings it names. ``subscribe(data_dir, queue)`` yields the server's events
-(``storage.events.Event``) for one queue or all; ``submitter(data_dir)`` returns a
-``Submitter``; ``telemetry(data_dir)`` a ``TelemetryRing`` for ``shm.telemetry.latest``.
+(``dq.storage.events.Event``) for one queue or all; ``submitter(data_dir)`` returns a
+``Submitter``; ``telemetry(data_dir)`` a ``TelemetryRing`` for ``dq.shm.telemetry.latest``.
 Invariant kept: a subscription reads every event from the moment it joined, in order,
 or raises ``SubscriberEvicted``; it gives its reader entry back on ``close``.
 """
@@ -18,13 +18,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from shm.attach import open_shm
-from shm.broadcast_ring import BroadcastReader
-from shm.errors import AttachError
-from shm.events import decode
-from shm.submitter import Submitter
-from shm.telemetry_ring import TelemetryRing
-from storage.events import Event
+from dq.shm.attach import open_shm
+from dq.shm.broadcast_ring import BroadcastReader
+from dq.shm.errors import AttachError
+from dq.shm.events import decode
+from dq.shm.submitter import Submitter
+from dq.shm.telemetry_ring import TelemetryRing
+from dq.storage.events import Event
 
 __all__ = ["Subscription", "discover", "open_ring", "submitter", "subscribe", "telemetry"]
 

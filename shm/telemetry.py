@@ -20,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from shm.telemetry_ring import TelemetryRing
-from storage.events import Event
+from dq.shm.telemetry_ring import TelemetryRing
+from dq.storage.events import Event
 
 __all__ = ["MSG_WORDS", "QueueFigures", "TelemetryPublisher", "decode", "encode", "latest"]
 

@@ -23,8 +23,8 @@ import struct
 import time
 from typing import Any
 
-from shm import _atomics as A
-from shm.errors import ProtocolError, RingTimeout
+from dq.shm import _atomics as A
+from dq.shm.errors import ProtocolError, RingTimeout
 
 __all__ = [
     "HEADER",

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from storage.engine import Engine, EngineConfig
-from storage.errors import StorageError
-from storage.events import Event
-from storage.types import (
+from dq.storage.engine import Engine, EngineConfig
+from dq.storage.errors import StorageError
+from dq.storage.events import Event
+from dq.storage.types import (
     Delivery,
     Enqueued,
     Extend,

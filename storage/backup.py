@@ -23,13 +23,13 @@ import shutil
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from storage import fileio
-from storage.errors import InvalidArgument, QueueNotFound
-from storage.queue_state import STATE_FILE
+from dq.storage import fileio
+from dq.storage.errors import InvalidArgument, QueueNotFound
+from dq.storage.queue_state import STATE_FILE
 
 if TYPE_CHECKING:
-    from storage.engine import Engine
-    from storage.queue import Queue
+    from dq.storage.engine import Engine
+    from dq.storage.queue import Queue
 
 __all__ = ["BackupResult", "backup"]
 

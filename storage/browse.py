@@ -31,15 +31,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from storage.codec import MAX_ID, TOMBSTONE, decode_stats, encode_key, key_deadline, key_id
-from storage.errors import BadCursor, CorruptionError
-from storage.leases import Lease
-from storage.memseg import MemSegment
-from storage.segment import Block, SegmentCursor, SegmentReader
-from storage.types import BrowsedItem, BrowsePage, ItemStats
+from dq.storage.codec import MAX_ID, TOMBSTONE, decode_stats, encode_key, key_deadline, key_id
+from dq.storage.errors import BadCursor, CorruptionError
+from dq.storage.leases import Lease
+from dq.storage.memseg import MemSegment
+from dq.storage.segment import Block, SegmentCursor, SegmentReader
+from dq.storage.types import BrowsedItem, BrowsePage, ItemStats
 
 if TYPE_CHECKING:
-    from storage.queue import Queue
+    from dq.storage.queue import Queue
 
 __all__ = [
     "BROWSE_STATES",

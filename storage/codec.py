@@ -19,7 +19,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
-from storage.errors import CorruptionError
+from dq.storage.errors import CorruptionError
 
 __all__ = [
     "KEY_SIZE",

@@ -25,10 +25,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from storage.codec import TOMBSTONE, decode_stats, key_id, tombstone_of
-from storage.itemmeta import write_sidecar
-from storage.segment import SegmentReader, iter_entries_keys, segment_name, write_segment
-from storage.wal import RECORD_HEADER, read_wal
+from dq.storage.codec import TOMBSTONE, decode_stats, key_id, tombstone_of
+from dq.storage.itemmeta import write_sidecar
+from dq.storage.segment import SegmentReader, iter_entries_keys, segment_name, write_segment
+from dq.storage.wal import RECORD_HEADER, read_wal
 
 __all__ = [
     "CompactionCancelled",
@@ -154,7 +154,7 @@ def merge_segments(
 
 
 class _WorkerProcess:
-    """One ``python -m storage.worker`` child, fed jobs in order by a dispatcher thread.
+    """One ``python -m dq.storage.worker`` child, fed jobs in order by a dispatcher thread.
 
     The child is started by the dispatcher thread, which lives as long as the
     compactor, because ``PR_SET_PDEATHSIG`` fires when the *thread* that forked the
@@ -176,14 +176,14 @@ class _WorkerProcess:
 
     def _spawn(self) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [sys.executable, "-m", "storage.worker", str(os.getpid()), str(self.nice)],
+            [sys.executable, "-m", "dq.storage.worker", str(os.getpid()), str(self.nice)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
         )
 
     def _run(self) -> None:
-        from storage.worker import read_message, write_message
+        from dq.storage.worker import read_message, write_message
 
         proc: subprocess.Popen[bytes] | None = None
         n = 0

@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from storage.codec import PENDING_HEADER
-from storage.errors import EngineUnavailable
-from storage.itemmeta import Remembered, encode_key_entry
-from storage.types import Enqueued
+from dq.storage.codec import PENDING_HEADER
+from dq.storage.errors import EngineUnavailable
+from dq.storage.itemmeta import Remembered, encode_key_entry
+from dq.storage.types import Enqueued
 
 if TYPE_CHECKING:
-    from storage.queue import Queue
+    from dq.storage.queue import Queue
 
 __all__ = ["after_all", "enqueue_keyed"]
 
@@ -139,6 +139,6 @@ def after_all(futures: list[Future[Any]], answer: Any) -> Future[Any]:
 
 
 def _settle(fut: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
-    from storage.queue import settle
+    from dq.storage.queue import settle
 
     settle(fut, result, error)

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from storage import fileio
-from storage.codec import decode_stats, key_id
-from storage.compactor import Compactor
-from storage.errors import (
+from dq.storage import fileio
+from dq.storage.codec import decode_stats, key_id
+from dq.storage.compactor import Compactor
+from dq.storage.errors import (
     BatchTooLarge,
     ConfigConflict,
     DataDirLocked,
@@ -40,13 +40,13 @@ from storage.errors import (
     ValueTooLarge,
     WriteStall,
 )
-from storage.events import Event
-from storage.itemmeta import check_key
-from storage.merge_policy import MergePolicy
-from storage.operations import MAX_DEDUP_WINDOW_MS, Operations, effective_dead_letter_queue
-from storage.queue import Queue, check_lease_ms, resolve_deadline, save_config
-from storage.syncer import FsyncStats, Syncer
-from storage.types import (
+from dq.storage.events import Event
+from dq.storage.itemmeta import check_key
+from dq.storage.merge_policy import MergePolicy
+from dq.storage.operations import MAX_DEDUP_WINDOW_MS, Operations, effective_dead_letter_queue
+from dq.storage.queue import Queue, check_lease_ms, resolve_deadline, save_config
+from dq.storage.syncer import FsyncStats, Syncer
+from dq.storage.types import (
     Delivery,
     Enqueued,
     Extend,

@@ -13,7 +13,7 @@ import errno
 import os
 from collections.abc import Callable
 
-from storage.errors import StorageFull
+from dq.storage.errors import StorageFull
 
 __all__ = [
     "FAULTS",

@@ -29,8 +29,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from storage import fileio
-from storage.errors import CorruptionError, InvalidKey
+from dq.storage import fileio
+from dq.storage.errors import CorruptionError, InvalidKey
 
 __all__ = [
     "MAX_KEY_BYTES",
@@ -205,7 +205,7 @@ class ItemMeta:
     def load_directory(self, directory: str, logs: list[str], now: int, window: int) -> None:
         """Sidecars first (older logs), then the logs that were not frozen yet; delete
         sidecars that hold nothing worth keeping any more."""
-        from storage.wal import read_wal
+        from dq.storage.wal import read_wal
 
         for name in sorted(os.listdir(directory)):
             if _SIDECAR.fullmatch(name) is None:

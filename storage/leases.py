@@ -13,7 +13,7 @@ import heapq
 import secrets
 from dataclasses import dataclass
 
-from storage.errors import InvalidReceipt, ItemNotFound, StaleReceipt
+from dq.storage.errors import InvalidReceipt, ItemNotFound, StaleReceipt
 
 __all__ = ["Lease", "Leases"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from sortedcontainers import SortedList
 
-from storage.codec import TOMBSTONE
+from dq.storage.codec import TOMBSTONE
 
 __all__ = ["MemSegment"]
 

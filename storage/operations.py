@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from storage.backup import BackupResult, backup
-from storage.browse import (
+from dq.storage.backup import BackupResult, backup
+from dq.storage.browse import (
     BROWSE_STATES,
     as_item,
     browse,
@@ -36,16 +36,16 @@ from storage.browse import (
     tombstone_key,
     waiting_keys,
 )
-from storage.codec import decode_stats, encode_stats, key_id
-from storage.errors import (
+from dq.storage.codec import decode_stats, encode_stats, key_id
+from dq.storage.errors import (
     InvalidArgument,
     ItemNotFound,
     NotADeadLetterQueue,
     StorageError,
     WriteStall,
 )
-from storage.queue_state import QueueState, save_state
-from storage.types import (
+from dq.storage.queue_state import QueueState, save_state
+from dq.storage.types import (
     BrowsedItem,
     BrowsePage,
     ItemOutcome,
@@ -57,8 +57,8 @@ from storage.types import (
 )
 
 if TYPE_CHECKING:
-    from storage.engine import EngineConfig
-    from storage.queue import Queue
+    from dq.storage.engine import EngineConfig
+    from dq.storage.queue import Queue
 
 __all__ = ["MAX_BROWSE", "MAX_DEDUP_WINDOW_MS", "Operations", "effective_dead_letter_queue"]
 

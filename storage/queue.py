@@ -26,8 +26,8 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
-from storage import fileio
-from storage.codec import (
+from dq.storage import fileio
+from dq.storage.codec import (
     MAX_DEADLINE,
     MAX_ID,
     PENDING_HEADER,
@@ -39,9 +39,9 @@ from storage.codec import (
     key_id,
     tombstone_of,
 )
-from storage.compactor import FreezeResult, freeze_log, merge_segments
-from storage.dedup import enqueue_keyed
-from storage.errors import (
+from dq.storage.compactor import FreezeResult, freeze_log, merge_segments
+from dq.storage.dedup import enqueue_keyed
+from dq.storage.errors import (
     CorruptionError,
     EngineUnavailable,
     InvalidArgument,
@@ -50,15 +50,15 @@ from storage.errors import (
     StorageError,
     WriteStall,
 )
-from storage.itemmeta import ItemMeta, encode_origin_entry
-from storage.leases import Lease, Leases
-from storage.memseg import MemSegment
-from storage.merge_policy import SegmentDesc
-from storage.queue_state import QueueState, load_state
-from storage.rates import Rates
-from storage.recovery import recover_directory
-from storage.segment import SegmentReader, segment_name
-from storage.types import (
+from dq.storage.itemmeta import ItemMeta, encode_origin_entry
+from dq.storage.leases import Lease, Leases
+from dq.storage.memseg import MemSegment
+from dq.storage.merge_policy import SegmentDesc
+from dq.storage.queue_state import QueueState, load_state
+from dq.storage.rates import Rates
+from dq.storage.recovery import recover_directory
+from dq.storage.segment import SegmentReader, segment_name
+from dq.storage.types import (
     Delivery,
     Enqueued,
     Extend,
@@ -69,11 +69,11 @@ from storage.types import (
     Release,
     Requeue,
 )
-from storage.view import MergedView
-from storage.wal import WalWriter
+from dq.storage.view import MergedView
+from dq.storage.wal import WalWriter
 
 if TYPE_CHECKING:
-    from storage.engine import Engine
+    from dq.storage.engine import Engine
 
 __all__ = ["PendingBatch", "Queue", "WriteStall", "settle"]
 

@@ -11,7 +11,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from storage import fileio
+from dq.storage import fileio
 
 __all__ = ["STATE_FILE", "QueueState", "load_state", "save_state"]
 

@@ -23,12 +23,12 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from storage import fileio
-from storage.codec import iter_entries, key_id
-from storage.errors import CorruptionError
-from storage.memseg import MemSegment
-from storage.segment import SegmentReader
-from storage.wal import RECORD_HEADER, recover_wal
+from dq.storage import fileio
+from dq.storage.codec import iter_entries, key_id
+from dq.storage.errors import CorruptionError
+from dq.storage.memseg import MemSegment
+from dq.storage.segment import SegmentReader
+from dq.storage.wal import RECORD_HEADER, recover_wal
 
 __all__ = ["Recovered", "load_log", "recover_directory"]
 

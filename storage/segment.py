@@ -5,7 +5,7 @@ Specification: ``docs/format.md`` ("Segment file"). Layout:
     header(16) | block 0 | ... | block n-1 | index | footer(112)
 
 Each block is one zstd frame whose content is a run of entries in the seed's format
-(``storage.codec``), sorted by key. The index has one 40-byte row per block (first
+(``dq.storage.codec``), sorted by key. The index has one 40-byte row per block (first
 key, offset, compressed length, crc32 of the compressed bytes, entry count, raw
 length). The footer carries the seed's ``pending_count``, ``tombstone_count``,
 ``last_key`` and ``max_id`` plus what a reader needs.
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import zstandard
 
-from storage import fileio
-from storage.codec import KEY_SIZE, TOMBSTONE, iter_entries, key_id
-from storage.errors import CorruptionError
+from dq.storage import fileio
+from dq.storage.codec import KEY_SIZE, TOMBSTONE, iter_entries, key_id
+from dq.storage.errors import CorruptionError
 
 __all__ = [
     "BLOCK_TARGET",

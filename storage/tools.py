@@ -16,10 +16,10 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from storage.codec import TOMBSTONE, decode_key, decode_stats, iter_entries, key_id
-from storage.errors import CorruptionError
-from storage.segment import SegmentReader
-from storage.wal import RECORD_HEADER, read_wal
+from dq.storage.codec import TOMBSTONE, decode_key, decode_stats, iter_entries, key_id
+from dq.storage.errors import CorruptionError
+from dq.storage.segment import SegmentReader
+from dq.storage.wal import RECORD_HEADER, read_wal
 
 __all__ = ["Problem", "describe_key", "inspect_file", "verify_data_dir"]
 

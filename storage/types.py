@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from storage.errors import InvalidQueueName
+from dq.storage.errors import InvalidQueueName
 
 __all__ = [
     "MAX_QUEUE_NAME",

@@ -13,9 +13,9 @@ from __future__ import annotations
 import heapq
 import itertools
 
-from storage.codec import TOMBSTONE, decode_stats, tombstone_of
-from storage.memseg import MemSegment
-from storage.segment import SegmentCursor, SegmentReader
+from dq.storage.codec import TOMBSTONE, decode_stats, tombstone_of
+from dq.storage.memseg import MemSegment
+from dq.storage.segment import SegmentCursor, SegmentReader
 
 __all__ = ["Hit", "MergedView"]
 

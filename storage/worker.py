@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import IO, Any
 
-from storage.compactor import freeze_log, merge_segments
+from dq.storage.compactor import freeze_log, merge_segments
 
 __all__ = ["JOBS", "read_message", "write_message"]
 

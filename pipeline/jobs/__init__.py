@@ -1,2 +1,2 @@
-"""Worked Spark jobs over Deadline Queue; each runs with ``python -m pipeline.jobs.NAME``
+"""Worked Spark jobs over Deadline Queue; each runs with ``python -m dq.pipeline.jobs.NAME``
 or ``spark-submit pipeline/jobs/NAME.py`` (see ``docs/spark.md``)."""

@@ -8,7 +8,7 @@ batch's items only once Spark has committed it: a crash before that leaves them 
 to the consumer, and the next run with the same checkpoint reads them again. Values
 that are not such JSON are counted under the event ``_malformed``.
 
-    python -m pipeline.jobs.event_counts --url http://127.0.0.1:8080 --queue events \\
+    python -m dq.pipeline.jobs.event_counts --url http://127.0.0.1:8080 --queue events \\
         --out /data/event-counts --checkpoint /data/event-counts-ck
 
 Runs unchanged on ``local[*]`` (the default when not launched by ``spark-submit``) and on
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    import pipeline
+    from dq import pipeline
 
     builder = SparkSession.builder.appName("dq-event-counts")
     if args.master:

@@ -12,9 +12,9 @@ from typing import Any
 
 from fastapi import Response
 
-from server.errors import error_response, item_status
-from server.schemas import ErrorBody
-from storage.types import ItemOutcome
+from dq.server.errors import error_response, item_status
+from dq.server.schemas import ErrorBody
+from dq.storage.types import ItemOutcome
 
 __all__ = ["ERRORS", "json_response", "outcome_dict", "single_outcome"]
 

@@ -1,7 +1,7 @@
 """HTTP routes of the at-least-once consumer protocol and of keyed (idempotent) enqueue.
 
 Owns ``/v1/queues/{queue}/consumers/...`` and ``/v1/queues/{queue}/batches``; the state
-lives in ``server.consumer_groups`` (one ``ConsumerGroups`` and one
+lives in ``dq.server.consumer_groups`` (one ``ConsumerGroups`` and one
 ``IdempotentBatches`` on ``app.state``, opened and closed with the engine). Handlers are
 plain ``def`` so that engine calls, which may wait on fsync, run in the thread pool and
 never on the event loop. The protocol is specified in ``docs/spark.md``.
@@ -15,16 +15,16 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path, Request, Response
 from pydantic import BaseModel, Field, model_validator
 
-from server.consumer_groups import (
+from dq.server.consumer_groups import (
     CommitResult,
     ConsumerGroups,
     ConsumerState,
     IdempotentBatches,
     LogEntry,
 )
-from server.errors import ApiError
-from server.routers._common import ERRORS, json_response
-from storage.types import NewItem, check_queue_name
+from dq.server.errors import ApiError
+from dq.server.routers._common import ERRORS, json_response
+from dq.storage.types import NewItem, check_queue_name
 
 __all__ = ["install", "router"]
 

@@ -17,10 +17,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel
 
-from server.dependencies import service_of
-from server.routers._common import ERRORS, json_response
-from storage.errors import QueueNotFound, StorageError
-from storage.types import check_queue_name
+from dq.server.dependencies import service_of
+from dq.server.routers._common import ERRORS, json_response
+from dq.storage.errors import QueueNotFound, StorageError
+from dq.storage.types import check_queue_name
 
 __all__ = ["router", "server_info"]
 

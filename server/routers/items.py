@@ -1,7 +1,7 @@
 """Item routes under ``/v1/queues/{queue}``: enqueue, dequeue, release, requeue, extend.
 
 Invariant: durable writes go through the engine's ``*_nowait`` calls and are awaited
-on the loop (``server.calls.metered_durable``, which never cancels the engine's
+on the loop (``dq.server.calls.metered_durable``, which never cancels the engine's
 future): the event loop never blocks on an fsync, and requests in flight together share
 one group commit. Dequeue writes nothing durable and runs on the loop; its long-poll is
 ``LongPoll`` (no thread per waiter). A dequeue may carry releases of earlier
@@ -21,11 +21,11 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request, Response
 from starlette.types import Receive
 
-from server.calls import Metered, metered, metered_durable, queue_exists
-from server.dependencies import QueuePath, Service, service_of
-from server.errors import ApiError
-from server.routers._common import ERRORS, outcome_dict, single_outcome
-from server.schemas import (
+from dq.server.calls import Metered, metered, metered_durable, queue_exists
+from dq.server.dependencies import QueuePath, Service, service_of
+from dq.server.errors import ApiError
+from dq.server.routers._common import ERRORS, outcome_dict, single_outcome
+from dq.server.schemas import (
     DequeueRequest,
     DequeueResponse,
     Encoding,
@@ -44,9 +44,9 @@ from server.schemas import (
     encode_value,
     to_new_items,
 )
-from storage.codec import MAX_ID
-from storage.errors import QueueNotFound, StorageError
-from storage.types import Delivery, Enqueued, Extend, ItemOutcome, Release, Requeue
+from dq.storage.codec import MAX_ID
+from dq.storage.errors import QueueNotFound, StorageError
+from dq.storage.types import Delivery, Enqueued, Extend, ItemOutcome, Release, Requeue
 
 __all__ = [
     "check_dequeue",

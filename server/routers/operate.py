@@ -16,11 +16,11 @@ from typing import Annotated, Literal, TypeVar
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from server.dependencies import QueuePath, Service, service_of
-from server.errors import ApiError
-from server.routers._common import ERRORS, json_response
-from server.routers.queues import queue_info
-from server.schemas import (
+from dq.server.dependencies import QueuePath, Service, service_of
+from dq.server.errors import ApiError
+from dq.server.routers._common import ERRORS, json_response
+from dq.server.routers.queues import queue_info
+from dq.server.schemas import (
     BackupRequest,
     BackupResponse,
     BrowsedItemOut,
@@ -34,9 +34,9 @@ from server.schemas import (
     RedriveResponse,
     encode_value,
 )
-from storage.codec import MAX_ID
-from storage.errors import StorageError
-from storage.types import BrowsedItem
+from dq.storage.codec import MAX_ID
+from dq.storage.errors import StorageError
+from dq.storage.types import BrowsedItem
 
 __all__ = ["item_json", "router"]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from server.dependencies import require_token, service_of
-from server.routers._common import ERRORS, json_response
-from server.schemas import Health
+from dq.server.dependencies import require_token, service_of
+from dq.server.routers._common import ERRORS, json_response
+from dq.server.schemas import Health
 
 __all__ = ["router"]
 

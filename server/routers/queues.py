@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, Request, Response
 
-from server.dependencies import QueuePath, service_of
-from server.routers._common import ERRORS, json_response
-from server.schemas import QueueConfigBody, QueueInfo, QueueList
-from storage.errors import QueueNotFound, StorageError
-from storage.types import QueueConfig, QueueStats
+from dq.server.dependencies import QueuePath, service_of
+from dq.server.routers._common import ERRORS, json_response
+from dq.server.schemas import QueueConfigBody, QueueInfo, QueueList
+from dq.storage.errors import QueueNotFound, StorageError
+from dq.storage.types import QueueConfig, QueueStats
 
 if TYPE_CHECKING:
-    from storage import Engine
+    from dq.storage import Engine
 
 __all__ = ["queue_info", "router"]
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from server.sqs.context import SqsState
-from server.sqs.protocol import router
+from dq.server.sqs.context import SqsState
+from dq.server.sqs.protocol import router
 
 __all__ = ["install"]
 

@@ -13,15 +13,15 @@ import asyncio
 import base64
 from typing import Any
 
-from server.sqs.context import Ctx
-from server.sqs.errors import SqsError, from_storage
-from server.sqs.names import queue_from_arn, queue_from_url, valid_name
-from server.sqs.params import get_int, get_list, get_map, get_str, invalid
-from server.sqs.queue_attrs import apply, render
-from server.sqs.sidecar import Sidecar
-from storage.errors import QueueNotFound, StorageError
-from storage.operations import effective_dead_letter_queue
-from storage.types import QueueConfig
+from dq.server.sqs.context import Ctx
+from dq.server.sqs.errors import SqsError, from_storage
+from dq.server.sqs.names import queue_from_arn, queue_from_url, valid_name
+from dq.server.sqs.params import get_int, get_list, get_map, get_str, invalid
+from dq.server.sqs.queue_attrs import apply, render
+from dq.server.sqs.sidecar import Sidecar
+from dq.storage.errors import QueueNotFound, StorageError
+from dq.storage.operations import effective_dead_letter_queue
+from dq.storage.types import QueueConfig
 
 __all__ = ["ACTIONS"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from server.sqs.errors import SqsError
-from server.sqs.params import get_list
+from dq.server.sqs.errors import SqsError
+from dq.server.sqs.params import get_list
 
 __all__ = ["check_entries", "failed"]
 

@@ -14,15 +14,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from server.sqs.moves import MoveTasks
-from server.sqs.names import queue_arn, queue_url
-from server.sqs.receives import FirstReceives
-from server.sqs.sidecar import SidecarStore
+from dq.server.sqs.moves import MoveTasks
+from dq.server.sqs.names import queue_arn, queue_url
+from dq.server.sqs.receives import FirstReceives
+from dq.server.sqs.sidecar import SidecarStore
 
 if TYPE_CHECKING:
-    from server.dependencies import Service
-    from server.settings import Settings
-    from storage import Engine
+    from dq.server.dependencies import Service
+    from dq.server.settings import Settings
+    from dq.storage import Engine
 
 __all__ = ["Ctx", "Limits", "SqsState"]
 

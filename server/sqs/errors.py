@@ -10,7 +10,7 @@ code. Invariant: every refusal of the SQS endpoint is an ``SqsError``; nothing e
 
 from __future__ import annotations
 
-from storage.errors import (
+from dq.storage.errors import (
     BatchTooLarge,
     EngineUnavailable,
     InvalidArgument,

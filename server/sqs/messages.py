@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from server.sqs.errors import SqsError
+from dq.server.sqs.errors import SqsError
 
 __all__ = [
     "DEADLINE_ATTRIBUTE",

@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from storage.errors import StorageError
+from dq.storage.errors import StorageError
 
 if TYPE_CHECKING:
-    from storage import Engine
+    from dq.storage import Engine
 
 __all__ = ["MoveTask", "MoveTasks"]
 

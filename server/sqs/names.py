@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from urllib.parse import unquote, urlsplit
 
-from server.sqs.errors import SqsError
-from storage.types import QUEUE_NAME_PATTERN
+from dq.server.sqs.errors import SqsError
+from dq.storage.types import QUEUE_NAME_PATTERN
 
 __all__ = ["queue_arn", "queue_from_arn", "queue_from_url", "queue_url", "valid_name"]
 

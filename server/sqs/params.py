@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.sqs.errors import SqsError
+from dq.server.sqs.errors import SqsError
 
 __all__ = ["get_bool", "get_int", "get_list", "get_map", "get_str", "invalid"]
 

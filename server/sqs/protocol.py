@@ -2,11 +2,11 @@
 
 A request names its action in ``X-Amz-Target: AmazonSQS.<Action>`` and carries its
 parameters as a JSON object (``Content-Type: application/x-amz-json-1.0``); the answer
-is a JSON object, or an error in the shape of ``server.sqs.errors``. Older SDKs' query
+is a JSON object, or an error in the shape of ``dq.server.sqs.errors``. Older SDKs' query
 protocol (a form with ``Action=``, at ``/`` or at the queue's URL) is translated by
-``server.sqs.query`` to the same actions. Every answer has
+``dq.server.sqs.query`` to the same actions. Every answer has
 an ``x-amzn-RequestId``. With ``DQ_TOKENS`` set, the request's Signature Version 4 is
-verified first (``server.sqs.sigv4``). Queue URLs in answers use the host the client
+verified first (``dq.server.sqs.sigv4``). Queue URLs in answers use the host the client
 addressed, so URLs work from wherever the client reaches the server.
 """
 
@@ -21,13 +21,13 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from server.errors import error_response
-from server.routers.items import disconnected
-from server.sqs import admin, receive, send
-from server.sqs.context import Ctx, Limits, SqsState
-from server.sqs.errors import SqsError
-from server.sqs.query import error_xml, params_from_form, result_xml
-from server.sqs.sigv4 import verify
+from dq.server.errors import error_response
+from dq.server.routers.items import disconnected
+from dq.server.sqs import admin, receive, send
+from dq.server.sqs.context import Ctx, Limits, SqsState
+from dq.server.sqs.errors import SqsError
+from dq.server.sqs.query import error_xml, params_from_form, result_xml
+from dq.server.sqs.sigv4 import verify
 
 __all__ = ["ACTIONS", "router"]
 

@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 from xml.sax.saxutils import escape
 
-from server.sqs.errors import SqsError
+from dq.server.sqs.errors import SqsError
 
 __all__ = ["error_xml", "params_from_form", "result_xml"]
 

@@ -20,14 +20,14 @@ import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from server.sqs.errors import SqsError
-from server.sqs.names import queue_from_arn
-from storage.operations import effective_dead_letter_queue
-from storage.types import QueueConfig, QueueStats
+from dq.server.sqs.errors import SqsError
+from dq.server.sqs.names import queue_from_arn
+from dq.storage.operations import effective_dead_letter_queue
+from dq.storage.types import QueueConfig, QueueStats
 
 if TYPE_CHECKING:
-    from server.sqs.context import Ctx, Limits
-    from server.sqs.sidecar import Sidecar
+    from dq.server.sqs.context import Ctx, Limits
+    from dq.server.sqs.sidecar import Sidecar
 
 __all__ = ["ALL", "apply", "render", "stored_int"]
 

@@ -13,16 +13,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from server.calls import durable, metered_durable
-from server.sqs.batches import check_entries, failed
-from server.sqs.context import MAX_VISIBILITY_S, Ctx
-from server.sqs.errors import SqsError, from_storage
-from server.sqs.messages import decode, md5_hex, md5_of_attributes, message_id
-from server.sqs.names import queue_from_url
-from server.sqs.params import get_int, get_list, get_str
-from server.sqs.queue_attrs import DEFAULTS
-from storage.errors import StorageError
-from storage.types import Delivery, Extend, ItemOutcome, Release, Requeue
+from dq.server.calls import durable, metered_durable
+from dq.server.sqs.batches import check_entries, failed
+from dq.server.sqs.context import MAX_VISIBILITY_S, Ctx
+from dq.server.sqs.errors import SqsError, from_storage
+from dq.server.sqs.messages import decode, md5_hex, md5_of_attributes, message_id
+from dq.server.sqs.names import queue_from_url
+from dq.server.sqs.params import get_int, get_list, get_str
+from dq.server.sqs.queue_attrs import DEFAULTS
+from dq.storage.errors import StorageError
+from dq.storage.types import Delivery, Extend, ItemOutcome, Release, Requeue
 
 __all__ = [
     "change_message_visibility",

@@ -3,7 +3,7 @@
 DelaySeconds (or the queue's ``DelaySeconds``) is the item's delay; a ``dq.Deadline``
 Number attribute (ms since the epoch) gives an absolute deadline instead, with no
 15-minute cap. ``MessageDeduplicationId`` is the item's idempotency key. Body and
-attributes go into the item's value (``server.sqs.messages``). A batch is one durable
+attributes go into the item's value (``dq.server.sqs.messages``). A batch is one durable
 engine write: its valid entries are all stored or none is.
 """
 
@@ -13,11 +13,11 @@ import re
 from decimal import Decimal
 from typing import Any
 
-from server.calls import metered_durable
-from server.sqs.batches import check_entries, failed
-from server.sqs.context import Ctx
-from server.sqs.errors import SqsError, from_storage
-from server.sqs.messages import (
+from dq.server.calls import metered_durable
+from dq.server.sqs.batches import check_entries, failed
+from dq.server.sqs.context import Ctx
+from dq.server.sqs.errors import SqsError, from_storage
+from dq.server.sqs.messages import (
     DEADLINE_ATTRIBUTE,
     Stored,
     attributes_size,
@@ -28,13 +28,13 @@ from server.sqs.messages import (
     md5_of_attributes,
     message_id,
 )
-from server.sqs.names import queue_from_url
-from server.sqs.params import get_int, get_str, invalid
-from server.sqs.queue_attrs import DEFAULTS, stored_int
-from server.sqs.sidecar import Sidecar
-from storage.codec import MAX_DEADLINE
-from storage.errors import StorageError
-from storage.types import Enqueued, NewItem
+from dq.server.sqs.names import queue_from_url
+from dq.server.sqs.params import get_int, get_str, invalid
+from dq.server.sqs.queue_attrs import DEFAULTS, stored_int
+from dq.server.sqs.sidecar import Sidecar
+from dq.storage.codec import MAX_DEADLINE
+from dq.storage.errors import StorageError
+from dq.storage.types import Enqueued, NewItem
 
 __all__ = ["send_message", "send_message_batch"]
 

@@ -19,10 +19,10 @@ import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from storage import fileio
+from dq.storage import fileio
 
 if TYPE_CHECKING:
-    from storage import Engine
+    from dq.storage import Engine
 
 __all__ = ["SIDECAR", "Sidecar", "SidecarStore"]
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, quote
 
-from server.sqs.errors import SqsError
+from dq.server.sqs.errors import SqsError
 
 __all__ = ["Caller", "verify"]
 

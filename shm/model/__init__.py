@@ -7,6 +7,6 @@ as threads for it. The tests run both: the seed's version must fail, ours must p
 
 from __future__ import annotations
 
-from shm.model.explore import Exploration, Op, explore
+from dq.shm.model.explore import Exploration, Op, explore
 
 __all__ = ["Exploration", "Op", "explore"]

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, Literal
 
-from shm.model.explore import Exploration, Memory, Op, Thread, explore, run_solo
+from dq.shm.model.explore import Exploration, Memory, Op, Thread, explore, run_solo
 
 __all__ = [
     "END",

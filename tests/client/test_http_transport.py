@@ -8,7 +8,7 @@ import json
 import httpx
 import pytest
 
-from client import (
+from dq.client import (
     AsyncClient,
     Client,
     ClientError,
@@ -19,7 +19,7 @@ from client import (
     Unavailable,
     UnsupportedAddress,
 )
-from client._http import AsyncHttpTransport, HttpTransport
+from dq.client._http import AsyncHttpTransport, HttpTransport
 
 
 def _client(handler: httpx.MockTransport, retries: int = 3) -> Client:
@@ -112,7 +112,7 @@ def test_unknown_scheme_and_missing_shm_transport() -> None:
     with pytest.raises(UnsupportedAddress):
         Client("ftp://x")
     try:
-        import client.shm_transport  # noqa: F401
+        import dq.client.shm_transport  # noqa: F401
     except ImportError:
         with pytest.raises(UnsupportedAddress, match="shared-memory"):
             Client("shm:///tmp/dq-data")

@@ -6,17 +6,17 @@ import importlib
 
 import pytest
 
-import client
+from dq import client
 
 #: The modules of issue 4 (other engineers' modules in these packages keep their own).
 MODULES = [
-    "client", "client._async_client", "client._client", "client._common", "client._http",
-    "client._transport", "client._wire", "client.consumer", "client.errors", "client.types",
-    "server.app", "server.cli", "server.commands._remote", "server.commands.admin",
-    "server.commands.items", "server.commands.serve", "server.dependencies", "server.errors",
-    "server.lifespan", "server.limits", "server.longpoll", "server.metrics",
-    "server.routers._common", "server.routers.items", "server.routers.ops",
-    "server.routers.queues", "server.runner", "server.schemas", "server.settings",
+    "dq.client", "dq.client._async_client", "dq.client._client", "dq.client._common", "dq.client._http",
+    "dq.client._transport", "dq.client._wire", "dq.client.jobs", "dq.client.errors", "dq.client.types",
+    "dq.server.app", "dq.cli.main", "dq.cli._remote", "dq.cli.admin",
+    "dq.cli.items", "dq.cli.serve", "dq.server.dependencies", "dq.server.errors",
+    "dq.server.lifespan", "dq.server.limits", "dq.server.longpoll", "dq.server.metrics",
+    "dq.server.routers._common", "dq.server.routers.items", "dq.server.routers.ops",
+    "dq.server.routers.queues", "dq.server.runner", "dq.server.schemas", "dq.server.settings",
 ]  # fmt: skip
 
 

@@ -7,9 +7,9 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client import _wire
-from client.types import NewItem
-from server.schemas import EnqueueRequest, encode_value, to_new_items
+from dq.client import _wire
+from dq.client.types import NewItem
+from dq.server.schemas import EnqueueRequest, encode_value, to_new_items
 
 
 @given(st.binary(max_size=300) | st.text(max_size=100).map(str.encode))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from server.settings import Settings
+from dq.server.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS_VARS = {"DQ_" + f.name.upper() for f in dataclasses.fields(Settings) if f.name != "extra"}

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from client import Client
+from dq.client import Client
 from tests.server.live import LiveServer, free_port, live_server
 
 REPO = Path(__file__).resolve().parents[2]

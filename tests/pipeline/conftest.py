@@ -40,7 +40,7 @@ def spark() -> Iterator[SparkSession]:
     pytest.importorskip("pyspark")
     from pyspark.sql import SparkSession
 
-    import pipeline
+    from dq import pipeline
 
     saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")}
     os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable

@@ -1,4 +1,4 @@
-"""``server.consumer_groups`` against a real engine with a test clock (no HTTP, no Spark)."""
+"""``dq.server.consumer_groups`` against a real engine with a test clock (no HTTP, no Spark)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from server.consumer_groups import ConsumerGroups, IdempotentBatches
-from storage import Engine, EngineConfig, NewItem, Release
+from dq.server.consumer_groups import ConsumerGroups, IdempotentBatches
+from dq.storage import Engine, EngineConfig, NewItem, Release
 
 Q = "jobs"
 
@@ -241,7 +241,7 @@ def test_idempotent_batch_with_other_items_is_enqueued(engine: Engine, clock: Cl
 
 def test_consumer_leases_have_a_floor(engine: Engine, groups: ConsumerGroups) -> None:
     """Leases shorter than a few keep-alive ticks would race the expiry task."""
-    from server.consumer_groups import MIN_LEASE_MS
+    from dq.server.consumer_groups import MIN_LEASE_MS
 
     fill(engine, 1)
     groups.pull(Q, "c", after=0, max_items=1, lease_ms=1)

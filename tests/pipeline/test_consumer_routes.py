@@ -7,9 +7,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client import Client
-from client.consumers import ConsumerClient, KeyedEnqueuer
-from client.errors import ValidationError
+from dq.client import Client
+from dq.client.errors import ValidationError
+from dq.client.groups import ConsumerClient, KeyedEnqueuer
 from tests.server.live import LiveServer, live_server
 
 

@@ -9,9 +9,9 @@ import pytest
 pa = pytest.importorskip("pyarrow")
 pytest.importorskip("pyspark")
 
-from client.consumers import ReadColumns  # noqa: E402
-from pipeline import reading  # noqa: E402
-from pipeline.reading import ARROW_SCHEMA, LogRange, split, to_arrow  # noqa: E402
+from dq.client.groups import ReadColumns  # noqa: E402
+from dq.pipeline import reading  # noqa: E402
+from dq.pipeline.reading import ARROW_SCHEMA, LogRange, split, to_arrow  # noqa: E402
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-import pipeline
-from client import Client
-from client.consumers import ConsumerClient
+from dq import pipeline
+from dq.client import Client
+from dq.client.groups import ConsumerClient
 from tests.pipeline.conftest import SPARK_WARNINGS
 from tests.server.live import LiveServer
 
@@ -117,8 +117,8 @@ def test_writer_retry_replays_its_batches(server: LiveServer, queue: str) -> Non
     again; every batch key is known to the server, so nothing is enqueued twice."""
     from pyspark.sql import Row
 
-    from pipeline.options import WriteOptions
-    from pipeline.writer import Writer
+    from dq.pipeline.options import WriteOptions
+    from dq.pipeline.writer import Writer
 
     opts = WriteOptions.parse({"url": server.url, "queue": queue, "batchSize": "7"})
     schema = spark_schema()

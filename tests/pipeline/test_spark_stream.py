@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from client import Client
-from client.consumers import ConsumerClient
-from pipeline.jobs import event_counts
+from dq.client import Client
+from dq.client.groups import ConsumerClient
+from dq.pipeline.jobs import event_counts
 from tests.pipeline.conftest import SPARK_WARNINGS
 from tests.server.live import REPO, LiveServer
 
@@ -162,7 +162,7 @@ def test_event_counts_runs_with_python_m(
         dq.enqueue_many(queue, events(n))
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     cmd = [
-        sys.executable, "-m", "pipeline.jobs.event_counts", "--master", "local[2]",
+        sys.executable, "-m", "dq.pipeline.jobs.event_counts", "--master", "local[2]",
         "--url", server.url, "--queue", queue, "--out", str(tmp_path / "out"),
         "--checkpoint", str(tmp_path / "ck"),
     ]  # fmt: skip

@@ -10,11 +10,11 @@ pytest.importorskip("pyspark")
 
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from client import Client
-from client.consumers import ConsumerClient
-from pipeline.options import ReadOptions
-from pipeline.reading import LogRange
-from pipeline.stream import StreamReader
+from dq.client import Client
+from dq.client.groups import ConsumerClient
+from dq.pipeline.options import ReadOptions
+from dq.pipeline.reading import LogRange
+from dq.pipeline.stream import StreamReader
 from tests.server.live import LiveServer, live_server
 
 

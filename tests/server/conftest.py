@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from client import Client
+from dq.client import Client
 from tests.server.live import LiveServer, live_server
 
 SERVER_ENV = {"DQ_EXPIRE_INTERVAL_MS": "50", "DQ_MAX_WAIT_MS": "5000", "DQ_MAX_BATCH": "1000"}

@@ -51,7 +51,7 @@ class LiveServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DQ_")}
         env.update(self.env)
         cmd = [
-            sys.executable, "-m", "server.cli", "serve",
+            sys.executable, "-m", "dq.cli.main", "serve",
             "--data-dir", str(self.data_dir), "--port", str(self.port), "--fsync", self.fsync,
             "--log-level", "warning",
         ]  # fmt: skip

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client import Client, Unauthorized
+from dq.client import Client, Unauthorized
 from tests.server.live import LiveServer, live_server
 
 

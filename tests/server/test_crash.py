@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from client import Client, ClientError, Release
+from dq.client import Client, ClientError, Release
 from tests.server.live import LiveServer
 
 pytestmark = pytest.mark.timeout(180)

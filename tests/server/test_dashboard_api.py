@@ -11,10 +11,10 @@ from pathlib import Path
 
 import httpx
 
-from server.app import create_app
-from server.settings import Settings
-from server.ui import UI_DIR
-from shm.attach import attach
+from dq.server.app import create_app
+from dq.server.settings import Settings
+from dq.server.ui import UI_DIR
+from dq.shm.attach import attach
 from tests.server.live import live_server
 
 Call = Callable[[httpx.AsyncClient], Awaitable[object]]

@@ -7,9 +7,9 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from server.routers.items import _deliveries_json
-from server.schemas import DequeueResponse, decode_value
-from storage.types import Delivery, ItemStats
+from dq.server.routers.items import _deliveries_json
+from dq.server.schemas import DequeueResponse, decode_value
+from dq.storage.types import Delivery, ItemStats
 
 _ids = st.integers(min_value=0, max_value=(1 << 64) - 1)
 _times = st.integers(min_value=0, max_value=(1 << 48) - 1)

@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.app import create_app
-from server.settings import Settings
-from storage import fileio
+from dq.server.app import create_app
+from dq.server.settings import Settings
+from dq.storage import fileio
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from client import (
+from dq.client import (
     Client,
     Extend,
     NewItem,

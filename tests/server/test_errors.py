@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.errors import status_for
-from storage import errors as e
+from dq.server.errors import status_for
+from dq.storage import errors as e
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from server.history import FIELDS, History, Sample
-from storage import Engine, EngineConfig, NewItem
+from dq.server.history import FIELDS, History, Sample
+from dq.storage import Engine, EngineConfig, NewItem
 
 
 def sample(due: int, rate: float = math.nan) -> Sample:

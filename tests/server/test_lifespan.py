@@ -7,9 +7,9 @@ from pathlib import Path
 
 import httpx
 
-from server.app import create_app
-from server.settings import Settings
-from storage import Engine, EngineConfig, NewItem
+from dq.server.app import create_app
+from dq.server.settings import Settings
+from dq.storage import Engine, EngineConfig, NewItem
 from tests.server.live import LiveServer
 
 

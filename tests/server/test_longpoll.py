@@ -7,8 +7,8 @@ import threading
 import time
 from pathlib import Path
 
-from server.longpoll import LongPoll
-from storage import Engine, EngineConfig, NewItem, QueueConfig
+from dq.server.longpoll import LongPoll
+from dq.storage import Engine, EngineConfig, NewItem, QueueConfig
 
 
 def _engine(tmp_path: Path) -> Engine:

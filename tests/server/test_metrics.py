@@ -6,8 +6,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.metrics import Metrics
-from storage import Engine, EngineConfig, NewItem
+from dq.server.metrics import Metrics
+from dq.storage import Engine, EngineConfig, NewItem
 
 
 def _samples(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -14,8 +14,8 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import checks
 
-from server.app import create_app
-from server.settings import Settings
+from dq.server.app import create_app
+from dq.server.settings import Settings
 from tests.server.live import LiveServer, live_server
 
 schema = schemathesis.openapi.from_dict(create_app(Settings()).openapi())

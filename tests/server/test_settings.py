@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.settings import MAX_DEFAULT_BODY, Settings, SettingsError
+from dq.server.settings import MAX_DEFAULT_BODY, Settings, SettingsError
 
 
 def test_defaults_match_the_product() -> None:

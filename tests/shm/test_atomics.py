@@ -1,4 +1,4 @@
-"""The C extension shm._atomics: checked, ordered, atomic accesses and shared futexes."""
+"""The C extension dq.shm._atomics: checked, ordered, atomic accesses and shared futexes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shm import _atomics as at
+from dq.shm import _atomics as at
 
 CHILD_TIMEOUT_S = 60
 
@@ -167,7 +167,7 @@ def test_a_wake_without_a_change_interrupts_spin_wait() -> None:
 
 CHILD = """
 import mmap, sys
-from shm import _atomics as at
+from dq.shm import _atomics as at
 path, mode, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 with open(path, "r+b") as f:
     mm = mmap.mmap(f.fileno(), 4096)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from shm import _atomics as A
-from shm.broadcast_ring import (
+from dq.shm import _atomics as A
+from dq.shm.broadcast_ring import (
     BUFFER_OFF,
     HEADER,
     MAGIC,
@@ -28,7 +28,7 @@ from shm.broadcast_ring import (
     init_ring,
     ring_size,
 )
-from shm.errors import ProtocolError, RingClosed
+from dq.shm.errors import ProtocolError, RingClosed
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "shm.md"
 CTX = mp.get_context("fork")
@@ -288,7 +288,7 @@ def test_a_reader_entry_changing_hands_is_not_evicted() -> None:
     """The writer's view of who is missing can be stale: a reader that left may already
     have handed its entry to a newcomer, whose pid is not written yet (0). Such an entry
     must be looked at again, never judged dead on the spot (a newcomer was evicted so)."""
-    from shm.broadcast_ring import OFF_SYNC, R_ACTIVE, READER, READERS_OFF
+    from dq.shm.broadcast_ring import OFF_SYNC, R_ACTIVE, READER, READERS_OFF
 
     buf = make(64)
     writer = BroadcastWriter(buf, evict_after_s=60, check_s=0.01)

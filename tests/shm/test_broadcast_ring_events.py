@@ -1,4 +1,4 @@
-"""Engine events through the broadcast ring: codec, publisher, ``shm.subscriber``."""
+"""Engine events through the broadcast ring: codec, publisher, ``dq.shm.subscriber``."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from shm import subscriber
-from shm.errors import ProtocolError
-from shm.events import MAX_IDS, decode, encode
-from shm.rings_host import RingsHost
-from storage import Engine, EngineConfig
-from storage.events import Event
-from storage.types import NewItem, Release
+from dq.shm import subscriber
+from dq.shm.errors import ProtocolError
+from dq.shm.events import MAX_IDS, decode, encode
+from dq.shm.rings_host import RingsHost
+from dq.storage import Engine, EngineConfig
+from dq.storage.events import Event
+from dq.storage.types import NewItem, Release
 
 
 def test_codec_round_trip_and_chunks() -> None:
@@ -94,7 +94,7 @@ def test_a_due_event_when_a_delayed_item_comes_due(host: tuple[Engine, Path]) ->
 
 
 def test_discovery_errors_are_clear(tmp_path: Path) -> None:
-    from shm.errors import AttachError
+    from dq.shm.errors import AttachError
 
     with pytest.raises(AttachError, match="no rings served"):
         subscriber.subscribe(tmp_path, "q")
@@ -104,8 +104,8 @@ def test_discovery_errors_are_clear(tmp_path: Path) -> None:
 
 
 def test_client_subscribe(host: tuple[Engine, Path]) -> None:
-    from client import Client
-    from client.errors import UnsupportedAddress
+    from dq.client import Client
+    from dq.client.errors import UnsupportedAddress
 
     eng, data = host
     with Client("http://127.0.0.1:9") as dq:  # never connects: events come over shm

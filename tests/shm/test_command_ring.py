@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from shm import _atomics as at
-from shm import command_codec as codec
-from shm.command_ring import (
+from dq.shm import _atomics as at
+from dq.shm import command_codec as codec
+from dq.shm.command_ring import (
     RESPONSE_BODY_MAX,
     SLOT_SIZE,
     ClientRing,
@@ -22,8 +22,8 @@ from shm.command_ring import (
     encode_response,
     ring_size,
 )
-from shm.errors import MalformedSlot, ProtocolError, RingTimeout, ValueTooLargeForRing
-from storage.types import Delivery, ItemStats
+from dq.shm.errors import MalformedSlot, ProtocolError, RingTimeout, ValueTooLargeForRing
+from dq.storage.types import Delivery, ItemStats
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "shm.md"
 

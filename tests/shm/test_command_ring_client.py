@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from client import AsyncClient, Client, QueueConfig, QueueNotFound, StaleReceipt
-from client.errors import TransportError
-from client.shm_transport import ShmTransport
-from shm.attach import SHM_DIR, shm_prefix
+from dq.client import AsyncClient, Client, QueueConfig, QueueNotFound, StaleReceipt
+from dq.client.errors import TransportError
+from dq.client.shm_transport import ShmTransport
+from dq.shm.attach import SHM_DIR, shm_prefix
 from tests.server.live import LiveServer, live_server
 
 ENV = {"DQ_SHM": "1", "DQ_EXPIRE_INTERVAL_MS": "50"}

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from shm import _atomics as at
-from shm import command_codec as codec
-from shm.attach import SHM_DIR, Attachment, attach
-from shm.command_ring import RESPONSE, RESPONSE_READY, ClientRing, Op, Status, slot_offset
-from shm.server import ShmServer
-from storage import Engine, EngineConfig
+from dq.shm import _atomics as at
+from dq.shm import command_codec as codec
+from dq.shm.attach import SHM_DIR, Attachment, attach
+from dq.shm.command_ring import RESPONSE, RESPONSE_READY, ClientRing, Op, Status, slot_offset
+from dq.shm.server import ShmServer
+from dq.storage import Engine, EngineConfig
 
 WAIT_S = 10.0
 

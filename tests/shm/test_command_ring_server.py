@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from shm import command_codec as codec
-from shm.attach import SHM_DIR, Attachment, attach, shm_prefix
-from shm.command_ring import ClientRing, Op, Status
-from shm.errors import AttachError, ShmError
-from shm.server import ShmServer, start
-from storage import Engine, EngineConfig
-from storage.types import NewItem, QueueConfig
+from dq.shm import command_codec as codec
+from dq.shm.attach import SHM_DIR, Attachment, attach, shm_prefix
+from dq.shm.command_ring import ClientRing, Op, Status
+from dq.shm.errors import AttachError, ShmError
+from dq.shm.server import ShmServer, start
+from dq.storage import Engine, EngineConfig
+from dq.storage.types import NewItem, QueueConfig
 
 C_CLIENT = Path(__file__).parent / "c" / "ring_client.c"
 WAIT_S = 10.0
@@ -237,9 +237,9 @@ def test_a_c_client_written_from_the_layout_enqueues_dequeues_and_releases(
 
 KILLED_CLIENT = """
 import os, signal, sys
-from shm.attach import attach
-from shm.command_ring import ClientRing, Op
-from shm import command_codec as codec
+from dq.shm.attach import attach
+from dq.shm.command_ring import ClientRing, Op
+from dq.shm import command_codec as codec
 a = attach(sys.argv[1], queue="jobs")
 ring = ClientRing(a.mm)
 print(a.name, flush=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from shm.server import ShmServer
-from storage import Engine, EngineConfig
+from dq.shm.server import ShmServer
+from dq.storage import Engine, EngineConfig
 
 PROCESSES = 4
 PUTS = 10_000  # per process
@@ -25,9 +25,9 @@ FINDS = 7_500  # per process, each followed by a DELETE: 4 x (10,000 + 2 x 7,500
 
 WORKER = """
 import json, sys
-from shm.attach import attach
-from shm.command_ring import ClientRing, Op, Status
-from shm import command_codec as codec
+from dq.shm.attach import attach
+from dq.shm.command_ring import ClientRing, Op, Status
+from dq.shm import command_codec as codec
 
 data_dir, me, puts, finds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 a = attach(data_dir, queue="stress", capacity=16)

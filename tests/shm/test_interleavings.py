@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from shm.model.wpol import explore_free_list, explore_ring
+from dq.shm.model.wpol import explore_free_list, explore_ring
 
 
 def test_seed_push_and_pop_lose_an_entry() -> None:

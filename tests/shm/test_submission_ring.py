@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from shm import _atomics as A
-from shm.errors import ProtocolError, RingFullError, RingTimeout, ValueTooLargeForRing
-from shm.submission_drain import SubmissionDrainer
-from shm.submission_ring import (
+from dq.shm import _atomics as A
+from dq.shm.errors import ProtocolError, RingFullError, RingTimeout, ValueTooLargeForRing
+from dq.shm.submission_drain import SubmissionDrainer
+from dq.shm.submission_ring import (
     DONE,
     HEADER,
     MAGIC,
@@ -30,8 +30,8 @@ from shm.submission_ring import (
     init_ring,
     ring_size,
 )
-from shm.submitter import SubmissionRejected, Submitter
-from storage import Engine, EngineConfig
+from dq.shm.submitter import SubmissionRejected, Submitter
+from dq.storage import Engine, EngineConfig
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "shm.md"
 CTX = mp.get_context("fork")

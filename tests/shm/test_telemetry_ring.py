@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from shm import _atomics as A
-from shm.errors import ProtocolError, RingTimeout
-from shm.telemetry_ring import (
+from dq.shm import _atomics as A
+from dq.shm.errors import ProtocolError, RingTimeout
+from dq.shm.telemetry_ring import (
     MAGIC,
     MESSAGES,
     OFF_LOCK,

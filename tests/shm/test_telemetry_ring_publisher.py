@@ -6,10 +6,10 @@ import mmap
 import time
 from pathlib import Path
 
-from shm.telemetry import MSG_WORDS, QueueFigures, TelemetryPublisher, decode, encode, latest
-from shm.telemetry_ring import OFF_LOCK, TelemetryRing, init_ring, ring_size
-from storage import Engine, EngineConfig
-from storage.types import NewItem
+from dq.shm.telemetry import MSG_WORDS, QueueFigures, TelemetryPublisher, decode, encode, latest
+from dq.shm.telemetry_ring import OFF_LOCK, TelemetryRing, init_ring, ring_size
+from dq.storage import Engine, EngineConfig
+from dq.storage.types import NewItem
 
 
 def test_codec_round_trip() -> None:

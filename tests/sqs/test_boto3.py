@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from client import Client
+from dq.client import Client
 from tests.server.live import LiveServer
 
 #: MD5OfMessageAttributes of {SellerName: String "Example Store"}, as computed by

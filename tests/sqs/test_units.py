@@ -11,8 +11,8 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from server.sqs.errors import SqsError
-from server.sqs.messages import (
+from dq.server.sqs.errors import SqsError
+from dq.server.sqs.messages import (
     MAGIC,
     Stored,
     check_attributes,
@@ -21,8 +21,8 @@ from server.sqs.messages import (
     md5_of_attributes,
     message_id,
 )
-from server.sqs.names import queue_arn, queue_from_arn, queue_from_url, queue_url
-from server.sqs.sigv4 import verify
+from dq.server.sqs.names import queue_arn, queue_from_arn, queue_from_url, queue_url
+from dq.server.sqs.sigv4 import verify
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sqs.md"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import Engine, EngineConfig
+from dq.storage import Engine, EngineConfig
 
 
 class FakeClock:

@@ -15,7 +15,7 @@ import os
 import sys
 import threading
 
-from storage import Engine, EngineConfig, NewItem, Release
+from dq.storage import Engine, EngineConfig, NewItem, Release
 
 
 def main() -> None:

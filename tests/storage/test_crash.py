@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import Engine, EngineConfig, NewItem
+from dq.storage import Engine, EngineConfig, NewItem
 
 ROOT = Path(__file__).resolve().parents[2]
 

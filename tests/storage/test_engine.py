@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import Engine, EngineConfig, Extend, NewItem, QueueConfig, Release, Requeue
-from storage.errors import (
+from dq.storage import Engine, EngineConfig, Extend, NewItem, QueueConfig, Release, Requeue
+from dq.storage.errors import (
     BatchTooLarge,
     ConfigConflict,
     DataDirLocked,
@@ -112,7 +112,7 @@ def test_stale_receipts_after_expiry_and_restart(
 def test_second_process_cannot_open_the_directory(tmp_path: Path) -> None:
     with Engine.open(tmp_path / "d", EngineConfig(fsync="never")):
         code = (
-            "import sys\nfrom storage import Engine\nfrom storage.errors import DataDirLocked\n"
+            "import sys\nfrom dq.storage import Engine\nfrom dq.storage.errors import DataDirLocked\n"
             "try:\n    Engine.open(sys.argv[1])\nexcept DataDirLocked:\n    sys.exit(3)\n"
         )
         out = subprocess.run(
@@ -283,8 +283,8 @@ def test_a_failed_log_write_is_refused_and_leaves_no_trace(
 ) -> None:
     import errno
 
-    from storage import fileio
-    from storage.errors import StorageFull
+    from dq.storage import fileio
+    from dq.storage.errors import StorageFull
 
     e = open_engine()
     e.enqueue("q", [NewItem(b"before")])

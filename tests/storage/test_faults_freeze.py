@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from storage import Engine, EngineConfig, NewItem, Release, fileio
-from storage.compactor import merge_segments
-from storage.errors import InvalidArgument, QueueDamaged, WriteStall
-from storage.merge_policy import MergePolicy
+from dq.storage import Engine, EngineConfig, NewItem, Release, fileio
+from dq.storage.compactor import merge_segments
+from dq.storage.errors import InvalidArgument, QueueDamaged, WriteStall
+from dq.storage.merge_policy import MergePolicy
 from tests.storage.conftest import FakeClock
 
 

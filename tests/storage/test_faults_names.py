@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from storage import Engine, NewItem, QueueConfig
-from storage.errors import InvalidQueueName, TooManyQueues
-from storage.types import check_queue_name
+from dq.storage import Engine, NewItem, QueueConfig
+from dq.storage.errors import InvalidQueueName, TooManyQueues
+from dq.storage.types import check_queue_name
 from tests.storage.conftest import FakeClock
 
 

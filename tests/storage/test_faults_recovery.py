@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from server.errors import status_for
-from storage import Engine, EngineConfig, NewItem, QueueConfig
-from storage.errors import QueueDamaged
-from storage.wal import HEADER, RECORD_HEADER
+from dq.server.errors import status_for
+from dq.storage import Engine, EngineConfig, NewItem, QueueConfig
+from dq.storage.errors import QueueDamaged
+from dq.storage.wal import HEADER, RECORD_HEADER
 from tests.storage.conftest import FakeClock
 
 

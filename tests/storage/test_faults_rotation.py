@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import Engine, EngineConfig, Enqueued, NewItem, fileio
-from storage.errors import EngineUnavailable, StorageError
+from dq.storage import Engine, EngineConfig, Enqueued, NewItem, fileio
+from dq.storage.errors import EngineUnavailable, StorageError
 from tests.storage.conftest import FakeClock
 
 

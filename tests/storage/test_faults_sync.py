@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import Engine, EngineConfig, NewItem, Requeue, fileio
-from storage.errors import EngineUnavailable, StorageError, StorageFull
+from dq.storage import Engine, EngineConfig, NewItem, Requeue, fileio
+from dq.storage.errors import EngineUnavailable, StorageError, StorageFull
 from tests.storage.conftest import FakeClock
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.codec import (
+from dq.storage.codec import (
     decode_key,
     decode_stats,
     encode_key,
@@ -16,8 +16,8 @@ from storage.codec import (
     iter_entries,
     tombstone_of,
 )
-from storage.segment import FOOTER, HEADER, INDEX_ROW, SegmentReader
-from storage.wal import encode_header, frame_record, read_wal
+from dq.storage.segment import FOOTER, HEADER, INDEX_ROW, SegmentReader
+from dq.storage.wal import encode_header, frame_record, read_wal
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "format.md"
 D = 1_800_000_000_000

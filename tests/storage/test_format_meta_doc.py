@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from storage.codec import (
+from dq.storage.codec import (
     decode_key,
     decode_stats,
     encode_key,
@@ -14,7 +14,7 @@ from storage.codec import (
     encode_stats,
     iter_entries,
 )
-from storage.itemmeta import (
+from dq.storage.itemmeta import (
     ItemMeta,
     decode_meta,
     encode_key_entry,
@@ -22,7 +22,7 @@ from storage.itemmeta import (
     read_sidecar,
     write_sidecar,
 )
-from storage.wal import RECORD_WITH_META, encode_header, frame_record, read_wal
+from dq.storage.wal import RECORD_WITH_META, encode_header, frame_record, read_wal
 from tests.storage.test_format_doc import D, example
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import Engine, EngineConfig, NewItem, Release, fileio
+from dq.storage import Engine, EngineConfig, NewItem, Release, fileio
 from tests.storage.conftest import FakeClock
 
 
@@ -172,7 +172,7 @@ def test_policy_gives_disk_space_back(tmp_path: Path) -> None:
 
 
 def test_count_trigger_merges_small_neighbours(tmp_path: Path) -> None:
-    from storage.merge_policy import MergePolicy
+    from dq.storage.merge_policy import MergePolicy
 
     cfg = EngineConfig(fsync="never", compaction="inline", auto_merge=False)
     with Engine.open(tmp_path / "d", cfg) as e:

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from storage import Engine, EngineConfig, Extend, NewItem, QueueConfig, Release, Requeue
-from storage.codec import encode_key, key_deadline, key_id
-from storage.errors import ItemNotFound
+from dq.storage import Engine, EngineConfig, Extend, NewItem, QueueConfig, Release, Requeue
+from dq.storage.codec import encode_key, key_deadline, key_id
+from dq.storage.errors import ItemNotFound
 from tests.storage.conftest import FakeClock
 
 Q = "jobs"

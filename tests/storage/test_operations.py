@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from storage import Engine, Extend, NewItem, QueueConfig, Release
-from storage.errors import (
+from dq.storage import Engine, Extend, NewItem, QueueConfig, Release
+from dq.storage.errors import (
     BadCursor,
     InvalidArgument,
     InvalidKey,

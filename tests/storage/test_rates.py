@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storage.rates import Rates
+from dq.storage.rates import Rates
 
 
 def test_rates_count_the_last_minute_only() -> None:

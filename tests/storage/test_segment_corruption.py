@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from storage.codec import encode_key, encode_pending, encode_stats
-from storage.errors import CorruptionError
-from storage.segment import FOOTER, HEADER, SegmentReader, write_segment
+from dq.storage.codec import encode_key, encode_pending, encode_stats
+from dq.storage.errors import CorruptionError
+from dq.storage.segment import FOOTER, HEADER, SegmentReader, write_segment
 
 D = 1_800_000_000_000
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from storage.codec import encode_key, encode_pending, encode_stats
-from storage.errors import CorruptionError
-from storage.wal import HEADER, RECORD_HEADER, encode_header, frame_record, read_wal, recover_wal
+from dq.storage.codec import encode_key, encode_pending, encode_stats
+from dq.storage.errors import CorruptionError
+from dq.storage.wal import HEADER, RECORD_HEADER, encode_header, frame_record, read_wal, recover_wal
 
 D = 1_800_000_000_000
 

@@ -9,8 +9,8 @@ __all__ = ["register"]
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from storage.errors import StorageError
-    from storage.tools import inspect_file
+    from dq.storage.errors import StorageError
+    from dq.storage.tools import inspect_file
 
     try:
         for line in inspect_file(args.path, entries=args.entries):
@@ -22,7 +22,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from storage.tools import verify_data_dir
+    from dq.storage.tools import verify_data_dir
 
     problems = verify_data_dir(args.data_dir)
     for p in problems:

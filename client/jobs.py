@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from client.errors import ClientError, Conflict, NotFound
+from dq.client.errors import ClientError, Conflict, NotFound
 
 if TYPE_CHECKING:
-    from client._async_client import AsyncClient
-    from client._client import Client
-    from client.types import Item
+    from dq.client._async_client import AsyncClient
+    from dq.client._client import Client
+    from dq.client.types import Item
 
 __all__ = ["AsyncConsumer", "AsyncJob", "Backoff", "Consumer", "ConsumerStats", "Job"]
 

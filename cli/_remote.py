@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from client import Client
+    from dq.client import Client
 
 __all__ = ["add_common", "console", "emit_json", "run_remote", "value_text"]
 
@@ -61,7 +61,7 @@ def emit_json(obj: Any) -> None:
 
 
 def run_remote(args: argparse.Namespace, action: Callable[[Client], int]) -> int:
-    from client import Client, ClientError
+    from dq.client import Client, ClientError
 
     try:
         with Client(args.url, token=args.token, retries=1) as dq:

@@ -1,6 +1,6 @@
 """HTTP service benchmark: the figures of issue 4, beside a bare FastAPI floor.
 
-Run from the repository root:  .venv/bin/python -m bench.http [--seconds 3] [--json]
+Run from the repository root:  .venv/bin/python -m bench.http_service [--seconds 3] [--json]
 
 Starts ``dq serve --fsync always`` and a bare FastAPI+pydantic app (a POST that parses
 the same body and does nothing) as separate uvicorn processes with the same settings,
@@ -17,23 +17,17 @@ what saturates first). Values are 256 bytes. Printed:
 
 from __future__ import annotations
 
-import os
-import sys
-
-# ``python bench/http.py`` would put bench/ first on sys.path and shadow the stdlib
-# ``http`` package with this file; drop it before anything imports ``http``.
-if sys.path and os.path.basename(os.path.abspath(sys.path[0])) == "bench":
-    sys.path.pop(0)
-
 import argparse
 import asyncio
 import json
+import os
 import platform
 import shutil
 import signal
 import socket
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -291,7 +285,7 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def _start_dq(data_dir: str, port: int, fsync: str = "always") -> subprocess.Popen[bytes]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DQ_")}
-    cmd = [sys.executable, "-m", "server.cli", "serve", "--data-dir", data_dir, "--port", str(port),
+    cmd = [sys.executable, "-m", "dq.cli.main", "serve", "--data-dir", data_dir, "--port", str(port),
            "--fsync", fsync, "--log-level", "warning"]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=REPO, env=env)
     _wait_up(port, proc)
@@ -397,9 +391,9 @@ async def cpu_costs(reps: int = 200, rounds: int = 5) -> dict[str, float]:
     from fastapi import FastAPI
     from pydantic import BaseModel
 
-    from server.app import create_app
-    from server.settings import Settings
-    from storage import NewItem, Release
+    from dq.server.app import create_app
+    from dq.server.settings import Settings
+    from dq.storage import NewItem, Release
 
     class Item(BaseModel):
         value: str
@@ -477,7 +471,7 @@ def engine_floor(seconds: float) -> dict[str, float]:
     """The engine alone, in this process, fsync=always: what HTTP cannot beat."""
     import threading
 
-    from storage import Engine, EngineConfig, NewItem, Release
+    from dq.storage import Engine, EngineConfig, NewItem, Release
 
     data = tempfile.mkdtemp(prefix="dq-bench-engine-")
     out: dict[str, float] = {}

@@ -17,11 +17,11 @@ from collections.abc import Sequence
 __all__ = ["COMMAND_MODULES", "build_parser", "main"]
 
 COMMAND_MODULES: list[str] = [
-    "server.commands.serve",
-    "server.commands.items",
-    "server.commands.admin",
-    "server.cli_shm",
-    "server.commands.storage_tools",
+    "dq.cli.serve",
+    "dq.cli.items",
+    "dq.cli.admin",
+    "dq.cli.shm",
+    "dq.cli.storage_tools",
 ]
 
 

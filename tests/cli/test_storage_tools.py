@@ -6,14 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from storage import Engine, EngineConfig, NewItem, Release
+from dq.storage import Engine, EngineConfig, NewItem, Release
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def dq(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "server.cli", *args],
+        [sys.executable, "-m", "dq.cli.main", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

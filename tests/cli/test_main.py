@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(120)
 def dq(
     server: LiveServer, *args: str, stdin: bytes | None = None
 ) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "server.cli", *args, "--url", server.url]
+    cmd = [sys.executable, "-m", "dq.cli.main", *args, "--url", server.url]
     return subprocess.run(
         cmd,
         cwd=REPO,
@@ -103,7 +103,7 @@ def test_serve_rejects_bad_settings(tmp_path: Path) -> None:
     cmd = [
         sys.executable,
         "-m",
-        "server.cli",
+        "dq.cli.main",
         "serve",
         "--data-dir",
         str(tmp_path),

@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from server.commands._remote import add_common, console, emit_json, run_remote
+from dq.cli._remote import add_common, console, emit_json, run_remote
 
 if TYPE_CHECKING:
-    from client import Client, QueueInfo
+    from dq.client import Client, QueueInfo
 
 __all__ = ["register"]
 

@@ -6,10 +6,10 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from server.commands._remote import add_common, console, emit_json, run_remote, value_text
+from dq.cli._remote import add_common, console, emit_json, run_remote, value_text
 
 if TYPE_CHECKING:
-    from client import Client
+    from dq.client import Client
 
 __all__ = ["register"]
 
@@ -54,7 +54,7 @@ def register(subparsers: Any) -> None:
 
 
 def put(args: argparse.Namespace) -> int:
-    from client import NewItem
+    from dq.client import NewItem
 
     raw = args.values if args.values and args.values != ["-"] else [sys.stdin.buffer.read()]
     items = [

@@ -5,7 +5,7 @@
 both. Every call of the protocol is safe to repeat (pull tops up, read re-reads, commit
 and ack are idempotent, a keyed batch runs once), so both classes retry transport
 errors and 503s a few times with backoff. Errors are the client's own tree
-(``client.errors``): ``TransportError`` or a ``ServerError`` subclass with the server's code. Objects hold an ``httpx.Client``: create
+(``dq.client.errors``): ``TransportError`` or a ``ServerError`` subclass with the server's code. Objects hold an ``httpx.Client``: create
 them where they are used (in a Spark task, inside ``read``/``write``), never pickle them.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from client.errors import ServerError, TransportError, error_for
+from dq.client.errors import ServerError, TransportError, error_for
 
 __all__ = [
     "Acked",

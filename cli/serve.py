@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import Any
 
-from server.settings import FSYNC_MODES
+from dq.server.settings import FSYNC_MODES
 
 __all__ = ["register"]
 
@@ -47,8 +47,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from server.runner import serve
-    from server.settings import Settings, SettingsError
+    from dq.server.runner import serve
+    from dq.server.settings import Settings, SettingsError
 
     try:
         settings = Settings.from_env().replace(

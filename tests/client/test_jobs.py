@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from client import AsyncClient, Backoff, Client, Item
+from dq.client import AsyncClient, Backoff, Client, Item
 from tests.server.live import LiveServer
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from shm.telemetry import QueueFigures
+    from dq.shm.telemetry import QueueFigures
 
 __all__ = ["register"]
 
@@ -75,9 +75,9 @@ def top(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from shm.errors import ShmError
-    from shm.subscriber import telemetry
-    from shm.telemetry import latest
+    from dq.shm.errors import ShmError
+    from dq.shm.subscriber import telemetry
+    from dq.shm.telemetry import latest
 
     console = Console()
     try:
@@ -98,8 +98,8 @@ def top(args: argparse.Namespace) -> int:
 
 
 def tail(args: argparse.Namespace) -> int:
-    from shm.errors import ShmError
-    from shm.subscriber import subscribe
+    from dq.shm.errors import ShmError
+    from dq.shm.subscriber import subscribe
 
     queue = None if args.queue == "*" else args.queue
     give_up = time.monotonic() + args.timeout if args.timeout else None

@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shm import subscriber
+from dq.shm import subscriber
 
-DQ = [sys.executable, "-m", "server.cli"]
+DQ = [sys.executable, "-m", "dq.cli.main"]
 ROOT = Path(__file__).resolve().parents[2]
 
 

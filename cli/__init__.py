@@ -1,0 +1,1 @@
+"""``dq`` subcommands; each module has ``register(subparsers)`` (see ``cli/main.py``)."""

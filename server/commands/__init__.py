@@ -1,1 +1,0 @@
-"""``dq`` subcommands; each module has ``register(subparsers)`` (see ``server/cli.py``)."""
