@@ -182,9 +182,14 @@ async def sqs_root(request: Request) -> Response:
     return await _serve(request, None)
 
 
-@router.post("/{account}/{queue}")
+#: Every method, so that anything but a query-protocol POST is "not found", as it was
+#: before this route existed (a POST-only route would answer 405 to a GET here).
+_ANY = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+@router.api_route("/{account}/{queue}", methods=_ANY)
 async def sqs_queue_path(account: str, queue: str, request: Request) -> Response:
-    """A query-protocol request sent to a queue's URL; any other POST here is not found."""
-    if request.headers.get("x-amz-target") or not _is_query(request):
+    """A query-protocol request sent to a queue's URL; anything else here is not found."""
+    if request.method != "POST" or request.headers.get("x-amz-target") or not _is_query(request):
         return error_response(404, "not_found", "Not Found")
     return await _serve(request, f"/{account}/{queue}")

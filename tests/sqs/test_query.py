@@ -136,3 +136,4 @@ def test_query_protocol_errors(server: LiveServer) -> None:
     # a POST to a two-segment path that is not a query request is still not found
     r = httpx.post(server.url + "/000000000000/q", json={"a": 1})
     assert r.status_code == 404
+    assert httpx.get(server.url + "/000000000000/q").status_code == 404
