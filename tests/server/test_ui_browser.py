@@ -162,12 +162,14 @@ def test_settings_are_edited(page: Any, api: httpx.Client, server: LiveServer, s
     page.fill("#s-lease", "45000")
     page.fill("#s-max", "4")
     page.fill("#s-dlq", "configured-dead")
+    page.fill("#s-dedup", "60000")
     shot(page, "settings")
     page.click("#settings button[type=submit]")
     expect()(page.locator("#saved")).to_have_text("saved")
     config = queue_info(api, "configured")["config"]
     assert config["default_lease_ms"] == 45000 and config["max_deliveries"] == 4
     assert config["dead_letter_queue"] == "configured-dead"
+    assert config["dedup_window_ms"] == 60000
 
 
 def test_pause_and_resume_with_confirmation(
