@@ -35,7 +35,21 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--max-wait-ms", type=int, help="longest long-poll (DQ_MAX_WAIT_MS, default 20000)"
     )
+    p.add_argument(
+        "--max-body-bytes", type=int, help="request body limit (DQ_MAX_BODY_BYTES, default 64 MiB)"
+    )
+    p.add_argument(
+        "--max-connections", type=int, help="open connections (DQ_MAX_CONNECTIONS, default 1024)"
+    )
+    p.add_argument(
+        "--header-timeout-s", type=float, help="to send headers (DQ_HEADER_TIMEOUT_S, default 10)"
+    )
+    p.add_argument(
+        "--body-timeout-s", type=float, help="to send a body (DQ_BODY_TIMEOUT_S, default 60)"
+    )
     p.add_argument("--tokens", help="comma-separated bearer tokens (DQ_TOKENS); none: no auth")
+    p.add_argument("--tls-cert", help="PEM certificate: serve HTTPS (DQ_TLS_CERT)")
+    p.add_argument("--tls-key", help="PEM private key of --tls-cert (DQ_TLS_KEY)")
     p.add_argument(
         "--shm", action="store_const", const=True, help="also serve shared memory (DQ_SHM)"
     )
@@ -48,8 +62,13 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dq.server.runner import serve
-    from dq.server.settings import Settings, SettingsError
+    from dq.server.settings import Settings, SettingsError, parse_tokens
 
+    try:
+        tokens = None if args.tokens is None else parse_tokens(args.tokens)
+    except ValueError as exc:
+        print(f"dq serve: --tokens: {exc}", file=sys.stderr)
+        return 2
     try:
         settings = Settings.from_env().replace(
             data_dir=args.data_dir,
@@ -60,7 +79,13 @@ def run(args: argparse.Namespace) -> int:
             max_batch=args.max_batch,
             max_value_bytes=args.max_value_bytes,
             max_wait_ms=args.max_wait_ms,
-            tokens=None if args.tokens is None else tuple(t for t in args.tokens.split(",") if t),
+            max_body_bytes=args.max_body_bytes,
+            max_connections=args.max_connections,
+            header_timeout_s=args.header_timeout_s,
+            body_timeout_s=args.body_timeout_s,
+            tokens=tokens,
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
             shm=args.shm,
             log_level=args.log_level,
         )

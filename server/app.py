@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from fastapi import Depends, FastAPI
 
 from dq.server.auth import TokenGate
+from dq.server.batch_limit import BatchLimit
 from dq.server.dependencies import require_token
 from dq.server.errors import install_error_handlers
 from dq.server.history import History
@@ -54,6 +55,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         docs_url=None,
         redoc_url=None,
     )
+    # Innermost first: an over-long batch is refused while its body is walked.
+    app.add_middleware(BatchLimit, limit=settings.max_batch)
     app.add_middleware(BodyLimit, limit=settings.body_limit)
     # Outermost: no body is read before the token is checked.
     app.add_middleware(TokenGate, tokens=settings.tokens)

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter, ValidationError
 
+from dq.server.batch_limit import batch_too_large_message, over_batch
 from dq.server.calls import Metered, queue_exists
-from dq.server.errors import storage_error_reply
+from dq.server.errors import error_json, storage_error_reply
 from dq.server.routers import items as routes
 from dq.server.schemas import (
     DequeueRequest,
@@ -61,6 +62,7 @@ class HotRoutes:
     def __init__(self, service: Service) -> None:
         self.service = service
         self.max_batch = service.settings.max_batch
+        self._too_large = error_json("batch_too_large", batch_too_large_message(self.max_batch))
 
     def serve(
         self,
@@ -72,6 +74,9 @@ class HotRoutes:
         gone: Callable[[], Awaitable[object]],
     ) -> None:
         """Answer through ``reply``, or call ``fall_back`` having answered nothing."""
+        if over_batch(body, self.max_batch):
+            reply(413, self._too_large, False)
+            return
         try:
             if route == "items":
                 self._enqueue(queue, body, reply, fall_back)

@@ -21,6 +21,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request, Response
 from starlette.types import Receive
 
+from dq.server.batch_limit import batch_too_large_message
 from dq.server.calls import Metered, metered, metered_durable, queue_exists
 from dq.server.dependencies import QueuePath, Service, service_of
 from dq.server.errors import ApiError
@@ -69,12 +70,10 @@ _JSON = "application/json"
 
 
 def _check_batch(service: Service, n: int) -> None:
-    if n > service.settings.max_batch:
-        raise ApiError(
-            413,
-            "batch_too_large",
-            f"{n} items in one request; the limit is {service.settings.max_batch}",
-        )
+    """``BatchLimit`` refuses most over-long batches before they are parsed."""
+    limit = service.settings.max_batch
+    if n > limit:
+        raise ApiError(413, "batch_too_large", batch_too_large_message(limit))
 
 
 async def disconnected(receive: Receive) -> None:

@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -42,8 +43,14 @@ class LiveServer:
         self.data_dir = data_dir
         self.fsync = fsync
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.env = dict(env or {})
+        #: With ``DQ_TLS_CERT`` set the server speaks HTTPS; its certificate is the CA.
+        cert = self.env.get("DQ_TLS_CERT")
+        self.verify: ssl.SSLContext | bool = (
+            True if cert is None else ssl.create_default_context(cafile=cert)
+        )
+        scheme = "http" if cert is None else "https"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = data_dir.parent / f"server-{self.port}.log"
 
@@ -59,15 +66,24 @@ class LiveServer:
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         give_up = time.monotonic() + timeout
+        try:
+            self._wait_up(give_up)
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _wait_up(self, give_up: float) -> None:
+        assert self.proc is not None
         while time.monotonic() < give_up:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log()}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/healthz", timeout=1.0).status_code == 200:
-                    return self
+                probe = httpx.get(self.url + "/healthz", timeout=1.0, verify=self.verify)
+                if probe.status_code == 200:
+                    return
             time.sleep(0.05)
-        self.kill()
-        raise RuntimeError(f"server did not come up in {timeout}s: {self.log()}")
+        raise RuntimeError(f"server did not come up in time: {self.log()}")
 
     def log(self) -> str:
         try:
