@@ -38,6 +38,7 @@ class BodyLimit:
                     return
                 break
         seen = 0
+        started = False
 
         async def limited() -> Message:
             nonlocal seen
@@ -48,4 +49,16 @@ class BodyLimit:
                     raise BodyTooLarge(limit)
             return message
 
-        await self.app(scope, limited, send)
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited, sending)
+        except BodyTooLarge as exc:
+            # Raised in a middleware that reads the body itself (outside the app's
+            # exception handlers): answer here, unless an answer has begun.
+            if started:
+                raise
+            await error_response(413, "body_too_large", str(exc.detail))(scope, receive, send)
