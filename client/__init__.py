@@ -29,8 +29,10 @@ from dq.client.errors import (
     UnsupportedAddress,
     ValidationError,
 )
-from dq.client.jobs import AsyncConsumer, Backoff, Consumer, ConsumerStats
 from dq.client.types import (
+    BackupResult,
+    BrowsedItem,
+    BrowsePage,
     Enqueued,
     Extend,
     Item,
@@ -40,6 +42,7 @@ from dq.client.types import (
     QueueConfig,
     QueueInfo,
     QueueStats,
+    RedriveResult,
     Release,
     Requeue,
 )
@@ -49,7 +52,10 @@ __all__ = [
     "AsyncConsumer",
     "AsyncTransport",
     "Backoff",
+    "BackupResult",
     "BadRequest",
+    "BrowsePage",
+    "BrowsedItem",
     "Client",
     "ClientError",
     "Conflict",
@@ -67,6 +73,7 @@ __all__ = [
     "QueueInfo",
     "QueueNotFound",
     "QueueStats",
+    "RedriveResult",
     "Release",
     "Requeue",
     "ServerError",

@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any
 from dq.client._common import as_new_item, as_release, check_outcome
 from dq.client._transport import AsyncTransport, open_async_transport
 from dq.client.types import (
+    BackupResult,
+    BrowsedItem,
+    BrowsePage,
     Enqueued,
     Extend,
     Item,
@@ -16,6 +19,7 @@ from dq.client.types import (
     Outcome,
     QueueConfig,
     QueueInfo,
+    RedriveResult,
     Release,
     Requeue,
 )
@@ -55,8 +59,12 @@ class AsyncClient:
         *,
         deadline: int | None = None,
         delay_ms: int | None = None,
+        key: str | None = None,
     ) -> int:
-        done = await self.transport.enqueue(queue, [as_new_item(value, deadline, delay_ms)])
+        """Enqueue one item; returns its id once it is durable. With ``key``, a repeat
+        within the queue's dedup window returns the first item's id (safe to retry)."""
+        item = as_new_item(value, deadline, delay_ms, key)
+        done = await self.transport.enqueue(queue, [item])
         return done[0].id
 
     async def enqueue_many(
@@ -112,6 +120,55 @@ class AsyncClient:
 
     async def health(self) -> dict[str, Any]:
         return await self.transport.health()
+
+    # operating a queue -------------------------------------------------------------
+    async def pause(self, queue: str) -> QueueInfo:
+        """Stop handing out items (durably); enqueue, release, requeue, extend go on."""
+        return await self.transport.pause(queue)
+
+    async def resume(self, queue: str) -> QueueInfo:
+        """Hand out items again; waiting long-polls wake at once."""
+        return await self.transport.pause(queue, resume=True)
+
+    async def browse(
+        self,
+        queue: str,
+        state: str = "all",
+        after: str | None = None,
+        limit: int = 100,
+        values: bool = False,
+    ) -> BrowsePage:
+        """One page of items in (deadline, id) order, without leasing them; ``state``:
+        "all", "due", "delayed" or "leased". Pass ``page.next`` as ``after``."""
+        return await self.transport.browse(queue, state, after, limit, values)
+
+    async def peek(self, queue: str, id: int, values: bool = True) -> BrowsedItem:
+        """Item ``id`` wherever it is; state "gone" once it left the queue."""
+        return await self.transport.peek(queue, id, values)
+
+    async def purge(self, queue: str) -> int:
+        """Remove every item (leased ones too: their receipts go stale); how many."""
+        return await self.transport.purge(queue)
+
+    async def delete_item(self, queue: str, id: int) -> None:
+        """Remove one item without a receipt (``ItemNotFound`` if it is not there)."""
+        await self.transport.delete_item(queue, id)
+
+    async def redrive(
+        self,
+        queue: str,
+        *,
+        to: str | None = None,
+        ids: Iterable[int] | None = None,
+        limit: int | None = None,
+    ) -> RedriveResult:
+        """Move items of dead-letter queue ``queue`` back where they died (or ``to``)."""
+        return await self.transport.redrive(queue, to, None if ids is None else list(ids), limit)
+
+    async def backup(self, dest: str) -> BackupResult:
+        """A consistent copy of the server's data directory at ``dest`` (a new directory
+        inside the server's ``--backup-dir``)."""
+        return await self.transport.backup(dest)
 
     def consumer(
         self,

@@ -13,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 from dq.client._common import as_new_item, as_release, check_outcome
 from dq.client._transport import Transport, open_transport
 from dq.client.types import (
+    BackupResult,
+    BrowsedItem,
+    BrowsePage,
     Enqueued,
     Extend,
     Item,
@@ -20,6 +23,7 @@ from dq.client.types import (
     Outcome,
     QueueConfig,
     QueueInfo,
+    RedriveResult,
     Release,
     Requeue,
 )
@@ -57,9 +61,12 @@ class Client:
         *,
         deadline: int | None = None,
         delay_ms: int | None = None,
+        key: str | None = None,
     ) -> int:
-        """Enqueue one item; returns its id once it is durable."""
-        return self.transport.enqueue(queue, [as_new_item(value, deadline, delay_ms)])[0].id
+        """Enqueue one item; returns its id once it is durable. With ``key``, a repeat
+        within the queue's dedup window returns the first item's id (safe to retry)."""
+        item = as_new_item(value, deadline, delay_ms, key)
+        return self.transport.enqueue(queue, [item])[0].id
 
     def enqueue_many(self, queue: str, items: Iterable[bytes | str | NewItem]) -> list[Enqueued]:
         return self.transport.enqueue(queue, [as_new_item(i) for i in items])
@@ -117,6 +124,55 @@ class Client:
 
     def health(self) -> dict[str, Any]:
         return self.transport.health()
+
+    # operating a queue -------------------------------------------------------------
+    def pause(self, queue: str) -> QueueInfo:
+        """Stop handing out items (durably); enqueue, release, requeue, extend go on."""
+        return self.transport.pause(queue)
+
+    def resume(self, queue: str) -> QueueInfo:
+        """Hand out items again; waiting long-polls wake at once."""
+        return self.transport.pause(queue, resume=True)
+
+    def browse(
+        self,
+        queue: str,
+        state: str = "all",
+        after: str | None = None,
+        limit: int = 100,
+        values: bool = False,
+    ) -> BrowsePage:
+        """One page of items in (deadline, id) order, without leasing them; ``state``:
+        "all", "due", "delayed" or "leased". Pass ``page.next`` as ``after``."""
+        return self.transport.browse(queue, state, after, limit, values)
+
+    def peek(self, queue: str, id: int, values: bool = True) -> BrowsedItem:
+        """Item ``id`` wherever it is; state "gone" once it left the queue."""
+        return self.transport.peek(queue, id, values)
+
+    def purge(self, queue: str) -> int:
+        """Remove every item (leased ones too: their receipts go stale); how many."""
+        return self.transport.purge(queue)
+
+    def delete_item(self, queue: str, id: int) -> None:
+        """Remove one item without a receipt (``ItemNotFound`` if it is not there)."""
+        self.transport.delete_item(queue, id)
+
+    def redrive(
+        self,
+        queue: str,
+        *,
+        to: str | None = None,
+        ids: Iterable[int] | None = None,
+        limit: int | None = None,
+    ) -> RedriveResult:
+        """Move items of dead-letter queue ``queue`` back where they died (or ``to``)."""
+        return self.transport.redrive(queue, to, None if ids is None else list(ids), limit)
+
+    def backup(self, dest: str) -> BackupResult:
+        """A consistent copy of the server's data directory at ``dest`` (a new directory
+        inside the server's ``--backup-dir``)."""
+        return self.transport.backup(dest)
 
     def consumer(
         self,

@@ -9,12 +9,15 @@ __all__ = ["as_new_item", "as_release", "check_outcome"]
 
 
 def as_new_item(
-    value: bytes | str | NewItem, deadline: int | None = None, delay_ms: int | None = None
+    value: bytes | str | NewItem,
+    deadline: int | None = None,
+    delay_ms: int | None = None,
+    key: str | None = None,
 ) -> NewItem:
     if isinstance(value, NewItem):
         return value
     data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
-    return NewItem(data, deadline, delay_ms)
+    return NewItem(data, deadline, delay_ms, key)
 
 
 def as_release(item: Item | Release) -> Release:

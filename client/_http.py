@@ -1,9 +1,12 @@
 """The HTTP transports (sync and async) over httpx.
 
 Retries only where safe: a connect failure (the request never reached the server) is
-retried for every operation; a 503 or a lost response only for idempotent reads
-(queue list/get, health). Enqueue, release, requeue, dequeue and extend are never
-resent after the request may have been sent — that could duplicate or misreport work.
+retried for every operation; a 503 or a lost response only for idempotent calls
+(queue list/get, health, browse, peek, pause, resume, and an enqueue whose items all
+carry a key: the server answers a repeated key with the first item and writes
+nothing). Other enqueues, release, requeue, dequeue, extend, purge, delete and redrive
+are never resent after the request may have been sent — that could duplicate or
+misreport work.
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ import httpx
 from dq.client import _wire
 from dq.client.errors import TransportError
 from dq.client.types import (
+    BackupResult,
+    BrowsedItem,
+    BrowsePage,
     Enqueued,
     Extend,
     Item,
@@ -27,6 +33,7 @@ from dq.client.types import (
     Outcome,
     QueueConfig,
     QueueInfo,
+    RedriveResult,
     Release,
     Requeue,
 )
@@ -45,6 +52,7 @@ class _Call:
     idempotent: bool = False
     queue: str | None = None
     timeout: float | None = None
+    params: dict[str, Any] | None = None
 
 
 def _q(queue: str) -> str:
@@ -90,7 +98,40 @@ class _Base:
 
     @staticmethod
     def _enqueue(queue: str, items: Sequence[NewItem]) -> _Call:
-        return _Call("POST", _q(queue) + "/items", _wire.enqueue_body(items), queue=queue)
+        keyed = bool(items) and all(i.key is not None for i in items)
+        body = _wire.enqueue_body(items)
+        return _Call("POST", _q(queue) + "/items", body, idempotent=keyed, queue=queue)
+
+    @staticmethod
+    def _pause(queue: str, resume: bool) -> _Call:
+        verb = "/resume" if resume else "/pause"
+        return _Call("POST", _q(queue) + verb, idempotent=True, queue=queue)
+
+    @staticmethod
+    def _browse(queue: str, state: str, after: str | None, limit: int, values: bool) -> _Call:
+        params: dict[str, Any] = {"state": state, "limit": limit}
+        if after is not None:
+            params["after"] = after
+        if values:
+            params["values"] = "true"
+        return _Call("GET", _q(queue) + "/items", idempotent=True, queue=queue, params=params)
+
+    @staticmethod
+    def _peek(queue: str, item_id: int, values: bool) -> _Call:
+        params = {"values": "true" if values else "false"}
+        path = f"{_q(queue)}/items/{int(item_id)}"
+        return _Call("GET", path, idempotent=True, queue=queue, params=params)
+
+    @staticmethod
+    def _redrive(queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None) -> _Call:
+        body: dict[str, Any] = {}
+        if to is not None:
+            body["to"] = to
+        if ids is not None:
+            body["ids"] = list(ids)
+        if limit is not None:
+            body["limit"] = limit
+        return _Call("POST", _q(queue) + "/redrive", body, queue=queue)
 
     def _dequeue(self, queue: str, count: int, lease_ms: int | None, wait_ms: int) -> _Call:
         body: dict[str, Any] = {"count": count, "wait_ms": wait_ms}
@@ -119,7 +160,11 @@ class HttpTransport(_Base):
         while True:
             try:
                 response = self._http.request(
-                    call.method, call.path, json=call.body, timeout=self._request_timeout(call)
+                    call.method,
+                    call.path,
+                    json=call.body,
+                    params=call.params,
+                    timeout=self._request_timeout(call),
                 )
             except httpx.HTTPError as exc:
                 if attempt < self.retries and _is_retryable(exc, None, call):
@@ -169,6 +214,33 @@ class HttpTransport(_Base):
         doc: dict[str, Any] = self._send(_Call("GET", "/healthz", idempotent=True))
         return doc
 
+    # operator calls ----------------------------------------------------------------
+    def pause(self, queue: str, resume: bool = False) -> QueueInfo:
+        return _wire.parse_queue(self._send(self._pause(queue, resume)))
+
+    def browse(
+        self, queue: str, state: str, after: str | None, limit: int, values: bool
+    ) -> BrowsePage:
+        return _wire.parse_page(self._send(self._browse(queue, state, after, limit, values)))
+
+    def peek(self, queue: str, item_id: int, values: bool) -> BrowsedItem:
+        return _wire.parse_browsed(self._send(self._peek(queue, item_id, values)))
+
+    def purge(self, queue: str) -> int:
+        doc = self._send(_Call("DELETE", _q(queue) + "/items", queue=queue))
+        return int(doc["purged"])
+
+    def delete_item(self, queue: str, item_id: int) -> None:
+        self._send(_Call("DELETE", f"{_q(queue)}/items/{int(item_id)}", queue=queue))
+
+    def redrive(
+        self, queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None
+    ) -> RedriveResult:
+        return _wire.parse_redrive(self._send(self._redrive(queue, to, ids, limit)))
+
+    def backup(self, dest: str) -> BackupResult:
+        return _wire.parse_backup(self._send(_Call("POST", "/v1/backup", {"dest": dest})))
+
     def close(self) -> None:
         self._http.close()
 
@@ -192,7 +264,11 @@ class AsyncHttpTransport(_Base):
         while True:
             try:
                 response = await self._http.request(
-                    call.method, call.path, json=call.body, timeout=self._request_timeout(call)
+                    call.method,
+                    call.path,
+                    json=call.body,
+                    params=call.params,
+                    timeout=self._request_timeout(call),
                 )
             except httpx.HTTPError as exc:
                 if attempt < self.retries and _is_retryable(exc, None, call):
@@ -244,6 +320,35 @@ class AsyncHttpTransport(_Base):
     async def health(self) -> dict[str, Any]:
         doc: dict[str, Any] = await self._send(_Call("GET", "/healthz", idempotent=True))
         return doc
+
+    # operator calls ----------------------------------------------------------------
+    async def pause(self, queue: str, resume: bool = False) -> QueueInfo:
+        return _wire.parse_queue(await self._send(self._pause(queue, resume)))
+
+    async def browse(
+        self, queue: str, state: str, after: str | None, limit: int, values: bool
+    ) -> BrowsePage:
+        doc = await self._send(self._browse(queue, state, after, limit, values))
+        return _wire.parse_page(doc)
+
+    async def peek(self, queue: str, item_id: int, values: bool) -> BrowsedItem:
+        return _wire.parse_browsed(await self._send(self._peek(queue, item_id, values)))
+
+    async def purge(self, queue: str) -> int:
+        doc = await self._send(_Call("DELETE", _q(queue) + "/items", queue=queue))
+        return int(doc["purged"])
+
+    async def delete_item(self, queue: str, item_id: int) -> None:
+        await self._send(_Call("DELETE", f"{_q(queue)}/items/{int(item_id)}", queue=queue))
+
+    async def redrive(
+        self, queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None
+    ) -> RedriveResult:
+        return _wire.parse_redrive(await self._send(self._redrive(queue, to, ids, limit)))
+
+    async def backup(self, dest: str) -> BackupResult:
+        doc = await self._send(_Call("POST", "/v1/backup", {"dest": dest}))
+        return _wire.parse_backup(doc)
 
     async def close(self) -> None:
         await self._http.aclose()

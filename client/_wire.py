@@ -12,6 +12,9 @@ from typing import Any
 
 from dq.client.errors import ServerError, error_for
 from dq.client.types import (
+    BackupResult,
+    BrowsedItem,
+    BrowsePage,
     Enqueued,
     Extend,
     Item,
@@ -21,6 +24,7 @@ from dq.client.types import (
     QueueConfig,
     QueueInfo,
     QueueStats,
+    RedriveResult,
     Release,
     Requeue,
 )
@@ -30,10 +34,15 @@ __all__ = [
     "enqueue_body",
     "error_from_response",
     "extend_body",
+    "parse_backup",
+    "parse_browsed",
     "parse_enqueued",
     "parse_items",
     "parse_outcomes",
+    "parse_page",
     "parse_queue",
+    "parse_redrive",
+    "queue_from_stats",
     "release_body",
     "requeue_body",
 ]
@@ -54,8 +63,14 @@ def _when(d: dict[str, Any], deadline: int | None, delay_ms: int | None) -> dict
     return d
 
 
+def _keyed(d: dict[str, Any], key: str | None) -> dict[str, Any]:
+    if key is not None:
+        d["key"] = key
+    return d
+
+
 def enqueue_body(items: Sequence[NewItem]) -> dict[str, Any]:
-    return {"items": [_when(_value(i.value), i.deadline, i.delay_ms) for i in items]}
+    return {"items": [_keyed(_when(_value(i.value), i.deadline, i.delay_ms), i.key) for i in items]}
 
 
 def release_body(batch: Sequence[Release]) -> dict[str, Any]:
@@ -77,11 +92,12 @@ def config_body(config: QueueConfig) -> dict[str, Any]:
         "default_lease_ms": config.default_lease_ms,
         "max_deliveries": config.max_deliveries,
         "dead_letter_queue": config.dead_letter_queue,
+        "dedup_window_ms": config.dedup_window_ms,
     }
 
 
 def parse_enqueued(doc: Any) -> list[Enqueued]:
-    return [Enqueued(e["id"], e["deadline"]) for e in doc["items"]]
+    return [Enqueued(e["id"], e["deadline"], bool(e.get("duplicate", False))) for e in doc["items"]]
 
 
 def _decode(text: str, encoding: str) -> bytes:
@@ -120,23 +136,76 @@ def parse_outcomes(doc: Any) -> list[Outcome]:
     ]
 
 
-def parse_queue(doc: Any) -> QueueInfo:
-    c, s = doc["config"], doc["stats"]
-    return QueueInfo(
-        doc["name"],
-        QueueConfig(c["default_lease_ms"], c.get("max_deliveries"), c.get("dead_letter_queue")),
-        QueueStats(
-            s["pending"],
-            s["due"],
-            s["delayed"],
-            s["leased"],
-            s["segments"],
-            s["bytes_on_disk"],
-            s.get("oldest_due_age_ms"),
-            s["next_id"],
-            dict(s.get("extra") or {}),
-        ),
+def _config(c: dict[str, Any]) -> QueueConfig:
+    return QueueConfig(
+        c["default_lease_ms"],
+        c.get("max_deliveries"),
+        c.get("dead_letter_queue"),
+        c.get("dedup_window_ms", 300_000),
     )
+
+
+def _stats(s: dict[str, Any]) -> QueueStats:
+    rates = s.get("rates") or s  # HTTP nests the rates; the shm ring's STATS does not
+    return QueueStats(
+        s["pending"],
+        s["due"],
+        s["delayed"],
+        s["leased"],
+        s["segments"],
+        s["bytes_on_disk"],
+        s.get("oldest_due_age_ms"),
+        s["next_id"],
+        dict(s.get("extra") or {}),
+        bool(s.get("paused", False)),
+        s.get("paused_since"),
+        s.get("dead_lettered", 0),
+        s.get("lease_expired", 0),
+        s.get("oldest_lease_age_ms"),
+        float(rates.get("enqueue_per_s", 0.0)),
+        float(rates.get("dequeue_per_s", 0.0)),
+        float(rates.get("release_per_s", 0.0)),
+    )
+
+
+def parse_queue(doc: Any) -> QueueInfo:
+    return QueueInfo(doc["name"], _config(doc["config"]), _stats(doc["stats"]))
+
+
+def queue_from_stats(doc: dict[str, Any]) -> QueueInfo:
+    """A queue from the engine's flat stats object (the shm ring's STATS answer)."""
+    config = dict(doc["config"])
+    if doc.get("dead_letter_queue"):
+        config["dead_letter_queue"] = doc["dead_letter_queue"]
+    return QueueInfo(doc["name"], _config(config), _stats(doc))
+
+
+def parse_browsed(d: Any) -> BrowsedItem:
+    s = d.get("stats")
+    value = d.get("value")
+    return BrowsedItem(
+        d["id"],
+        d.get("deadline"),
+        d["state"],
+        None if s is None else ItemStats(s["enqueue_time"], s["requeue_time"], s["dequeue_count"]),
+        d.get("value_size", 0),
+        None if value is None else _decode(value, d.get("encoding", "utf-8")),
+        d.get("lease_expires"),
+        d.get("dead_lettered_from"),
+    )
+
+
+def parse_page(doc: Any) -> BrowsePage:
+    return BrowsePage([parse_browsed(d) for d in doc["items"]], doc.get("next"))
+
+
+def parse_redrive(doc: Any) -> RedriveResult:
+    failed = [Outcome(f["id"], False, f.get("error"), f.get("message")) for f in doc["failed"]]
+    return RedriveResult(doc["moved"], list(doc.get("to") or []), failed)
+
+
+def parse_backup(doc: Any) -> BackupResult:
+    return BackupResult(doc["path"], doc["bytes"], doc.get("files", 0))
 
 
 def error_from_response(status: int, doc: Any, queue: str | None) -> ServerError:

@@ -20,8 +20,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from dq.client import _wire
 from dq.client.errors import ClientError, TransportError, error_for
 from dq.client.types import (
+    BackupResult,
+    BrowsedItem,
+    BrowsePage,
     Enqueued,
     Extend,
     Item,
@@ -30,7 +34,7 @@ from dq.client.types import (
     Outcome,
     QueueConfig,
     QueueInfo,
-    QueueStats,
+    RedriveResult,
     Release,
     Requeue,
 )
@@ -278,10 +282,7 @@ class ShmTransport:
         (r,) = self._run(queue, [(Op.STATS, _ZERO_KEY, b"")])
         if r.status != Status.OK:
             _raise(r, queue)
-        doc = json.loads(r.body)
-        config = QueueConfig(**doc.pop("config"))
-        name = doc.pop("name")
-        return QueueInfo(name, config, QueueStats(**doc))
+        return _wire.queue_from_stats(json.loads(r.body))
 
     def list_queues(self) -> list[QueueInfo]:
         result: list[QueueInfo] = self._http_transport().list_queues()
@@ -303,6 +304,37 @@ class ShmTransport:
         if r.status not in (Status.OK, Status.NO_CONTINUATION):
             _raise(r, None)
         return {"status": "ok", "transport": "shm", "ring": self._attachment.name}
+
+    # operator calls go over HTTP (the ring carries the hot path only)
+    def pause(self, queue: str, resume: bool = False) -> QueueInfo:
+        result: QueueInfo = self._http_transport().pause(queue, resume)
+        return result
+
+    def browse(
+        self, queue: str, state: str, after: str | None, limit: int, values: bool
+    ) -> BrowsePage:
+        result: BrowsePage = self._http_transport().browse(queue, state, after, limit, values)
+        return result
+
+    def peek(self, queue: str, item_id: int, values: bool) -> BrowsedItem:
+        result: BrowsedItem = self._http_transport().peek(queue, item_id, values)
+        return result
+
+    def purge(self, queue: str) -> int:
+        return int(self._http_transport().purge(queue))
+
+    def delete_item(self, queue: str, item_id: int) -> None:
+        self._http_transport().delete_item(queue, item_id)
+
+    def redrive(
+        self, queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None
+    ) -> RedriveResult:
+        result: RedriveResult = self._http_transport().redrive(queue, to, ids, limit)
+        return result
+
+    def backup(self, dest: str) -> BackupResult:
+        result: BackupResult = self._http_transport().backup(dest)
+        return result
 
     def close(self) -> None:
         self._ring.close()
@@ -349,6 +381,31 @@ class AsyncShmTransport:
 
     async def health(self) -> dict[str, Any]:
         return await asyncio.to_thread(self._sync.health)
+
+    async def pause(self, queue: str, resume: bool = False) -> QueueInfo:
+        return await asyncio.to_thread(self._sync.pause, queue, resume)
+
+    async def browse(
+        self, queue: str, state: str, after: str | None, limit: int, values: bool
+    ) -> BrowsePage:
+        return await asyncio.to_thread(self._sync.browse, queue, state, after, limit, values)
+
+    async def peek(self, queue: str, item_id: int, values: bool) -> BrowsedItem:
+        return await asyncio.to_thread(self._sync.peek, queue, item_id, values)
+
+    async def purge(self, queue: str) -> int:
+        return await asyncio.to_thread(self._sync.purge, queue)
+
+    async def delete_item(self, queue: str, item_id: int) -> None:
+        await asyncio.to_thread(self._sync.delete_item, queue, item_id)
+
+    async def redrive(
+        self, queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None
+    ) -> RedriveResult:
+        return await asyncio.to_thread(self._sync.redrive, queue, to, ids, limit)
+
+    async def backup(self, dest: str) -> BackupResult:
+        return await asyncio.to_thread(self._sync.backup, dest)
 
     async def close(self) -> None:
         await asyncio.to_thread(self._sync.close)

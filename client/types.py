@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = [
+    "BackupResult",
+    "BrowsePage",
+    "BrowsedItem",
     "Enqueued",
     "Extend",
     "Item",
@@ -19,6 +22,7 @@ __all__ = [
     "QueueConfig",
     "QueueInfo",
     "QueueStats",
+    "RedriveResult",
     "Release",
     "Requeue",
 ]
@@ -26,17 +30,25 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class NewItem:
-    """An item to enqueue; ``deadline`` and ``delay_ms`` are exclusive, neither means now."""
+    """An item to enqueue; ``deadline`` and ``delay_ms`` are exclusive, neither means now.
+
+    ``key`` (1-128 bytes of text) makes the enqueue idempotent: within the queue's
+    ``dedup_window_ms`` a repeat answers the first item (``Enqueued.duplicate``) and
+    writes nothing, so a batch whose items all have keys is retried after a lost answer.
+    """
 
     value: bytes
     deadline: int | None = None
     delay_ms: int | None = None
+    key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Enqueued:
     id: int
     deadline: int
+    #: the key was seen within the window: the first item's id and deadline, nothing written
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +109,7 @@ class QueueConfig:
     default_lease_ms: int = 30_000
     max_deliveries: int | None = None
     dead_letter_queue: str | None = None
+    dedup_window_ms: int = 300_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +123,14 @@ class QueueStats:
     oldest_due_age_ms: int | None
     next_id: int
     extra: dict[str, int] = field(default_factory=dict)
+    paused: bool = False
+    paused_since: int | None = None
+    dead_lettered: int = 0
+    lease_expired: int = 0
+    oldest_lease_age_ms: int | None = None
+    enqueue_per_s: float = 0.0
+    dequeue_per_s: float = 0.0
+    release_per_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,3 +138,40 @@ class QueueInfo:
     name: str
     config: QueueConfig
     stats: QueueStats
+
+
+@dataclass(frozen=True, slots=True)
+class BrowsedItem:
+    """An item seen without leasing it. ``state``: "due", "delayed", "leased" or "gone"
+    (no longer in the queue; then ``deadline`` and ``stats`` are None)."""
+
+    id: int
+    deadline: int | None
+    state: str
+    stats: ItemStats | None
+    value_size: int
+    value: bytes | None = None
+    lease_expires: int | None = None
+    dead_lettered_from: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BrowsePage:
+    """One page of a browse; pass ``next`` as ``after`` for the next one (None: the end)."""
+
+    items: list[BrowsedItem]
+    next: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RedriveResult:
+    moved: int
+    to: list[str]
+    failed: list[Outcome]
+
+
+@dataclass(frozen=True, slots=True)
+class BackupResult:
+    path: str
+    bytes: int
+    files: int

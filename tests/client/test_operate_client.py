@@ -1,0 +1,119 @@
+"""Operating a queue through ``Client`` and ``AsyncClient`` against a live server, and
+the retry rule for keyed enqueues (mock transport)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from dq.client import (
+    AsyncClient,
+    BadRequest,
+    Client,
+    ItemNotFound,
+    NewItem,
+    QueueConfig,
+    StaleReceipt,
+    TransportError,
+)
+from dq.client._http import HttpTransport
+from tests.server.live import LiveServer
+
+
+def test_pause_browse_peek_delete_purge(dq: Client, queue: str) -> None:
+    ids = [e.id for e in dq.enqueue_many(queue, [b"a", b"b", NewItem(b"c", delay_ms=60_000)])]
+    assert dq.pause(queue).stats.paused
+    assert dq.dequeue(queue, count=5) == []
+    assert not dq.resume(queue).stats.paused
+    (leased,) = dq.dequeue(queue, lease_ms=60_000)
+    page = dq.browse(queue, limit=2, values=True)
+    assert [(i.id, i.state, i.value) for i in page.items] == [
+        (ids[0], "leased", b"a"),
+        (ids[1], "due", b"b"),
+    ]
+    rest = dq.browse(queue, after=page.next)
+    assert [i.id for i in rest.items] == [ids[2]] and rest.next is None
+    assert dq.peek(queue, ids[2]).state == "delayed"
+    assert dq.queue(queue).stats.oldest_lease_age_ms is not None
+    dq.delete_item(queue, ids[1])
+    with pytest.raises(ItemNotFound):
+        dq.delete_item(queue, ids[1])
+    assert dq.peek(queue, ids[1]).state == "gone"
+    assert dq.purge(queue) == 2
+    with pytest.raises(StaleReceipt):
+        dq.release(queue, leased.id, leased.receipt)
+
+
+def test_keyed_enqueue_and_redrive(dq: Client, queue: str) -> None:
+    first = dq.enqueue(queue, b"once", key="order-1")
+    assert dq.enqueue(queue, b"twice", key="order-1") == first
+    done = dq.enqueue_many(queue, [NewItem(b"x", key="order-1"), NewItem(b"y", key="o2")])
+    assert [e.duplicate for e in done] == [True, False]
+    with pytest.raises(BadRequest) as err:
+        dq.enqueue(queue, b"z", key="k" * 200)
+    assert err.value.code == "invalid_key"
+    dq.put_queue(queue + "-src", QueueConfig(max_deliveries=1, default_lease_ms=100))
+    dq.enqueue(queue + "-src", b"poison")
+    dq.dequeue(queue + "-src")
+    time.sleep(0.3)
+    assert dq.dequeue(queue + "-src") == []
+    dlq = dq.queue(queue + "-src").config.dead_letter_queue
+    assert dlq == queue + "-src.dlq"
+    give_up = time.monotonic() + 5
+    while not dq.browse(dlq).items:
+        assert time.monotonic() < give_up
+        time.sleep(0.05)
+    assert dq.browse(dlq).items[0].dead_lettered_from == queue + "-src"
+    r = dq.redrive(dlq)
+    assert (r.moved, r.to, r.failed) == (1, [queue + "-src"], [])
+    with pytest.raises(BadRequest) as err:
+        dq.redrive(queue)
+    assert err.value.code == "not_a_dead_letter_queue"
+    assert dq.redrive(queue, to=queue + "-elsewhere", limit=1).moved == 1
+
+
+def test_async_client_operates_a_queue(server: LiveServer, queue: str) -> None:
+    async def run() -> None:
+        async with AsyncClient(server.url) as dq:
+            a = await dq.enqueue(queue, b"a", key="k")
+            assert await dq.enqueue(queue, b"a", key="k") == a
+            assert (await dq.pause(queue)).stats.paused
+            assert (await dq.peek(queue, a)).value == b"a"
+            page = await dq.browse(queue, state="due")
+            assert [i.id for i in page.items] == [a]
+            assert not (await dq.resume(queue)).stats.paused
+            await dq.delete_item(queue, a)
+            assert await dq.purge(queue) == 0
+            with pytest.raises(ItemNotFound):
+                await dq.peek(queue, 10_000)
+
+    asyncio.run(run())
+
+
+def _counting(responses: list[httpx.Response | Exception]) -> tuple[Client, list[httpx.Request]]:
+    seen: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        r = responses[min(len(seen), len(responses)) - 1]
+        if isinstance(r, Exception):
+            raise r
+        return r
+
+    transport = HttpTransport("http://dq.test", http_transport=httpx.MockTransport(handle))
+    return Client("http://dq.test", transport=transport), seen
+
+
+def test_an_enqueue_whose_items_all_have_keys_is_retried_after_a_lost_answer() -> None:
+    ok = httpx.Response(200, json={"items": [{"id": 7, "deadline": 1, "duplicate": True}]})
+    dq, seen = _counting([httpx.ReadTimeout("lost"), ok])
+    with dq:
+        assert dq.enqueue("q", b"x", key="k") == 7
+    assert len(seen) == 2 and seen[0].content == seen[1].content
+    dq, seen = _counting([httpx.ReadTimeout("lost"), ok])
+    with dq, pytest.raises(TransportError):  # one item without a key: not safe to resend
+        dq.enqueue_many("q", [NewItem(b"x", key="k"), NewItem(b"y")])
+    assert len(seen) == 1
