@@ -29,6 +29,7 @@ from dq.client.errors import (
     UnsupportedAddress,
     ValidationError,
 )
+from dq.client.jobs import AsyncConsumer, Backoff, Consumer, ConsumerStats
 from dq.client.types import (
     BackupResult,
     BrowsedItem,
