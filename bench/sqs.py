@@ -4,7 +4,7 @@ Run from the repository root:  .venv/bin/python -m bench.sqs [--seconds 3] [--th
 
 Starts ``dq serve --fsync always`` and drives it from this process, for ``--seconds``
 per phase, with ``--threads`` threads each holding its own client: boto3 (the SQS JSON
-protocol at ``POST /``) and the project's ``client.Client`` (``/v1``). Values are 256
+protocol at ``POST /``) and the project's ``dq.client.Client`` (``/v1``). Values are 256
 bytes. Printed, messages per second for each API:
 
 - send one (``SendMessage`` / ``enqueue``)
