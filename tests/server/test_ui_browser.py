@@ -156,6 +156,21 @@ def test_depth_chart_draws_the_history(
     shot(page, "queue")
 
 
+def test_charts_for_all_queues_and_one(page: Any, api: httpx.Client, server: LiveServer) -> None:
+    enqueue(api, "plotted", 4)
+    time.sleep(0.5)
+    page.goto(server.url + "/ui/" + REFRESH + "#/charts")
+    charts = page.locator("#plots .chart")
+    expect()(charts).to_have_count(2)
+    expect()(charts.first.locator('path[data-series="due"]')).to_have_count(1)
+    page.select_option("#pick", "plotted")
+    expect()(page.locator("#plots .chart h3").first).to_have_text("Depth by state")
+    path = page.locator('#plots path[data-series="due"]')
+    eventually(lambda: path.count() == 1 and path.get_attribute("d").count("L") >= 1)
+    page.select_option("#window", "900")
+    expect()(charts).to_have_count(2)
+
+
 def test_settings_are_edited(page: Any, api: httpx.Client, server: LiveServer, shot: Any) -> None:
     enqueue(api, "configured", 1)
     page.goto(server.url + "/ui/#/queue/configured/settings")
