@@ -12,6 +12,7 @@ from dq.client.types import (
     BackupResult,
     BrowsedItem,
     BrowsePage,
+    Dequeued,
     Enqueued,
     Extend,
     Item,
@@ -73,9 +74,18 @@ class AsyncClient:
         return await self.transport.enqueue(queue, [as_new_item(i) for i in items])
 
     async def dequeue(
-        self, queue: str, count: int = 1, lease_ms: int | None = None, wait_ms: int = 0
-    ) -> list[Item]:
-        return await self.transport.dequeue(queue, count, lease_ms, wait_ms)
+        self,
+        queue: str,
+        count: int = 1,
+        lease_ms: int | None = None,
+        wait_ms: int = 0,
+        *,
+        release: Iterable[Item | Release] = (),
+    ) -> Dequeued:
+        """As ``Client.dequeue``, ``release`` included."""
+        return await self.transport.dequeue(
+            queue, count, lease_ms, wait_ms, [as_release(i) for i in release]
+        )
 
     async def release(self, queue: str, id: int, receipt: str) -> None:
         check_outcome((await self.transport.release(queue, [Release(id, receipt)]))[0], queue)

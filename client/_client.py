@@ -16,6 +16,7 @@ from dq.client.types import (
     BackupResult,
     BrowsedItem,
     BrowsePage,
+    Dequeued,
     Enqueued,
     Extend,
     Item,
@@ -72,10 +73,22 @@ class Client:
         return self.transport.enqueue(queue, [as_new_item(i) for i in items])
 
     def dequeue(
-        self, queue: str, count: int = 1, lease_ms: int | None = None, wait_ms: int = 0
-    ) -> list[Item]:
-        """Lease up to ``count`` due items, long-polling up to ``wait_ms``."""
-        return self.transport.dequeue(queue, count, lease_ms, wait_ms)
+        self,
+        queue: str,
+        count: int = 1,
+        lease_ms: int | None = None,
+        wait_ms: int = 0,
+        *,
+        release: Iterable[Item | Release] = (),
+    ) -> Dequeued:
+        """Lease up to ``count`` due items, long-polling up to ``wait_ms``.
+
+        ``release``: earlier deliveries to release in the same request, first and
+        durably; their outcomes come back in ``.released`` (one per item, in order, no
+        exception per item), so a worker loop costs one request per item."""
+        return self.transport.dequeue(
+            queue, count, lease_ms, wait_ms, [as_release(i) for i in release]
+        )
 
     def release(self, queue: str, id: int, receipt: str) -> None:
         check_outcome(self.transport.release(queue, [Release(id, receipt)])[0], queue)

@@ -1,34 +1,45 @@
-"""The HTTP transports (sync and async) over httpx.
+"""The HTTP transports (sync and async): JSON calls over ``client/_connection.py``.
 
-Retries only where safe: a connect failure (the request never reached the server) is
-retried for every operation; a 503 or a lost response only for idempotent calls
-(queue list/get, health, browse, peek, pause, resume, and an enqueue whose items all
-carry a key: the server answers a repeated key with the first item and writes
-nothing). Other enqueues, release, requeue, dequeue, extend, purge, delete and redrive
-are never resent after the request may have been sent — that could duplicate or
-misreport work.
+The one HTTP layer of the client: ``Client``/``AsyncClient`` and the consumer-group
+client (``client/groups.py``) all send through ``HttpTransport.call``. Retries only
+where safe, by the call's ``idempotent`` flag and the transport's ``RetryPolicy``:
+  - a request that never reached the server (the connect or the send failed) is retried
+    for every call;
+  - a lost answer or a retryable status (503 by default) only for idempotent calls —
+    queue list/get/put, health, browse, peek, pause, resume, an enqueue whose items all
+    carry a key (the server answers a repeated key with the first item and writes
+    nothing), and every call of the consumer-group protocol. Other enqueues, release,
+    requeue, dequeue, extend, purge, delete and redrive are never resent once they may
+    have reached the server: that could duplicate or misreport work.
+
+``HttpTransport`` keeps one keep-alive connection per thread; ``AsyncHttpTransport`` a
+small pool (one connection per request in flight, idle ones kept for reuse).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import ssl
+import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
-from urllib.parse import quote
-
-import httpx
+from urllib.parse import quote, urlencode, urlsplit
 
 from dq.client import _wire
+from dq.client._connection import AsyncConnection, Connection, Lost, NotSent, Response
 from dq.client.errors import TransportError
 from dq.client.types import (
     BackupResult,
     BrowsedItem,
     BrowsePage,
+    Dequeued,
     Enqueued,
     Extend,
-    Item,
     NewItem,
     Outcome,
     QueueConfig,
@@ -38,44 +49,51 @@ from dq.client.types import (
     Requeue,
 )
 
-__all__ = ["AsyncHttpTransport", "HttpTransport"]
+__all__ = ["AsyncHttpTransport", "Call", "HttpTransport", "RetryPolicy", "queue_path"]
 
 _DEFAULT_TIMEOUT = 30.0
-_RETRY_BASE_S = 0.05
+_MAX_IDLE = 16  # idle asyncio connections kept for reuse
 
 
 @dataclass(frozen=True, slots=True)
-class _Call:
+class RetryPolicy:
+    """How often and how soon a retryable request is sent again:
+    ``base_s * 2**attempt`` (attempt 1, 2, ...), at most ``max_s``."""
+
+    retries: int = 3
+    base_s: float = 0.05
+    max_s: float = 5.0
+    statuses: frozenset[int] = frozenset({503})
+
+    def delay_s(self, attempt: int) -> float:
+        return float(min(self.max_s, self.base_s * 2**attempt))
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
     method: str
     path: str
     body: Any = None
     idempotent: bool = False
     queue: str | None = None
     timeout: float | None = None
-    params: dict[str, Any] | None = None
+    params: dict[str, Any] | None = None  # the query string
 
 
-def _q(queue: str) -> str:
+@lru_cache(maxsize=4096)
+def queue_path(queue: str) -> str:
     return "/v1/queues/" + quote(queue, safe="")
 
 
-def _is_retryable(exc: Exception | None, status: int | None, call: _Call) -> bool:
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
-        return True
-    if not call.idempotent:
-        return False
-    return status == 503 or isinstance(exc, httpx.TransportError)
-
-
-def _result(call: _Call, response: httpx.Response) -> Any:
-    if response.status_code == 204:
+def _result(call: Call, response: Response) -> Any:
+    if response.status == 204:
         return None
     try:
-        doc = response.json()
+        doc = json.loads(response.body)
     except ValueError:
-        doc = response.text
-    if response.status_code >= 400:
-        raise _wire.error_from_response(response.status_code, doc, call.queue)
+        doc = response.body.decode("utf-8", "replace")
+    if response.status >= 400:
+        raise _wire.error_from_response(response.status, doc, call.queue)
     return doc
 
 
@@ -87,43 +105,77 @@ class _Base:
         token: str | None = None,
         timeout: float = _DEFAULT_TIMEOUT,
         retries: int = 3,
+        retry: RetryPolicy | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url.rstrip("/")
-        self.retries = retries
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise TransportError(f"{url}: expected http://host[:port] or https://host[:port]")
+        self.host = parts.hostname
+        https = parts.scheme == "https"
+        self.port = parts.port or (443 if https else 80)
+        self._tls = (ssl_context or ssl.create_default_context()) if https else None
+        self._base_path = parts.path
+        self.retry = retry if retry is not None else RetryPolicy(retries=retries)
+        self.retries = self.retry.retries
         self._timeout = timeout
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        headers = f"Host: {host}:{self.port}\r\nUser-Agent: dq-client\r\n"
+        if token:
+            headers += f"Authorization: Bearer {token}\r\n"
+        self._headers = headers.encode("latin-1")
 
-    def _request_timeout(self, call: _Call) -> float:
+    def _encode(self, call: Call) -> bytes:
+        query = "?" + urlencode(call.params) if call.params else ""
+        line = f"{call.method} {self._base_path}{call.path}{query} HTTP/1.1\r\n".encode()
+        if call.body is None:
+            if call.method in ("GET", "DELETE"):
+                return line + self._headers + b"\r\n"
+            return line + self._headers + b"Content-Length: 0\r\n\r\n"
+        body = json.dumps(call.body, separators=(",", ":")).encode()
+        return b"%s%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+            line,
+            self._headers,
+            len(body),
+            body,
+        )
+
+    def _timeout_of(self, call: Call) -> float:
         return call.timeout if call.timeout is not None else self._timeout
 
+    def _error(self, call: Call, exc: Exception) -> TransportError:
+        return TransportError(f"{call.method} {self.url}{call.path}: {exc}")
+
     @staticmethod
-    def _enqueue(queue: str, items: Sequence[NewItem]) -> _Call:
+    def _enqueue(queue: str, items: Sequence[NewItem]) -> Call:
         keyed = bool(items) and all(i.key is not None for i in items)
         body = _wire.enqueue_body(items)
-        return _Call("POST", _q(queue) + "/items", body, idempotent=keyed, queue=queue)
+        return Call("POST", queue_path(queue) + "/items", body, idempotent=keyed, queue=queue)
 
     @staticmethod
-    def _pause(queue: str, resume: bool) -> _Call:
+    def _pause(queue: str, resume: bool) -> Call:
         verb = "/resume" if resume else "/pause"
-        return _Call("POST", _q(queue) + verb, idempotent=True, queue=queue)
+        return Call("POST", queue_path(queue) + verb, idempotent=True, queue=queue)
 
     @staticmethod
-    def _browse(queue: str, state: str, after: str | None, limit: int, values: bool) -> _Call:
+    def _browse(queue: str, state: str, after: str | None, limit: int, values: bool) -> Call:
         params: dict[str, Any] = {"state": state, "limit": limit}
         if after is not None:
             params["after"] = after
         if values:
             params["values"] = "true"
-        return _Call("GET", _q(queue) + "/items", idempotent=True, queue=queue, params=params)
+        path = queue_path(queue) + "/items"
+        return Call("GET", path, idempotent=True, queue=queue, params=params)
 
     @staticmethod
-    def _peek(queue: str, item_id: int, values: bool) -> _Call:
+    def _peek(queue: str, item_id: int, values: bool) -> Call:
         params = {"values": "true" if values else "false"}
-        path = f"{_q(queue)}/items/{int(item_id)}"
-        return _Call("GET", path, idempotent=True, queue=queue, params=params)
+        path = f"{queue_path(queue)}/items/{int(item_id)}"
+        return Call("GET", path, idempotent=True, queue=queue, params=params)
 
     @staticmethod
-    def _redrive(queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None) -> _Call:
+    def _redrive(queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None) -> Call:
         body: dict[str, Any] = {}
         if to is not None:
             body["to"] = to
@@ -131,224 +183,282 @@ class _Base:
             body["ids"] = list(ids)
         if limit is not None:
             body["limit"] = limit
-        return _Call("POST", _q(queue) + "/redrive", body, queue=queue)
+        return Call("POST", queue_path(queue) + "/redrive", body, queue=queue)
 
-    def _dequeue(self, queue: str, count: int, lease_ms: int | None, wait_ms: int) -> _Call:
+    def _dequeue(
+        self,
+        queue: str,
+        count: int,
+        lease_ms: int | None,
+        wait_ms: int,
+        release: Sequence[Release],
+    ) -> Call:
         body: dict[str, Any] = {"count": count, "wait_ms": wait_ms}
         if lease_ms is not None:
             body["lease_ms"] = lease_ms
+        if release:
+            body["release"] = _wire.release_body(release)["items"]
         timeout = self._timeout + wait_ms / 1000.0
-        return _Call("POST", _q(queue) + "/dequeue", body, queue=queue, timeout=timeout)
+        return Call("POST", queue_path(queue) + "/dequeue", body, queue=queue, timeout=timeout)
+
+    @staticmethod
+    def _batch(queue: str, verb: str, body: dict[str, Any]) -> Call:
+        return Call("POST", f"{queue_path(queue)}/{verb}", body, queue=queue)
 
 
 class HttpTransport(_Base):
-    """Blocking transport; one pooled ``httpx.Client`` (``http_transport``: tests' mock)."""
+    """Blocking transport: one keep-alive connection per thread."""
 
-    def __init__(
-        self, url: str, *, http_transport: httpx.BaseTransport | None = None, **options: Any
-    ) -> None:
+    def __init__(self, url: str, **options: Any) -> None:
         super().__init__(url, **options)
-        self._http = httpx.Client(
-            base_url=self.url,
-            headers=self._headers,
-            timeout=self._timeout,
-            transport=http_transport,
-        )
+        self._local = threading.local()
+        self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+        self._lock = threading.Lock()
 
-    def _send(self, call: _Call) -> Any:
+    def _connection(self, timeout: float) -> Connection:
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and conn.usable():
+            return conn
+        if conn is not None:
+            conn.close()
+        conn = Connection(self.host, self.port, timeout, self._tls)
+        self._local.conn = conn
+        with self._lock:
+            self._connections.add(conn)
+        return conn
+
+    def call(self, call: Call) -> Any:
+        """Send ``call`` (retrying as the module docstring says); its decoded JSON answer."""
+        data = self._encode(call)
+        timeout = self._timeout_of(call)
+        policy = self.retry
         attempt = 0
         while True:
             try:
-                response = self._http.request(
-                    call.method,
-                    call.path,
-                    json=call.body,
-                    params=call.params,
-                    timeout=self._request_timeout(call),
-                )
-            except httpx.HTTPError as exc:
-                if attempt < self.retries and _is_retryable(exc, None, call):
-                    attempt += 1
-                    time.sleep(_RETRY_BASE_S * 2**attempt)
-                    continue
-                raise TransportError(f"{call.method} {self.url}{call.path}: {exc!r}") from exc
-            if response.status_code == 503 and attempt < self.retries and call.idempotent:
-                attempt += 1
-                time.sleep(_RETRY_BASE_S * 2**attempt)
-                continue
-            return _result(call, response)
+                response = self._connection(timeout).request(data, timeout)
+            except (NotSent, Lost) as exc:
+                if attempt >= policy.retries or not (isinstance(exc, NotSent) or call.idempotent):
+                    raise self._error(call, exc) from exc
+            else:
+                if (
+                    response.status not in policy.statuses
+                    or not call.idempotent
+                    or attempt >= policy.retries
+                ):
+                    return _result(call, response)
+            attempt += 1
+            time.sleep(policy.delay_s(attempt))
 
     def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]:
-        return _wire.parse_enqueued(self._send(self._enqueue(queue, items)))
+        return _wire.parse_enqueued(self.call(self._enqueue(queue, items)))
 
-    def dequeue(self, queue: str, count: int, lease_ms: int | None, wait_ms: int) -> list[Item]:
-        return _wire.parse_items(self._send(self._dequeue(queue, count, lease_ms, wait_ms)))
+    def dequeue(
+        self,
+        queue: str,
+        count: int,
+        lease_ms: int | None,
+        wait_ms: int,
+        release: Sequence[Release] = (),
+    ) -> Dequeued:
+        call = self._dequeue(queue, count, lease_ms, wait_ms, release)
+        return _wire.parse_dequeued(self.call(call))
 
     def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]:
-        call = _Call("POST", _q(queue) + "/release", _wire.release_body(batch), queue=queue)
-        return _wire.parse_outcomes(self._send(call))
+        call = self._batch(queue, "release", _wire.release_body(batch))
+        return _wire.parse_outcomes(self.call(call))
 
     def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]:
-        call = _Call("POST", _q(queue) + "/requeue", _wire.requeue_body(batch), queue=queue)
-        return _wire.parse_outcomes(self._send(call))
+        call = self._batch(queue, "requeue", _wire.requeue_body(batch))
+        return _wire.parse_outcomes(self.call(call))
 
     def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]:
-        call = _Call("POST", _q(queue) + "/extend", _wire.extend_body(batch), queue=queue)
-        return _wire.parse_outcomes(self._send(call))
+        call = self._batch(queue, "extend", _wire.extend_body(batch))
+        return _wire.parse_outcomes(self.call(call))
 
     def list_queues(self) -> list[QueueInfo]:
-        doc = self._send(_Call("GET", "/v1/queues", idempotent=True))
+        doc = self.call(Call("GET", "/v1/queues", idempotent=True))
         return [_wire.parse_queue(q) for q in doc["queues"]]
 
     def get_queue(self, queue: str) -> QueueInfo:
-        return _wire.parse_queue(self._send(_Call("GET", _q(queue), idempotent=True, queue=queue)))
+        doc = self.call(Call("GET", queue_path(queue), idempotent=True, queue=queue))
+        return _wire.parse_queue(doc)
 
     def put_queue(self, queue: str, config: QueueConfig) -> QueueInfo:
-        call = _Call("PUT", _q(queue), _wire.config_body(config), idempotent=True, queue=queue)
-        return _wire.parse_queue(self._send(call))
+        body = _wire.config_body(config)
+        doc = self.call(Call("PUT", queue_path(queue), body, idempotent=True, queue=queue))
+        return _wire.parse_queue(doc)
 
     def delete_queue(self, queue: str) -> None:
-        self._send(_Call("DELETE", _q(queue), queue=queue))
+        self.call(Call("DELETE", queue_path(queue), queue=queue))
 
     def health(self) -> dict[str, Any]:
-        doc: dict[str, Any] = self._send(_Call("GET", "/healthz", idempotent=True))
+        doc: dict[str, Any] = self.call(Call("GET", "/healthz", idempotent=True))
         return doc
 
     # operator calls ----------------------------------------------------------------
     def pause(self, queue: str, resume: bool = False) -> QueueInfo:
-        return _wire.parse_queue(self._send(self._pause(queue, resume)))
+        return _wire.parse_queue(self.call(self._pause(queue, resume)))
 
     def browse(
         self, queue: str, state: str, after: str | None, limit: int, values: bool
     ) -> BrowsePage:
-        return _wire.parse_page(self._send(self._browse(queue, state, after, limit, values)))
+        return _wire.parse_page(self.call(self._browse(queue, state, after, limit, values)))
 
     def peek(self, queue: str, item_id: int, values: bool) -> BrowsedItem:
-        return _wire.parse_browsed(self._send(self._peek(queue, item_id, values)))
+        return _wire.parse_browsed(self.call(self._peek(queue, item_id, values)))
 
     def purge(self, queue: str) -> int:
-        doc = self._send(_Call("DELETE", _q(queue) + "/items", queue=queue))
+        doc = self.call(Call("DELETE", queue_path(queue) + "/items", queue=queue))
         return int(doc["purged"])
 
     def delete_item(self, queue: str, item_id: int) -> None:
-        self._send(_Call("DELETE", f"{_q(queue)}/items/{int(item_id)}", queue=queue))
+        self.call(Call("DELETE", f"{queue_path(queue)}/items/{int(item_id)}", queue=queue))
 
     def redrive(
         self, queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None
     ) -> RedriveResult:
-        return _wire.parse_redrive(self._send(self._redrive(queue, to, ids, limit)))
+        return _wire.parse_redrive(self.call(self._redrive(queue, to, ids, limit)))
 
     def backup(self, dest: str) -> BackupResult:
-        return _wire.parse_backup(self._send(_Call("POST", "/v1/backup", {"dest": dest})))
+        return _wire.parse_backup(self.call(Call("POST", "/v1/backup", {"dest": dest})))
 
     def close(self) -> None:
-        self._http.close()
+        """Close every thread's connection."""
+        with self._lock:
+            connections = list(self._connections)
+        for conn in connections:
+            conn.close()
 
 
 class AsyncHttpTransport(_Base):
-    """Asyncio transport; one pooled ``httpx.AsyncClient``."""
+    """Asyncio transport: a connection per request in flight, idle ones reused."""
 
-    def __init__(
-        self, url: str, *, http_transport: httpx.AsyncBaseTransport | None = None, **options: Any
-    ) -> None:
+    def __init__(self, url: str, *, max_connections: int = 100, **options: Any) -> None:
         super().__init__(url, **options)
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
-            headers=self._headers,
-            timeout=self._timeout,
-            transport=http_transport,
-        )
+        self._idle: list[AsyncConnection] = []
+        self._busy: set[AsyncConnection] = set()
+        self._slots = asyncio.Semaphore(max_connections)
 
-    async def _send(self, call: _Call) -> Any:
+    async def _request(self, data: bytes, timeout: float) -> Response:
+        async with self._slots:
+            conn: AsyncConnection | None = None
+            while self._idle:
+                candidate = self._idle.pop()
+                if candidate.usable():
+                    conn = candidate
+                    break
+                candidate.close()
+            if conn is None:
+                conn = await AsyncConnection.open(self.host, self.port, timeout, self._tls)
+            self._busy.add(conn)
+            try:
+                response = await conn.request(data, timeout)
+            finally:
+                self._busy.discard(conn)
+            if conn.usable() and len(self._idle) < _MAX_IDLE:
+                self._idle.append(conn)
+            else:
+                conn.close()
+            return response
+
+    async def call(self, call: Call) -> Any:
+        data = self._encode(call)
+        timeout = self._timeout_of(call)
+        policy = self.retry
         attempt = 0
         while True:
             try:
-                response = await self._http.request(
-                    call.method,
-                    call.path,
-                    json=call.body,
-                    params=call.params,
-                    timeout=self._request_timeout(call),
-                )
-            except httpx.HTTPError as exc:
-                if attempt < self.retries and _is_retryable(exc, None, call):
-                    attempt += 1
-                    await asyncio.sleep(_RETRY_BASE_S * 2**attempt)
-                    continue
-                raise TransportError(f"{call.method} {self.url}{call.path}: {exc!r}") from exc
-            if response.status_code == 503 and attempt < self.retries and call.idempotent:
-                attempt += 1
-                await asyncio.sleep(_RETRY_BASE_S * 2**attempt)
-                continue
-            return _result(call, response)
+                response = await self._request(data, timeout)
+            except (NotSent, Lost) as exc:
+                if attempt >= policy.retries or not (isinstance(exc, NotSent) or call.idempotent):
+                    raise self._error(call, exc) from exc
+            else:
+                if (
+                    response.status not in policy.statuses
+                    or not call.idempotent
+                    or attempt >= policy.retries
+                ):
+                    return _result(call, response)
+            attempt += 1
+            await asyncio.sleep(policy.delay_s(attempt))
 
     async def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]:
-        return _wire.parse_enqueued(await self._send(self._enqueue(queue, items)))
+        return _wire.parse_enqueued(await self.call(self._enqueue(queue, items)))
 
     async def dequeue(
-        self, queue: str, count: int, lease_ms: int | None, wait_ms: int
-    ) -> list[Item]:
-        return _wire.parse_items(await self._send(self._dequeue(queue, count, lease_ms, wait_ms)))
+        self,
+        queue: str,
+        count: int,
+        lease_ms: int | None,
+        wait_ms: int,
+        release: Sequence[Release] = (),
+    ) -> Dequeued:
+        call = self._dequeue(queue, count, lease_ms, wait_ms, release)
+        return _wire.parse_dequeued(await self.call(call))
 
     async def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]:
-        call = _Call("POST", _q(queue) + "/release", _wire.release_body(batch), queue=queue)
-        return _wire.parse_outcomes(await self._send(call))
+        call = self._batch(queue, "release", _wire.release_body(batch))
+        return _wire.parse_outcomes(await self.call(call))
 
     async def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]:
-        call = _Call("POST", _q(queue) + "/requeue", _wire.requeue_body(batch), queue=queue)
-        return _wire.parse_outcomes(await self._send(call))
+        call = self._batch(queue, "requeue", _wire.requeue_body(batch))
+        return _wire.parse_outcomes(await self.call(call))
 
     async def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]:
-        call = _Call("POST", _q(queue) + "/extend", _wire.extend_body(batch), queue=queue)
-        return _wire.parse_outcomes(await self._send(call))
+        call = self._batch(queue, "extend", _wire.extend_body(batch))
+        return _wire.parse_outcomes(await self.call(call))
 
     async def list_queues(self) -> list[QueueInfo]:
-        doc = await self._send(_Call("GET", "/v1/queues", idempotent=True))
+        doc = await self.call(Call("GET", "/v1/queues", idempotent=True))
         return [_wire.parse_queue(q) for q in doc["queues"]]
 
     async def get_queue(self, queue: str) -> QueueInfo:
-        doc = await self._send(_Call("GET", _q(queue), idempotent=True, queue=queue))
+        doc = await self.call(Call("GET", queue_path(queue), idempotent=True, queue=queue))
         return _wire.parse_queue(doc)
 
     async def put_queue(self, queue: str, config: QueueConfig) -> QueueInfo:
-        call = _Call("PUT", _q(queue), _wire.config_body(config), idempotent=True, queue=queue)
-        return _wire.parse_queue(await self._send(call))
+        body = _wire.config_body(config)
+        doc = await self.call(Call("PUT", queue_path(queue), body, idempotent=True, queue=queue))
+        return _wire.parse_queue(doc)
 
     async def delete_queue(self, queue: str) -> None:
-        await self._send(_Call("DELETE", _q(queue), queue=queue))
+        await self.call(Call("DELETE", queue_path(queue), queue=queue))
 
     async def health(self) -> dict[str, Any]:
-        doc: dict[str, Any] = await self._send(_Call("GET", "/healthz", idempotent=True))
+        doc: dict[str, Any] = await self.call(Call("GET", "/healthz", idempotent=True))
         return doc
 
     # operator calls ----------------------------------------------------------------
     async def pause(self, queue: str, resume: bool = False) -> QueueInfo:
-        return _wire.parse_queue(await self._send(self._pause(queue, resume)))
+        return _wire.parse_queue(await self.call(self._pause(queue, resume)))
 
     async def browse(
         self, queue: str, state: str, after: str | None, limit: int, values: bool
     ) -> BrowsePage:
-        doc = await self._send(self._browse(queue, state, after, limit, values))
+        doc = await self.call(self._browse(queue, state, after, limit, values))
         return _wire.parse_page(doc)
 
     async def peek(self, queue: str, item_id: int, values: bool) -> BrowsedItem:
-        return _wire.parse_browsed(await self._send(self._peek(queue, item_id, values)))
+        return _wire.parse_browsed(await self.call(self._peek(queue, item_id, values)))
 
     async def purge(self, queue: str) -> int:
-        doc = await self._send(_Call("DELETE", _q(queue) + "/items", queue=queue))
+        doc = await self.call(Call("DELETE", queue_path(queue) + "/items", queue=queue))
         return int(doc["purged"])
 
     async def delete_item(self, queue: str, item_id: int) -> None:
-        await self._send(_Call("DELETE", f"{_q(queue)}/items/{int(item_id)}", queue=queue))
+        path = f"{queue_path(queue)}/items/{int(item_id)}"
+        await self.call(Call("DELETE", path, queue=queue))
 
     async def redrive(
         self, queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None
     ) -> RedriveResult:
-        return _wire.parse_redrive(await self._send(self._redrive(queue, to, ids, limit)))
+        return _wire.parse_redrive(await self.call(self._redrive(queue, to, ids, limit)))
 
     async def backup(self, dest: str) -> BackupResult:
-        doc = await self._send(_Call("POST", "/v1/backup", {"dest": dest}))
+        doc = await self.call(Call("POST", "/v1/backup", {"dest": dest}))
         return _wire.parse_backup(doc)
 
     async def close(self) -> None:
-        await self._http.aclose()
+        for conn in [*self._idle, *self._busy]:
+            conn.close()
+        self._idle.clear()

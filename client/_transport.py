@@ -4,7 +4,8 @@
 memory (``client/shm_transport.py``: ``ShmTransport``/``AsyncShmTransport``) plugs in
 without touching them. ``open_transport(url)`` picks one by the URL's scheme:
 ``http(s)://`` → HTTP, ``shm://`` → shared memory. Invariant: transports raise only
-``ClientError``s, and batch methods return one ``Outcome`` per input, in order.
+``ClientError``s, and batch methods return one ``Outcome`` per input, in order (so does
+``dequeue`` for the releases it carries, in ``Dequeued.released``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from dq.client.types import (
     BackupResult,
     BrowsedItem,
     BrowsePage,
+    Dequeued,
     Enqueued,
     Extend,
-    Item,
     NewItem,
     Outcome,
     QueueConfig,
@@ -36,7 +37,14 @@ __all__ = ["AsyncTransport", "Transport", "open_async_transport", "open_transpor
 @runtime_checkable
 class Transport(Protocol):
     def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]: ...
-    def dequeue(self, queue: str, count: int, lease_ms: int | None, wait_ms: int) -> list[Item]: ...
+    def dequeue(
+        self,
+        queue: str,
+        count: int,
+        lease_ms: int | None,
+        wait_ms: int,
+        release: Sequence[Release] = (),
+    ) -> Dequeued: ...
     def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]: ...
     def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]: ...
     def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]: ...
@@ -63,8 +71,13 @@ class Transport(Protocol):
 class AsyncTransport(Protocol):
     async def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]: ...
     async def dequeue(
-        self, queue: str, count: int, lease_ms: int | None, wait_ms: int
-    ) -> list[Item]: ...
+        self,
+        queue: str,
+        count: int,
+        lease_ms: int | None,
+        wait_ms: int,
+        release: Sequence[Release] = (),
+    ) -> Dequeued: ...
     async def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]: ...
     async def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]: ...
     async def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]: ...

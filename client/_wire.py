@@ -15,6 +15,7 @@ from dq.client.types import (
     BackupResult,
     BrowsedItem,
     BrowsePage,
+    Dequeued,
     Enqueued,
     Extend,
     Item,
@@ -36,6 +37,7 @@ __all__ = [
     "extend_body",
     "parse_backup",
     "parse_browsed",
+    "parse_dequeued",
     "parse_enqueued",
     "parse_items",
     "parse_outcomes",
@@ -121,7 +123,15 @@ def parse_items(doc: Any) -> list[Item]:
     return out
 
 
+def parse_dequeued(doc: Any) -> Dequeued:
+    return Dequeued(parse_items(doc), _outcomes(doc.get("released") or []))
+
+
 def parse_outcomes(doc: Any) -> list[Outcome]:
+    return _outcomes(doc["results"])
+
+
+def _outcomes(results: list[Any]) -> list[Outcome]:
     return [
         Outcome(
             r["id"],
@@ -132,7 +142,7 @@ def parse_outcomes(doc: Any) -> list[Outcome]:
             r.get("deadline"),
             r.get("lease_expires"),
         )
-        for r in doc["results"]
+        for r in results
     ]
 
 

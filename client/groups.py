@@ -4,24 +4,25 @@
 ``KeyedEnqueuer`` speaks ``/v1/queues/{queue}/batches``; ``docs/spark.md`` specifies
 both. Every call of the protocol is safe to repeat (pull tops up, read re-reads, commit
 and ack are idempotent, a keyed batch runs once), so both classes retry transport
-errors and 503s a few times with backoff. Errors are the client's own tree
-(``dq.client.errors``): ``TransportError`` or a ``ServerError`` subclass with the server's code. Objects hold an ``httpx.Client``: create
-them where they are used (in a Spark task, inside ``read``/``write``), never pickle them.
+errors and 502/503/504 a few times with backoff, through the client's one HTTP layer
+(``client/_http.py``). Errors are the client's own tree (``dq.client.errors``):
+``TransportError`` or a ``ServerError`` subclass with the server's code. Objects hold
+connections: create them where they are used (in a Spark task, inside
+``read``/``write``), never pickle them.
 """
 
 from __future__ import annotations
 
 import base64
-import logging
-import time
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
+from urllib.parse import quote
 
-import httpx
-
-from dq.client.errors import ServerError, TransportError, error_for
+from dq.client._http import Call, HttpTransport, RetryPolicy, queue_path
+from dq.client.errors import ServerError
 
 __all__ = [
     "Acked",
@@ -33,10 +34,6 @@ __all__ = [
     "ReadColumns",
     "ReadResult",
 ]
-
-log = logging.getLogger(__name__)
-
-_RETRY_STATUS = frozenset({502, 503, 504})
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,45 +128,22 @@ def _decode(raw: dict[str, Any]) -> LoggedItem:
     )
 
 
-class _Http:
-    """A small retrying JSON caller shared by the two clients."""
+#: Every call of these protocols may be repeated, so all of them retry, 502/503/504 too.
+_RETRY = RetryPolicy(retries=4, base_s=0.1, max_s=5.0, statuses=frozenset({502, 503, 504}))
+
+
+class _Caller:
+    """JSON calls through the client's one HTTP layer (``client/_http.py``)."""
 
     def __init__(self, url: str, token: str | None, timeout: float, retries: int) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
-        self._retries = retries
+        retry = dataclasses.replace(_RETRY, retries=retries)
+        self._http = HttpTransport(url, token=token, timeout=timeout, retry=retry)
 
     def close(self) -> None:
         self._http.close()
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
-        delay = 0.2
-        for attempt in range(self._retries + 1):
-            try:
-                r = self._http.request(method, path, json=body)
-            except httpx.TransportError as exc:
-                if attempt == self._retries:
-                    raise TransportError(f"{method} {path}: {exc}") from exc
-                log.warning("%s %s failed, retrying in %.1fs", method, path, delay)
-            else:
-                if r.status_code not in _RETRY_STATUS or attempt == self._retries:
-                    return self._result(r)
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
-        raise AssertionError("unreachable")
-
-    @staticmethod
-    def _result(r: httpx.Response) -> Any:
-        if r.status_code == 204:
-            return None
-        if r.is_success:
-            return r.json()
-        try:
-            err = r.json()
-            code, message = str(err.get("error")), str(err.get("message"))
-        except ValueError:
-            code, message = "http_error", r.text[:200]
-        raise error_for(r.status_code, code, message)
+        return self._http.call(Call(method, path, body, idempotent=True))
 
 
 class ConsumerClient:
@@ -187,8 +161,8 @@ class ConsumerClient:
     ) -> None:
         self.queue = queue
         self.consumer = consumer
-        self._http = _Http(url, token, timeout, retries)
-        self._base = f"/v1/queues/{queue}/consumers/{consumer}"
+        self._http = _Caller(url, token, timeout, retries)
+        self._base = f"{queue_path(queue)}/consumers/{quote(consumer, safe='')}"
 
     def close(self) -> None:
         self._http.close()
@@ -286,8 +260,8 @@ class KeyedEnqueuer:
         timeout: float = 60.0,
         retries: int = 4,
     ) -> None:
-        self._http = _Http(url, token, timeout, retries)
-        self._path = f"/v1/queues/{queue}/batches"
+        self._http = _Caller(url, token, timeout, retries)
+        self._path = f"{queue_path(queue)}/batches"
 
     def close(self) -> None:
         self._http.close()

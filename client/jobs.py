@@ -7,6 +7,14 @@
 
 A failed job is requeued with exponential backoff (``Backoff``) keyed on the item's
 ``dequeue_count``; the exception is logged, not re-raised, so the loop goes on.
+
+One request per item: a finished job is not released by a request of its own; its
+release rides on the consumer's next dequeue (``dequeue(..., release=...)``), and
+whatever is still unreleased when the loop ends is released then (``flush``). So the
+work done between two jobs must stay shorter than the lease (it always is inside
+``run``); a release that comes too late fails as a stale receipt, counts as ``lost``,
+and the item is delivered again.
+
 Invariant: a job's receipt is only used under its lock, so an extension that renews
 the receipt and the final release/requeue never race.
 """
@@ -24,11 +32,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from dq.client.errors import ClientError, Conflict, NotFound
+from dq.client.types import Release
 
 if TYPE_CHECKING:
     from dq.client._async_client import AsyncClient
     from dq.client._client import Client
-    from dq.client.types import Item
+    from dq.client.types import Item, Outcome
 
 __all__ = ["AsyncConsumer", "AsyncJob", "Backoff", "Consumer", "ConsumerStats", "Job"]
 
@@ -56,17 +65,33 @@ class ConsumerStats:
     requeued: int = 0
     lost: int = 0  # the lease ended before we finished; the item comes back to someone
 
+    def count_releases(self, outcomes: list[Outcome]) -> None:
+        for outcome in outcomes:
+            if outcome.ok:
+                self.released += 1
+            else:
+                self.lost += 1
+                logger.warning("lease of item %s was lost; it will be redelivered", outcome.id)
+
 
 class _JobState:
     """Shared by the sync and async jobs: the current receipt and how the job ended."""
 
-    def __init__(self, queue: str, item: Item, lease_ms: int, backoff: Backoff) -> None:
+    def __init__(
+        self,
+        queue: str,
+        item: Item,
+        lease_ms: int,
+        backoff: Backoff,
+        settled: list[Release] | None = None,
+    ) -> None:
         self.queue = queue
         self.item = item
         self.receipt = item.receipt
         self.lease_ms = lease_ms
         self.backoff = backoff
         self.lost = False
+        self._settled = settled  # where a finished job leaves its release, if deferred
 
     @property
     def extend_every_s(self) -> float:
@@ -80,8 +105,8 @@ class Job(_JobState):
     """One leased item; ``with job:`` keeps the lease and settles the item at exit."""
 
     def __init__(self, client: Client, queue: str, item: Item, lease_ms: int, backoff: Backoff,
-                 stats: ConsumerStats) -> None:  # fmt: skip
-        super().__init__(queue, item, lease_ms, backoff)
+                 stats: ConsumerStats, settled: list[Release] | None = None) -> None:  # fmt: skip
+        super().__init__(queue, item, lease_ms, backoff, settled)
         self._client = client
         self._stats = stats
         self._lock = threading.Lock()
@@ -126,6 +151,9 @@ class Job(_JobState):
     def _settle(self, *, failed: bool, error: BaseException | None) -> None:
         try:
             if not failed:
+                if self._settled is not None:
+                    self._settled.append(Release(self.item.id, self.receipt))
+                    return
                 self._client.release(self.queue, self.item.id, self.receipt)
                 self._stats.released += 1
                 return
@@ -150,16 +178,45 @@ class Consumer:
         self.wait_ms = wait_ms
         self.backoff = backoff or Backoff()
         self.stats = ConsumerStats()
+        self._settled: list[Release] = []  # released by the next dequeue (or ``flush``)
 
     def jobs(
         self, *, stop: threading.Event | None = None, max_items: int | None = None
     ) -> Iterator[Job]:
         seen = 0
-        while (stop is None or not stop.is_set()) and (max_items is None or seen < max_items):
-            want = self.count if max_items is None else min(self.count, max_items - seen)
-            for item in self.client.dequeue(self.queue, want, self.lease_ms, self.wait_ms):
-                seen += 1
-                yield Job(self.client, self.queue, item, self.lease_ms, self.backoff, self.stats)
+        try:
+            while (stop is None or not stop.is_set()) and (max_items is None or seen < max_items):
+                want = self.count if max_items is None else min(self.count, max_items - seen)
+                for item in self._take(want):
+                    seen += 1
+                    yield Job(self.client, self.queue, item, self.lease_ms, self.backoff,
+                              self.stats, self._settled)  # fmt: skip
+        finally:
+            self._flush_quietly()
+
+    def _take(self, count: int) -> list[Item]:
+        done, self._settled[:] = list(self._settled), []
+        try:
+            items = self.client.dequeue(
+                self.queue, count, self.lease_ms, self.wait_ms, release=done
+            )
+        except ClientError:
+            self._settled[:0] = done  # they may not have been released: try again
+            raise
+        self.stats.count_releases(items.released)
+        return items
+
+    def flush(self) -> None:
+        """Release the finished jobs whose release is still waiting for a dequeue."""
+        done, self._settled[:] = list(self._settled), []
+        if done:
+            self.stats.count_releases(self.client.release_many(self.queue, done))
+
+    def _flush_quietly(self) -> None:
+        try:
+            self.flush()
+        except ClientError as exc:
+            logger.warning("releasing finished jobs failed (they will be redelivered): %s", exc)
 
     def run(self, handler: Callable[[Item], object], *, stop: threading.Event | None = None,
             max_items: int | None = None) -> ConsumerStats:  # fmt: skip
@@ -174,8 +231,9 @@ class AsyncJob(_JobState):
     """``async with job:`` — the asyncio twin of ``Job`` (the lease keeper is a task)."""
 
     def __init__(self, client: AsyncClient, queue: str, item: Item, lease_ms: int,
-                 backoff: Backoff, stats: ConsumerStats) -> None:  # fmt: skip
-        super().__init__(queue, item, lease_ms, backoff)
+                 backoff: Backoff, stats: ConsumerStats,
+                 settled: list[Release] | None = None) -> None:  # fmt: skip
+        super().__init__(queue, item, lease_ms, backoff, settled)
         self._client = client
         self._stats = stats
         self._lock = asyncio.Lock()
@@ -213,7 +271,9 @@ class AsyncJob(_JobState):
             return False
         async with self._lock:
             try:
-                if t is None:
+                if t is None and self._settled is not None:
+                    self._settled.append(Release(self.item.id, self.receipt))
+                elif t is None:
                     await self._client.release(self.queue, self.item.id, self.receipt)
                     self._stats.released += 1
                 else:
@@ -241,21 +301,50 @@ class AsyncConsumer:
         self.wait_ms = wait_ms
         self.backoff = backoff or Backoff()
         self.stats = ConsumerStats()
+        self._settled: list[Release] = []  # released by the next dequeue (or ``flush``)
 
     async def jobs(self, *, stop: asyncio.Event | None = None,
                    max_items: int | None = None) -> AsyncIterator[AsyncJob]:  # fmt: skip
+        """Leaving the loop early: ``await consumer.flush()`` releases the last jobs."""
         seen = 0
         while (stop is None or not stop.is_set()) and (max_items is None or seen < max_items):
             want = self.count if max_items is None else min(self.count, max_items - seen)
-            for item in await self.client.dequeue(self.queue, want, self.lease_ms, self.wait_ms):
+            for item in await self._take(want):
                 seen += 1
-                yield AsyncJob(
-                    self.client, self.queue, item, self.lease_ms, self.backoff, self.stats
-                )
+                yield AsyncJob(self.client, self.queue, item, self.lease_ms, self.backoff,
+                               self.stats, self._settled)  # fmt: skip
+        await self._flush_quietly()
+
+    async def _take(self, count: int) -> list[Item]:
+        done, self._settled[:] = list(self._settled), []
+        try:
+            items = await self.client.dequeue(
+                self.queue, count, self.lease_ms, self.wait_ms, release=done
+            )
+        except ClientError:
+            self._settled[:0] = done  # they may not have been released: try again
+            raise
+        self.stats.count_releases(items.released)
+        return items
+
+    async def flush(self) -> None:
+        """Release the finished jobs whose release is still waiting for a dequeue."""
+        done, self._settled[:] = list(self._settled), []
+        if done:
+            self.stats.count_releases(await self.client.release_many(self.queue, done))
+
+    async def _flush_quietly(self) -> None:
+        try:
+            await self.flush()
+        except ClientError as exc:
+            logger.warning("releasing finished jobs failed (they will be redelivered): %s", exc)
 
     async def run(self, handler: Callable[[Item], Awaitable[object]], *,
                   stop: asyncio.Event | None = None, max_items: int | None = None) -> ConsumerStats:  # fmt: skip
-        async for job in self.jobs(stop=stop, max_items=max_items):
-            async with job:
-                await handler(job.item)
+        try:
+            async for job in self.jobs(stop=stop, max_items=max_items):
+                async with job:
+                    await handler(job.item)
+        finally:
+            await self._flush_quietly()
         return self.stats

@@ -18,7 +18,7 @@ import json
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from dq.client import _wire
 from dq.client.errors import ClientError, TransportError, error_for
@@ -26,6 +26,7 @@ from dq.client.types import (
     BackupResult,
     BrowsedItem,
     BrowsePage,
+    Dequeued,
     Enqueued,
     Extend,
     Item,
@@ -82,7 +83,7 @@ def _code(status: int) -> str:
         return "internal"
 
 
-def _raise(response: Response, queue: str | None, item_id: int | None = None) -> None:
+def _raise(response: Response, queue: str | None, item_id: int | None = None) -> NoReturn:
     code = _code(response.status)
     message = response.body.decode("utf-8", "replace")
     raise error_for(_HTTP_STATUS.get(code, 400), code, message, queue=queue, id=item_id)
@@ -100,6 +101,10 @@ def _check_item(item: NewItem) -> None:
 
 def _ascii(receipt: str) -> bool:
     return receipt.isascii() and bool(receipt)
+
+
+def _released_ok(item_id: int, body: bytes) -> Outcome:
+    return Outcome(item_id, True)
 
 
 def _item(d: Any) -> Item:
@@ -124,7 +129,7 @@ class ShmTransport:
         timeout: float = _DEFAULT_TIMEOUT,
         token: str | None = None,
         http_url: str | None = None,
-        capacity: int = 64,
+        capacity: int = 256,
         spin_us: float = DEFAULT_SPIN_US,
         retries: int = 3,
     ) -> None:
@@ -180,10 +185,13 @@ class ShmTransport:
                 out: list[Response] = []
                 for op, key, value in commands:
                     if len(inflight) == window:
+                        ring.wake_server()
                         out.append(ring.wait(inflight.popleft(), timeout))
-                    inflight.append(ring.submit(op, key, value, timeout))
+                    inflight.append(ring.submit(op, key, value, timeout, wake=False))
+                ring.wake_server()  # once per burst: the server takes it in one pass
                 while inflight:
                     out.append(ring.wait(inflight.popleft(), timeout))
+                out[-1] = ring.complete(out[-1], timeout)  # only the last may continue
                 return out
         except ClientError:
             raise
@@ -203,20 +211,22 @@ class ShmTransport:
         responses = dict(
             zip(sendable, self._run(queue, [commands(i) for i in sendable]), strict=True)
         )
-        out: list[Outcome] = []
-        for i, item_id in enumerate(ids):
-            r = responses.get(i)
-            if r is None:
-                out.append(Outcome(item_id, False, "invalid_receipt", "receipt is not ASCII"))
-            elif r.status == Status.OK:
-                out.append(ok(item_id, r.body))
-            elif _code(r.status) in _ITEM_ERRORS:
-                out.append(
-                    Outcome(item_id, False, _code(r.status), r.body.decode("utf-8", "replace"))
-                )
-            else:
-                _raise(r, queue, item_id)
-        return out
+        return [
+            self._outcome(queue, item_id, responses.get(i), ok) for i, item_id in enumerate(ids)
+        ]
+
+    @staticmethod
+    def _outcome(
+        queue: str, item_id: int, r: Response | None, ok: Callable[[int, bytes], Outcome]
+    ) -> Outcome:
+        """One item's outcome; ``None``: its receipt could not be sent (not ASCII)."""
+        if r is None:
+            return Outcome(item_id, False, "invalid_receipt", "receipt is not ASCII")
+        if r.status == Status.OK:
+            return ok(item_id, r.body)
+        if _code(r.status) in _ITEM_ERRORS:
+            return Outcome(item_id, False, _code(r.status), r.body.decode("utf-8", "replace"))
+        _raise(r, queue, item_id)
 
     # ---- the Transport protocol ---------------------------------------------------------------
 
@@ -234,13 +244,27 @@ class ShmTransport:
             out.append(Enqueued(*codec.decode_put_ok(r.body)))
         return out
 
-    def dequeue(self, queue: str, count: int, lease_ms: int | None, wait_ms: int) -> list[Item]:
+    def dequeue(
+        self,
+        queue: str,
+        count: int,
+        lease_ms: int | None,
+        wait_ms: int,
+        release: Sequence[Release] = (),
+    ) -> Dequeued:
+        """The releases go first, pipelined with the FIND in one burst: one wake-up."""
         wait_ms = max(0, min(wait_ms, 0xFFFFFFFF))
-        key = codec.encode_find(count, wait_ms, lease_ms)
-        (r,) = self._run(queue, [(Op.FIND, key, b"")], self._timeout + wait_ms / 1000)
+        sendable = [r for r in release if _ascii(r.receipt)]
+        commands: list[Command] = [
+            (Op.DELETE, *codec.encode_item(r.id, r.receipt)) for r in sendable
+        ]
+        commands.append((Op.FIND, codec.encode_find(count, wait_ms, lease_ms), b""))
+        *released, r = self._run(queue, commands, self._timeout + wait_ms / 1000)
+        answers = dict(zip([id(x) for x in sendable], released, strict=True))
+        outcomes = [self._outcome(queue, x.id, answers.get(id(x)), _released_ok) for x in release]
         if r.status != Status.OK:
             _raise(r, queue)
-        return [_item(d) for d in codec.decode_deliveries(r.body)]
+        return Dequeued([_item(d) for d in codec.decode_deliveries(r.body)], outcomes)
 
     def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]:
         def command(i: int) -> Command:
@@ -251,7 +275,7 @@ class ShmTransport:
             [b.id for b in batch],
             [b.receipt for b in batch],
             command,
-            lambda item_id, body: Outcome(item_id, True),
+            _released_ok,
         )
 
     def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]:
@@ -354,9 +378,14 @@ class AsyncShmTransport:
         return await asyncio.to_thread(self._sync.enqueue, queue, items)
 
     async def dequeue(
-        self, queue: str, count: int, lease_ms: int | None, wait_ms: int
-    ) -> list[Item]:
-        return await asyncio.to_thread(self._sync.dequeue, queue, count, lease_ms, wait_ms)
+        self,
+        queue: str,
+        count: int,
+        lease_ms: int | None,
+        wait_ms: int,
+        release: Sequence[Release] = (),
+    ) -> Dequeued:
+        return await asyncio.to_thread(self._sync.dequeue, queue, count, lease_ms, wait_ms, release)
 
     async def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]:
         return await asyncio.to_thread(self._sync.release, queue, batch)

@@ -13,6 +13,7 @@ __all__ = [
     "BackupResult",
     "BrowsePage",
     "BrowsedItem",
+    "Dequeued",
     "Enqueued",
     "Extend",
     "Item",
@@ -68,6 +69,17 @@ class Item:
     deadline: int
     stats: ItemStats
     lease_expires: int
+
+
+class Dequeued(list[Item]):
+    """What ``dequeue`` returns: the leased items (it is a list of them) and, in
+    ``released``, one ``Outcome`` per release the request carried, in order."""
+
+    __slots__ = ("released",)
+
+    def __init__(self, items: list[Item], released: list[Outcome] | None = None) -> None:
+        super().__init__(items)
+        self.released: list[Outcome] = released if released is not None else []
 
 
 @dataclass(frozen=True, slots=True)

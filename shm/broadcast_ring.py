@@ -135,6 +135,10 @@ class BroadcastWriter:
         self.evicted = 0
         self.laps = 0
 
+    def has_readers(self) -> bool:
+        """Whether any subscriber is active (one load: cheap enough for every event)."""
+        return bool(A.load_u64(self.buf, OFF_ACTIVE))
+
     def publish(self, messages: Sequence[bytes]) -> None:
         """Append ``messages`` in order; readers see them after one counter store."""
         buf, size, base = self.buf, self.size, BUFFER_OFF

@@ -7,7 +7,12 @@ state (the bound queue, the rest of a response too long for one slot). Invariant
     writes anything, so a hostile ring yields error responses, never a corrupt queue;
   - durable ops (PUT, DELETE, REQUEUE) go through the engine's ``*_nowait`` calls and are
     answered only once their future resolves: the same group commit and the same
-    durability as an HTTP request;
+    durability as an HTTP request. A run of PUTs (or DELETEs) that arrived together is
+    handed to the engine as one batch (``begin_run``), as an HTTP batch would be; if the
+    engine refuses the batch as a whole, nothing of it was written, and each command is
+    started alone so that each gets its own answer;
+  - a response longer than one slot is handed out chunk by chunk from one buffer
+    (``CONTINUE``), never copied again per chunk;
   - every command gets exactly one response; no exception escapes ``finish``.
 """
 
@@ -21,10 +26,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from dq.shm import command_codec as codec
-from dq.shm.command_ring import RESPONSE_BODY_MAX, Command, Op, Status, encode_response
+from dq.shm.command_ring import (
+    FLAG_MORE,
+    RESPONSE_BODY_MAX,
+    Command,
+    Op,
+    Status,
+    encode_response,
+)
 from dq.shm.errors import MalformedSlot
 from dq.storage.errors import StorageError
 from dq.storage.types import Extend, ItemOutcome, NewItem, Release, Requeue, check_queue_name
@@ -47,6 +60,7 @@ class Outcome:
     result: Result | None = None
     future: concurrent.futures.Future[Any] | None = None
     finish: Callable[[Any], Result] | None = None
+    encoded: bytes | None = None  # a response already cut to one slot (a continuation)
 
 
 def _status_for(code: str) -> int:
@@ -72,6 +86,22 @@ def _item_result(outcomes: list[ItemOutcome], body: Callable[[ItemOutcome], byte
     return int(Status.OK), body(outcome)
 
 
+def _put_ok(done: Any) -> Result:
+    return int(Status.OK), codec.encode_put_ok(done.id, done.deadline)
+
+
+def _empty(outcome: ItemOutcome) -> bytes:
+    return b""
+
+
+def _put_at(index: int, done: list[Any]) -> Result:
+    return _put_ok(done[index])
+
+
+def _released_at(index: int, outcomes: list[ItemOutcome]) -> Result:
+    return _item_result([outcomes[index]], _empty)
+
+
 class CommandHandler:
     """One session's op dispatcher. Used by that session's thread only."""
 
@@ -86,7 +116,8 @@ class CommandHandler:
         self.queue = queue
         self._stopping = stopping
         self._max_wait_ms = max_wait_ms  # a FIND long-polls at most this long, as over HTTP
-        self._rest = b""  # the part of the last response that did not fit its slot
+        self._rest = b""  # the last response when it did not fit its slot ...
+        self._rest_at = 0  # ... and where its next chunk starts
 
     # ---- the two-step protocol used by the session loop ----------------------------------
 
@@ -103,7 +134,7 @@ class CommandHandler:
                 self.queue = check_queue_name(cmd.value.decode("ascii", "replace"))
                 return Outcome((int(Status.OK), b""))
             if cmd.op == Op.CONTINUE:
-                return Outcome(self._continue())
+                return self._continue()
             if cmd.op not in _KNOWN_OPS:
                 return Outcome((int(Status.UNKNOWN_OP), f"unknown op {cmd.op}".encode()))
             if self.queue is None:
@@ -112,8 +143,38 @@ class CommandHandler:
         except Exception as exc:
             return Outcome(_error(exc))
 
-    def finish(self, outcome: Outcome) -> bytes:
-        """Wait for a started command and return its response bytes (first chunk)."""
+    def begin_run(self, cmds: list[Command]) -> list[Outcome]:
+        """Start consecutive PUTs (or DELETEs) as one engine batch; one outcome each."""
+        if len(cmds) > 1 and self.queue is not None:
+            try:
+                return self._batch(cmds, self.queue)
+            except Exception:  # refused as a whole (nothing written): answer one by one
+                pass
+        return [self.begin(cmd) for cmd in cmds]
+
+    def _batch(self, cmds: list[Command], queue: str) -> list[Outcome]:
+        self._rest = b""
+        engine = self._engine
+        if any(cmd.value_size > 1024 for cmd in cmds):
+            raise MalformedSlot("value_size exceeds the slot")
+        if cmds[0].op == Op.PUT:
+            items = [NewItem(cmd.value, *codec.decode_put(cmd.key)) for cmd in cmds]
+            put = engine.enqueue_nowait(queue, items)
+            return [Outcome(future=put, finish=partial(_put_at, i)) for i in range(len(cmds))]
+        if cmds[0].op == Op.DELETE:
+            args = [codec.decode_item(cmd.key, cmd.value) for cmd in cmds]
+            released = engine.release_nowait(queue, [Release(a.id, a.receipt) for a in args])
+            return [
+                Outcome(future=released, finish=partial(_released_at, i)) for i in range(len(cmds))
+            ]
+        raise MalformedSlot("only PUT and DELETE runs are batched")
+
+    def finish(self, outcome: Outcome, *, whole: bool = True) -> bytes:
+        """Wait for a started command and return its response bytes (first chunk).
+        ``whole=False`` (answers given from another thread) cuts a body that does not
+        fit one slot instead of keeping the rest for CONTINUE."""
+        if outcome.encoded is not None:
+            return outcome.encoded
         if outcome.result is not None:
             status, body = outcome.result
         else:
@@ -122,10 +183,10 @@ class CommandHandler:
                 status, body = outcome.finish(self._wait(outcome.future))
             except Exception as exc:
                 status, body = _error(exc)
-        if len(body) <= RESPONSE_BODY_MAX:
-            return encode_response(status, body)
-        self._rest = body[RESPONSE_BODY_MAX:]
-        return encode_response(status, body[:RESPONSE_BODY_MAX], 1)
+        if len(body) <= RESPONSE_BODY_MAX or not whole:
+            return encode_response(status, body[:RESPONSE_BODY_MAX])
+        self._rest, self._rest_at = body, RESPONSE_BODY_MAX
+        return encode_response(status, body[:RESPONSE_BODY_MAX], FLAG_MORE)
 
     def _wait(self, future: concurrent.futures.Future[Any]) -> Any:
         while True:
@@ -135,12 +196,18 @@ class CommandHandler:
                 if self._stopping.is_set() and not future.running():
                     raise
 
-    def _continue(self) -> Result:
-        """The rest of the previous response; ``finish`` cuts it into slot-sized chunks."""
-        if not self._rest:
-            return int(Status.NO_CONTINUATION), b"no response continues"
-        rest, self._rest = self._rest, b""
-        return int(Status.OK), rest
+    def _continue(self) -> Outcome:
+        """The next chunk of the previous response (a slice of it: the rest stays put)."""
+        rest, start = self._rest, self._rest_at
+        if not rest:
+            return Outcome((int(Status.NO_CONTINUATION), b"no response continues"))
+        end = start + RESPONSE_BODY_MAX
+        more = end < len(rest)
+        if more:
+            self._rest_at = end
+        else:
+            self._rest = b""
+        return Outcome(encoded=encode_response(int(Status.OK), rest[start:end], FLAG_MORE * more))
 
     # ---- ops ---------------------------------------------------------------------------------
 
@@ -151,14 +218,13 @@ class CommandHandler:
             deadline, delay = codec.decode_put(cmd.key)
             item = NewItem(cmd.value, deadline, delay)
             return Outcome(
-                future=engine.enqueue_nowait(queue, [item]),
-                finish=lambda r: (int(Status.OK), codec.encode_put_ok(r[0].id, r[0].deadline)),
+                future=engine.enqueue_nowait(queue, [item]), finish=lambda r: _put_ok(r[0])
             )
         if op == Op.DELETE:
             args = codec.decode_item(cmd.key, cmd.value)
             return Outcome(
                 future=engine.release_nowait(queue, [Release(args.id, args.receipt)]),
-                finish=lambda r: _item_result(r, lambda o: b""),
+                finish=lambda r: _item_result(r, _empty),
             )
         if op == Op.REQUEUE:
             args = codec.decode_requeue(cmd.key, cmd.value)

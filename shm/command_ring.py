@@ -31,6 +31,7 @@ import os
 import struct
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -95,6 +96,7 @@ RESPONSE_BODY_MAX = RESPONSE_MAX - RESPONSE_HEAD.size
 FLAG_MORE = 0x01  # the body continues: send Op.CONTINUE for the next chunk
 
 MAX_CAPACITY = 4096
+CONTINUE_WINDOW = 32  # continuation chunks a client asks for at once
 
 #: How long a waiting side spins before it parks on the futex. Spinning saves the ~3-5 us
 #: of a futex wake only when a core is free for it; on the 2-vCPU machine of
@@ -208,8 +210,12 @@ class ClientRing:
         tail = at.load_u64(self._mm, TAIL_OFF)
         return (tail - head - 1) % self.capacity
 
-    def submit(self, op: int, key: bytes, value: bytes, timeout_s: float = 30.0) -> int:
-        """Fill the slot at ``head`` and publish it; returns the slot index. Caller holds lock."""
+    def submit(
+        self, op: int, key: bytes, value: bytes, timeout_s: float = 30.0, *, wake: bool = True
+    ) -> int:
+        """Fill the slot at ``head`` and publish it; returns the slot index. Caller holds lock.
+        With ``wake=False`` the server is not woken: a caller filling several slots wakes
+        it once at the end (``wake_server``), so the server takes them in one pass."""
         if len(value) > VALUE_MAX:
             raise ValueTooLargeForRing("value does not fit a command slot", size=len(value))
         if len(key) != KEY_SIZE:
@@ -229,8 +235,13 @@ class ClientRing:
         at.store_u8(mm, off + RESPONSE_READY, 0)
         at.store_u8(mm, off + READY, 1)
         at.store_u64(mm, HEAD_OFF, nxt)
-        at.futex_wake(mm, HEAD_OFF, 1)
+        if wake:
+            at.futex_wake(mm, HEAD_OFF, 1)
         return head
+
+    def wake_server(self) -> None:
+        """Wake the server to take the commands submitted with ``wake=False``."""
+        at.futex_wake(self._mm, HEAD_OFF, 1)
 
     def _wait_for_room(self, nxt: int, timeout_s: float) -> None:
         """The ring is full. The server advances ``tail`` right after publishing a response
@@ -272,14 +283,32 @@ class ClientRing:
         self, op: int, key: bytes, value: bytes = b"", timeout_s: float = 30.0
     ) -> Response:
         """``call`` for a caller that already holds ``lock``."""
-        response = self.wait(self.submit(op, key, value, timeout_s), timeout_s)
-        if not response.more:
-            return response
-        parts = [response.body]
-        while response.more:
-            response = self.wait(self.submit(Op.CONTINUE, bytes(KEY_SIZE), b""), timeout_s)
+        return self.complete(
+            self.wait(self.submit(op, key, value, timeout_s), timeout_s), timeout_s
+        )
+
+    def complete(self, first: Response, timeout_s: float = 30.0) -> Response:
+        """``first`` with the rest of its body. Caller holds lock. The CONTINUEs are
+        pipelined, 1, 2, 4 ... (up to ``CONTINUE_WINDOW``) at a time; those sent past
+        the last chunk are answered NO_CONTINUATION and dropped."""
+        if not first.more:
+            return first
+        parts = [first.body]
+        inflight: deque[int] = deque()
+        window, last = 1, False
+        while True:
+            while not last and len(inflight) < window:
+                inflight.append(self.submit(Op.CONTINUE, bytes(KEY_SIZE), b"", timeout_s))
+            if not inflight:
+                return Response(first.status, 0, b"".join(parts))
+            response = self.wait(inflight.popleft(), timeout_s)
+            if last:
+                continue
+            if response.status != Status.OK:
+                raise ProtocolError("a continuation failed", status=response.status)
             parts.append(response.body)
-        return Response(response.status, 0, b"".join(parts))
+            last = not response.more
+            window = min(window * 2, CONTINUE_WINDOW, self.capacity - 1)
 
 
 class ServerRing:
@@ -304,9 +333,13 @@ class ServerRing:
             raise ProtocolError("head beyond capacity", head=head, capacity=self.capacity)
         return head
 
-    def wait_for_head(self, timeout_s: float | None, spin_us: float) -> int:
-        """Wait until ``head != tail`` (spin, then park on head's low word); return head."""
-        at.spin_wait_u64(self._mm, HEAD_OFF, self.tail, timeout_s, spin_us)
+    def wait_for_head(
+        self, timeout_s: float | None, spin_us: float, after: int | None = None
+    ) -> int:
+        """Wait until ``head`` moves past ``after`` (default ``tail``: the server may have
+        read further than it answered), spinning, then parked on head's low word."""
+        at.spin_wait_u64(self._mm, HEAD_OFF, self.tail if after is None else after,
+                         timeout_s, spin_us)  # fmt: skip
         return self.head()
 
     def wake(self) -> None:

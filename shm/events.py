@@ -8,7 +8,9 @@ wraparound for slow subscribers (bounded by the writer's eviction). "Due" events
 derived from ``engine.next_wakeup``: one per queue each time its next wakeup passes.
 
 Invariant kept: events reach the ring in the order the engine emitted them; nothing is
-dropped unless the backlog passes ``max_backlog`` (counted in ``dropped``).
+dropped unless the backlog passes ``max_backlog`` (counted in ``dropped``). A subscriber
+reads from its join point on, so while nobody is subscribed an event is not kept at all:
+an idle ring costs the engine's writers no wake-up of this thread.
 """
 
 from __future__ import annotations
@@ -112,6 +114,8 @@ class EventPublisher:
         self._thread.join(timeout_s)
 
     def _on_event(self, event: Event) -> None:
+        if not self.writer.has_readers():
+            return
         if len(self._backlog) >= self.max_backlog:
             self.dropped += 1
             return
@@ -125,7 +129,7 @@ class EventPublisher:
             self._wake.clear()
             try:
                 self._flush()
-                if time.monotonic() >= next_due:
+                if time.monotonic() >= next_due and self.writer.has_readers():
                     next_due = time.monotonic() + self.due_check_s
                     self._flush(self._due_events())
             except Exception:  # keep publishing whatever one bad event did

@@ -23,6 +23,8 @@ import selectors
 import socket
 import threading
 from collections import deque
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,8 @@ from dq.shm.command_ring import (
     MAX_CAPACITY,
     SLOT_SIZE,
     VALUE_MAX,
+    Command,
+    Op,
     ServerRing,
     ring_size,
 )
@@ -54,16 +58,26 @@ __all__ = ["ShmServer", "start"]
 
 log = logging.getLogger(__name__)
 
+RUN_OPS = frozenset({Op.PUT, Op.DELETE})  # consecutive ones become one engine batch
 HANDSHAKE_TIMEOUT_S = 5.0
 IDLE_PARK_S = 2.0  # a safety net: stopping a session futex-wakes it (a wake can race the park)
 POLL_MIN_S = 0.0005  # clients that do not futex-wake are polled, backing off to POLL_MAX_S
 POLL_MAX_S = 0.02
+STOP_POLL_S = 0.2  # how soon a session waiting for answers notices it is stopping
 
 
 class _Refused(ShmError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+@dataclass(slots=True)
+class _Pending:
+    """A started durable command: its slot and, once durable, its response."""
+
+    index: int
+    response: bytes | None = None
 
 
 class Session:
@@ -82,6 +96,13 @@ class Session:
         self.queue: str | None = None
         self.pid: int | None = None
         self.thread = threading.Thread(target=self._run, name=f"dq-shm-{number}", daemon=True)
+        # Durable commands are answered by their future's callback, in whichever thread
+        # resolves it (the engine's group commit): no wake-up of this session's thread.
+        # ``_answers`` guards publishing; ``_pending`` holds the started ones in ring order.
+        self._answers = threading.Condition()
+        self._pending: deque[_Pending] = deque()
+        self._next = 0  # the next slot to read; ``tail`` trails it while answers are due
+        self._closed = False
 
     def stop(self) -> None:
         self.stopping.set()
@@ -152,42 +173,89 @@ class Session:
         poll_s = POLL_MIN_S
         while not self.stopping.is_set():
             timeout = IDLE_PARK_S if self.wakes else poll_s
-            head = ring.wait_for_head(timeout, spin_us)
-            if head == ring.tail:
+            head = ring.wait_for_head(timeout, spin_us, self._next)
+            if head == self._next:
                 poll_s = min(poll_s * 2, POLL_MAX_S)
                 continue
             poll_s = POLL_MIN_S
             self._process(ring, handler, head)
 
     def _process(self, ring: ServerRing, handler: CommandHandler, head: int) -> None:
-        """Answer every command in [tail, head): durable ops are started together (they
-        share a group commit), and every response is published in ring order."""
-        pending: deque[tuple[int, Outcome]] = deque()
-        scan = ring.tail
+        """Take every command in [next, head): durable ops are started together (they
+        share a group commit; a run of PUTs or DELETEs is one engine batch) and answered
+        as they become durable; the others once every earlier one is answered, so every
+        response is published in ring order."""
+        run: list[Command] = []
+        scan = self._next
         while scan != head and not self.stopping.is_set():
             cmd = ring.read(scan)
             if cmd.op in ASYNC_OPS:
-                pending.append((scan, handler.begin(cmd)))
+                if run and (run[0].op != cmd.op or cmd.op not in RUN_OPS):
+                    self._start(handler, run)
+                run.append(cmd)
             else:
-                self._drain(ring, handler, pending)
-                ring.publish(scan, handler.finish(handler.begin(cmd)))
-                ring.advance()
+                self._start(handler, run)
+                if not self._wait_answered():
+                    return
+                response = handler.finish(handler.begin(cmd))
+                with self._answers:
+                    ring.publish(scan, response)
+                    ring.advance()
             scan = (scan + 1) % ring.capacity
+            self._next = scan
             if scan == head:
                 head = ring.head()  # pick up what arrived meanwhile
-        self._drain(ring, handler, pending)
+        self._start(handler, run)
 
-    @staticmethod
-    def _drain(
-        ring: ServerRing, handler: CommandHandler, pending: deque[tuple[int, Outcome]]
+    def _start(self, handler: CommandHandler, run: list[Command]) -> None:
+        if not run:
+            return
+        outcomes = handler.begin_run(run)
+        entries = [_Pending(cmd.index) for cmd in run]
+        run.clear()
+        with self._answers:
+            self._pending.extend(entries)
+        for entry, outcome in zip(entries, outcomes, strict=True):
+            if outcome.future is None:  # answered at once (refused)
+                self._answer(entry, handler.finish(outcome, whole=False))
+            else:  # runs here at once if the future is already resolved
+                outcome.future.add_done_callback(partial(self._resolved, handler, entry, outcome))
+
+    def _resolved(
+        self, handler: CommandHandler, entry: _Pending, outcome: Outcome, future: Any
     ) -> None:
-        while pending:
-            index, outcome = pending.popleft()
-            ring.publish(index, handler.finish(outcome))
-            ring.advance()
+        try:
+            self._answer(entry, handler.finish(outcome, whole=False))
+        except Exception:  # a broken ring: drop this client alone
+            log.exception("shm client %d: answering a durable command failed", self.number)
+            self.stop()
+
+    def _answer(self, entry: _Pending, response: bytes) -> None:
+        """Publish every answer that is next in ring order (from any thread)."""
+        with self._answers:
+            entry.response = response
+            ring, pending = self.ring, self._pending
+            if self._closed or ring is None:
+                return
+            while pending and (ready := pending[0].response) is not None:
+                ring.publish(pending.popleft().index, ready)
+                ring.advance()
+            if not pending:
+                self._answers.notify_all()
+
+    def _wait_answered(self) -> bool:
+        """Wait until every started command is answered; False if the session stops."""
+        with self._answers:
+            while self._pending:
+                if self.stopping.is_set():
+                    return False
+                self._answers.wait(STOP_POLL_S)
+        return True
 
     def _cleanup(self) -> None:
         self.stopping.set()
+        with self._answers:
+            self._closed = True  # answers still due are dropped: the client is gone
         if self.ring is not None:
             self.ring.release()
         if self._mm is not None:

@@ -12,6 +12,12 @@ Invariants kept: nothing in the ring reaches the engine unchecked; a malformed e
 slot is counted and skipped; a corrupt header makes the drainer re-initialize the ring
 (waiting producers time out with a clear error) instead of raising; slots of dead
 producers are reclaimed; every wait is bounded so ``close`` returns promptly.
+
+A queue in a write stall (its segment files are being written) does not hold up the
+others: its group is parked and retried every ``STALL_RETRY_S`` while the drainer goes on
+with everything else; later groups of that queue wait behind it (so a producer's items
+keep their order), and after ``STALL_GIVE_UP_S`` they fail with ``unavailable``. A queue
+that is unavailable for good (failed, closed) fails its slots at once.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import os
 import struct
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
@@ -50,6 +56,7 @@ from dq.storage.errors import (
     InvalidQueueName,
     StorageError,
     ValueTooLarge,
+    WriteStall,
 )
 from dq.storage.types import Enqueued, NewItem, check_queue_name
 
@@ -106,6 +113,9 @@ class SubmissionDrainer:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._orphans: set[int] = set()
+        #: groups waiting out a write stall, per queue in arrival order:
+        #: (give up at, slots, items, generation)
+        self._parked: dict[str, deque[tuple[float, list[int], list[NewItem], int]]] = {}
         self._thread = threading.Thread(target=self._run, name="dq-submission-drain", daemon=True)
 
     def start(self) -> SubmissionDrainer:
@@ -128,11 +138,13 @@ class SubmissionDrainer:
                 if backstop:
                     next_backstop = time.monotonic() + BACKSTOP_S
                     self._reap()
+                if self._parked:
+                    self._retry_parked()
                 entries = self._pop_batch(backstop)
                 if entries:
                     self._dispatch(entries)
                 else:
-                    self._sleep()
+                    self._sleep(STALL_RETRY_S if self._parked else self.idle_s)
             except ProtocolError as exc:
                 self._reset(exc)
             except Exception:  # never let the thread die: log and keep draining
@@ -149,13 +161,13 @@ class SubmissionDrainer:
             entry = pop()
         return out
 
-    def _sleep(self) -> None:
+    def _sleep(self, timeout_s: float) -> None:
         buf = self.buf
         tail = A.load_u64(buf, OFF_TAIL)
         A.store_u32(buf, OFF_ASLEEP, 1)
         A.fence()
         if A.load_u64(buf, OFF_TAIL) == tail and self.ring.depth() == 0:
-            A.futex_wait(buf, OFF_TAIL, tail & 0xFFFFFFFF, self.idle_s)
+            A.futex_wait(buf, OFF_TAIL, tail & 0xFFFFFFFF, timeout_s)
         A.store_u32(buf, OFF_ASLEEP, 0)
 
     def _reset(self, exc: ShmError) -> None:
@@ -220,27 +232,51 @@ class SubmissionDrainer:
             self._submit(queue, slots, items, gen)
 
     def _submit(self, queue: str, slots: list[int], items: list[NewItem], gen: int) -> None:
-        give_up = time.monotonic() + STALL_GIVE_UP_S
-        while True:
-            try:
-                future = self.engine.enqueue_nowait(queue, items)
-                break
-            except InvalidArgument as exc:
-                if len(items) == 1:
-                    self._finish_failed(slots[0], _code_for(exc), gen)
-                    return
-                for slot, item in zip(slots, items, strict=True):  # find the bad one(s)
-                    self._submit(queue, [slot], [item], gen)
-                return
-            except StorageError as exc:
-                if getattr(exc, "code", "") == "unavailable" and time.monotonic() < give_up:
-                    if self._stop.wait(STALL_RETRY_S):
-                        return
-                    continue  # a write stall while a segment is written: retry
-                for slot in slots:
-                    self._finish_failed(slot, _code_for(exc), gen)
-                return
+        if queue in self._parked:  # behind a stalled group of the same queue: keep order
+            self._parked[queue].append((time.monotonic() + STALL_GIVE_UP_S, slots, items, gen))
+            return
+        if not self._try_submit(queue, slots, items, gen):
+            self._parked[queue] = deque([(time.monotonic() + STALL_GIVE_UP_S, slots, items, gen)])
+
+    def _try_submit(self, queue: str, slots: list[int], items: list[NewItem], gen: int) -> bool:
+        """Hand a group to the engine; False if the queue is stalled (try again later)."""
+        try:
+            future = self.engine.enqueue_nowait(queue, items)
+        except InvalidArgument as exc:
+            if len(items) == 1:
+                self._finish_failed(slots[0], _code_for(exc), gen)
+                return True
+            for slot, item in zip(slots, items, strict=True):  # find the bad one(s)
+                self._submit(queue, [slot], [item], gen)
+            return True
+        except StorageError as exc:
+            if isinstance(exc, WriteStall):
+                return False  # a segment is being written: the queue takes writes shortly
+            for slot in slots:
+                self._finish_failed(slot, _code_for(exc), gen)
+            return True
         future.add_done_callback(lambda f: self._complete(slots, f, gen))
+        return True
+
+    def _retry_parked(self) -> None:
+        now = time.monotonic()
+        for queue in list(self._parked):
+            groups = self._parked[queue]
+            while groups:
+                give_up, slots, items, gen = groups[0]
+                if gen != self._generation:
+                    groups.popleft()  # the ring was re-initialized: not ours any more
+                    continue
+                if now >= give_up:
+                    groups.popleft()
+                    for slot in slots:
+                        self._finish_failed(slot, E_UNAVAILABLE, gen)
+                    continue
+                if not self._try_submit(queue, slots, items, gen):
+                    break
+                groups.popleft()
+            if not groups:
+                del self._parked[queue]
 
     # ---- completion ------------------------------------------------------------------
 

@@ -1,11 +1,12 @@
-"""Retry policy and error mapping of the HTTP transport, with a mock httpx transport."""
+"""Retry policy, timeouts and error mapping of the HTTP transport, against a scripted server."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
+from typing import Any
 
-import httpx
 import pytest
 
 from dq.client import (
@@ -18,31 +19,9 @@ from dq.client import (
     TransportError,
     Unavailable,
     UnsupportedAddress,
+    _connection,
 )
-from dq.client._http import AsyncHttpTransport, HttpTransport
-
-
-def _client(handler: httpx.MockTransport, retries: int = 3) -> Client:
-    return Client(
-        "http://dq.test",
-        transport=HttpTransport("http://dq.test", http_transport=handler, retries=retries),
-    )
-
-
-def _counting(
-    responses: list[httpx.Response | Exception],
-) -> tuple[httpx.MockTransport, list[httpx.Request]]:
-    seen: list[httpx.Request] = []
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        r = responses[min(len(seen), len(responses)) - 1]
-        if isinstance(r, Exception):
-            raise r
-        return r
-
-    return httpx.MockTransport(handle), seen
-
+from tests.client.scripted import DROP, HANG, Answer, scripted
 
 QUEUE_DOC = {
     "name": "q",
@@ -52,60 +31,103 @@ QUEUE_DOC = {
 }  # fmt: skip
 
 
-def test_idempotent_reads_retry_on_503_and_connect_errors() -> None:
-    mock, seen = _counting([
-        httpx.ConnectError("refused"),
-        httpx.Response(503, json={"error": "unavailable", "message": "busy"}),
-        httpx.Response(200, json=QUEUE_DOC),
-    ])  # fmt: skip
-    with _client(mock) as dq:
+@pytest.fixture
+def refused_once(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The first connect fails as if nothing listened; returns the list of refusals."""
+    refusals: list[int] = []
+    real = _connection.open_socket
+
+    def flaky(address: Any, timeout: float) -> socket.socket:
+        if not refusals:
+            refusals.append(1)
+            raise ConnectionRefusedError("refused")
+        return real(address, timeout)
+
+    monkeypatch.setattr(_connection, "open_socket", flaky)
+    return refusals
+
+
+def test_idempotent_reads_retry_on_503_and_connect_errors(refused_once: list[int]) -> None:
+    busy = Answer(503, {"error": "unavailable", "message": "busy"})
+    with scripted(busy, Answer(200, QUEUE_DOC)) as server, Client(server.url) as dq:
         assert dq.queue("q").stats.pending == 1
-    assert len(seen) == 3
+    assert len(refused_once) + len(server.seen) == 3
 
 
 def test_enqueue_is_not_resent_after_a_lost_response() -> None:
-    mock, seen = _counting([httpx.ReadTimeout("lost")])
-    with _client(mock) as dq, pytest.raises(TransportError):
+    with scripted(DROP) as server, Client(server.url) as dq, pytest.raises(TransportError):
         dq.enqueue("q", b"x")
-    assert len(seen) == 1
-    mock, seen = _counting([httpx.Response(503, json={"error": "unavailable", "message": "x"})])
-    with _client(mock) as dq, pytest.raises(Unavailable):
+    assert len(server.seen) == 1
+    busy = Answer(503, {"error": "unavailable", "message": "x"})
+    with scripted(busy) as server, Client(server.url) as dq, pytest.raises(Unavailable):
         dq.enqueue("q", b"x")
-    assert len(seen) == 1
+    assert len(server.seen) == 1
 
 
-def test_enqueue_is_retried_when_the_connection_never_opened() -> None:
-    mock, seen = _counting([
-        httpx.ConnectError("refused"),
-        httpx.Response(200, json={"items": [{"id": 7, "deadline": 1}]}),
-    ])  # fmt: skip
-    with _client(mock) as dq:
+def test_enqueue_is_retried_when_the_connection_never_opened(refused_once: list[int]) -> None:
+    done = Answer(200, {"items": [{"id": 7, "deadline": 1}]})
+    with scripted(done) as server, Client(server.url) as dq:
         assert dq.enqueue("q", "x", delay_ms=5) == 7
-    body = json.loads(seen[-1].content)
+    body = json.loads(server.seen[-1][2])
     assert body == {"items": [{"value": "x", "encoding": "utf-8", "delay_ms": 5}]}
+    assert refused_once == [1]
+
+
+def test_a_timed_out_enqueue_is_not_resent() -> None:
+    with (
+        scripted(HANG) as server,
+        Client(server.url, timeout=0.3) as dq,
+        pytest.raises(TransportError),
+    ):
+        dq.enqueue("q", b"x")
+    assert len(server.seen) == 1
 
 
 def test_server_codes_map_to_error_classes() -> None:
-    mock, _ = _counting([httpx.Response(404, json={"error": "queue_not_found", "message": "no"})])
-    with _client(mock) as dq, pytest.raises(QueueNotFound) as err:
+    missing = Answer(404, {"error": "queue_not_found", "message": "no"})
+    with scripted(missing) as server, Client(server.url) as dq, pytest.raises(QueueNotFound) as err:
         dq.queue("q")
     assert err.value.status == 404 and err.value.queue == "q"
     results = {"results": [{"id": 3, "ok": False, "error": "stale_receipt", "message": "over"}]}
-    mock, _ = _counting([httpx.Response(200, json=results)])
-    with _client(mock) as dq, pytest.raises(StaleReceipt) as stale:
+    with (
+        scripted(Answer(200, results)) as server,
+        Client(server.url) as dq,
+        pytest.raises(StaleReceipt) as stale,
+    ):
         dq.release("q", 3, "r")
     assert stale.value.status == 409 and stale.value.id == 3
     results["results"][0]["error"] = "item_not_found"
-    mock, _ = _counting([httpx.Response(200, json=results)])
-    with _client(mock) as dq, pytest.raises(ItemNotFound):
+    with (
+        scripted(Answer(200, results)) as server,
+        Client(server.url) as dq,
+        pytest.raises(ItemNotFound),
+    ):
         dq.release("q", 3, "r")
 
 
 def test_binary_values_travel_as_base64() -> None:
-    mock, seen = _counting([httpx.Response(200, json={"items": [{"id": 1, "deadline": 1}]})])
-    with _client(mock) as dq:
+    done = Answer(200, {"items": [{"id": 1, "deadline": 1}]})
+    with scripted(done) as server, Client(server.url) as dq:
         dq.enqueue("q", b"\xff\xfe")
-    assert json.loads(seen[0].content)["items"][0] == {"value": "//4=", "encoding": "base64"}
+    assert json.loads(server.seen[0][2])["items"][0] == {"value": "//4=", "encoding": "base64"}
+
+
+def test_keep_alive_and_a_connection_the_server_closed_while_idle() -> None:
+    done = Answer(200, {"items": [{"id": 1, "deadline": 1}]})
+    with scripted(done, done, Answer(200, {"items": [{"id": 2, "deadline": 1}]}, close_after=True),
+                  done) as server, Client(server.url) as dq:  # fmt: skip
+        assert [dq.enqueue("q", b"x") for _ in range(3)] == [1, 1, 2]
+        assert server.connections == 1  # one connection carried all three
+        # the server closed it after the third answer without saying so: an enqueue
+        # (never resent) still goes out, on a new connection
+        assert dq.enqueue("q", b"x") == 1
+    assert (len(server.seen), server.connections) == (4, 2)
+
+
+def test_chunked_answers() -> None:
+    with scripted(Answer(200, QUEUE_DOC, chunked=True)) as server, Client(server.url) as dq:
+        assert dq.queue("q").config.default_lease_ms == 1000
+        assert dq.queue("q").stats.next_id == 2
 
 
 def test_unknown_scheme_and_missing_shm_transport() -> None:
@@ -124,13 +146,22 @@ def test_connection_refused_is_a_transport_error() -> None:
 
 
 def test_async_transport_maps_the_same_way() -> None:
-    async def handle(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(409, json={"error": "stale_receipt", "message": "over"})
-
-    async def run() -> None:
-        transport = AsyncHttpTransport("http://dq.test", http_transport=httpx.MockTransport(handle))
-        async with AsyncClient("http://dq.test", transport=transport) as dq:
+    async def run(url: str) -> None:
+        async with AsyncClient(url) as dq:
             with pytest.raises(StaleReceipt):
                 await dq.extend("q", 1, "r", 1000)
 
-    asyncio.run(run())
+    with scripted(Answer(409, {"error": "stale_receipt", "message": "over"})) as server:
+        asyncio.run(run(server.url))
+
+
+def test_async_lost_and_timed_out_enqueues_are_not_resent() -> None:
+    async def run(url: str) -> None:
+        async with AsyncClient(url, timeout=0.3) as dq:
+            with pytest.raises(TransportError):
+                await dq.enqueue("q", b"x")
+
+    for step in (DROP, HANG):
+        with scripted(step) as server:
+            asyncio.run(run(server.url))
+        assert len(server.seen) == 1

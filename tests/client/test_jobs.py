@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -97,3 +99,37 @@ def test_async_long_poll(server: LiveServer, queue: str, count: int) -> None:
             return await asyncio.wait_for(waiter, 10)
 
     assert [i.value for i in asyncio.run(run())] == [b"x"]
+
+
+def test_a_worker_loop_costs_one_request_per_item(dq: Client, queue: str) -> None:
+    dq.enqueue_many(queue, [b"%d" % i for i in range(5)])
+    calls: Counter[str] = Counter()
+    transport = dq.transport
+
+    class Counting:
+        def __getattr__(self, name: str) -> Any:
+            calls[name] += 1
+            return getattr(transport, name)
+
+    counting = Client(dq.url, transport=Counting())  # type: ignore[arg-type]
+    seen: list[bytes] = []
+    stats = counting.consumer(queue, wait_ms=200).run(lambda i: seen.append(i.value), max_items=5)
+    assert seen == [b"0", b"1", b"2", b"3", b"4"] and stats.released == 5
+    # each release rode on the next dequeue; the last one went alone when the loop ended
+    assert calls == {"dequeue": 5, "release": 1}
+    assert dq.queue(queue).stats.pending == 0
+
+
+def test_a_release_that_comes_too_late_counts_as_lost(dq: Client, queue: str) -> None:
+    dq.enqueue(queue, b"slow")
+    consumer = dq.consumer(queue, lease_ms=300, wait_ms=2_000)
+    jobs = consumer.jobs(max_items=2)
+    with next(jobs):
+        pass  # done: its release waits for the next dequeue ...
+    time.sleep(0.6)  # ... which comes after the lease ran out: the item is delivered again
+    with next(jobs) as again:
+        assert again.item.value == b"slow" and again.item.stats.dequeue_count == 2
+    assert (consumer.stats.released, consumer.stats.lost) == (0, 1)
+    jobs.close()  # leaving the loop releases what is left
+    assert (consumer.stats.released, consumer.stats.lost) == (1, 1)
+    assert dq.queue(queue).stats.pending == 0

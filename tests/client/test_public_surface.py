@@ -11,7 +11,7 @@ from dq import client
 #: The modules of issue 4 (other engineers' modules in these packages keep their own).
 MODULES = [
     "dq.client", "dq.client._async_client", "dq.client._client", "dq.client._common", "dq.client._http",
-    "dq.client._transport", "dq.client._wire", "dq.client.jobs", "dq.client.errors", "dq.client.types",
+    "dq.client._connection", "dq.client._transport", "dq.client._wire", "dq.client.jobs", "dq.client.errors", "dq.client.types",
     "dq.server.app", "dq.cli.main", "dq.cli._remote", "dq.cli.admin",
     "dq.cli.items", "dq.cli.serve", "dq.server.dependencies", "dq.server.errors",
     "dq.server.lifespan", "dq.server.limits", "dq.server.longpoll", "dq.server.metrics",

@@ -108,3 +108,43 @@ def test_a_client_refuses_to_be_used_across_fork(shm_url: str) -> None:
         transport._pid = -1  # what a forked child would see: a pid that is not the opener's
         with pytest.raises(TransportError, match="fork"):
             dq.enqueue("forked", b"child")
+
+
+def test_batches_through_the_ring(shm_url: str) -> None:
+    """A batch of PUTs is one engine batch, a dequeue answer of ~1 MB comes back in a
+    thousand chunks intact, and a batch of releases answers item by item."""
+    values = [bytes([i % 251]) * 1000 for i in range(1000)]
+    with Client(shm_url) as dq:
+        done = dq.enqueue_many("batches", values)
+        assert [e.id for e in done] == list(range(done[0].id, done[0].id + 1000))
+        items = dq.dequeue("batches", count=1000)
+        assert [i.value for i in items] == values
+        assert dq.health()["status"] == "ok"  # the extra CONTINUEs left nothing behind
+        stale = items[0]
+        dq.release("batches", stale.id, stale.receipt)
+        outcomes = dq.release_many("batches", items[:3])
+        assert [(o.id, o.ok, o.error) for o in outcomes] == [
+            (stale.id, False, "stale_receipt"),
+            (items[1].id, True, None),
+            (items[2].id, True, None),
+        ]
+        assert all(o.ok for o in dq.release_many("batches", items[3:]))
+        assert dq.queue("batches").stats.pending == 0
+
+
+def test_a_dequeue_carries_the_releases_of_earlier_deliveries(shm_url: str) -> None:
+    with Client(shm_url) as dq:
+        dq.enqueue_many("one-trip", [b"a", b"b", b"c"])
+        first = dq.dequeue("one-trip", count=2)
+        assert first.released == []
+        stale = first[0]
+        dq.release("one-trip", stale.id, stale.receipt)
+        second = dq.dequeue("one-trip", count=2, release=[first[1], stale])
+        assert [(o.id, o.ok, o.error) for o in second.released] == [
+            (first[1].id, True, None),
+            (stale.id, False, "stale_receipt"),
+        ]
+        assert [i.value for i in second] == [b"c"]
+        last = dq.dequeue("one-trip", release=second)
+        assert list(last) == [] and [o.ok for o in last.released] == [True]
+        assert dq.queue("one-trip").stats.pending == 0

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +33,8 @@ from dq.shm.submission_ring import (
 )
 from dq.shm.submitter import SubmissionRejected, Submitter
 from dq.storage import Engine, EngineConfig
+from dq.storage.errors import WriteStall
+from dq.storage.types import NewItem
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "shm.md"
 CTX = mp.get_context("fork")
@@ -316,3 +319,38 @@ def test_producers_killed_mid_push_never_wedge_or_duplicate(tmp_path: Path) -> N
         for p in procs:
             p.kill()
             p.join(10)
+
+
+class _StallingEngine:
+    """A real engine whose queue "stalled" is in a write stall until ``stalled`` is cleared."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.config = engine.config
+        self.stalled = True
+        self.refused = 0
+
+    def enqueue_nowait(self, queue: str, items: list[NewItem]) -> Any:
+        if queue == "stalled" and self.stalled:
+            self.refused += 1
+            raise WriteStall("segment files are behind", queue=queue)
+        return self._engine.enqueue_nowait(queue, items)
+
+
+def test_a_stalled_queue_holds_up_neither_other_queues_nor_its_own_order(engine: Engine) -> None:
+    stalling = _StallingEngine(engine)
+    buf = make(16)
+    drainer = SubmissionDrainer(stalling, buf).start()
+    try:
+        sub = Submitter(buf)
+        first, second = sub.submit("stalled", b"1"), sub.submit("stalled", b"2")
+        t0 = time.monotonic()
+        assert sub.enqueue("other", b"x", timeout_s=10).id == 1
+        assert time.monotonic() - t0 < 5  # not behind the stalled queue's retries
+        deadline = time.monotonic() + 10
+        while stalling.refused < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the stalled group is being retried meanwhile
+        stalling.stalled = False
+        assert (sub.wait(first, 10).id, sub.wait(second, 10).id) == (1, 2)
+    finally:
+        drainer.close()

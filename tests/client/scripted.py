@@ -1,0 +1,106 @@
+"""A scripted HTTP/1.1 server on 127.0.0.1 for the transport's retry and error tests.
+
+It answers each request it reads with the next entry of its script: an answer
+(status and JSON document), ``DROP`` (close the connection without answering: the
+answer is lost) or ``CLOSE_AFTER`` an answer (answer, then close the connection
+without saying so, as a server whose keep-alive timeout ran out) or ``HANG`` (never
+answer, until the client gives up). The last entry repeats. Every request is recorded in ``seen`` as ``(method, path, body)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DROP", "HANG", "Answer", "ScriptedServer", "scripted"]
+
+DROP = "drop"
+HANG = "hang"
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    doc: Any = None
+    close_after: bool = False
+    chunked: bool = False
+
+    def encode(self) -> bytes:
+        body = b"" if self.doc is None else json.dumps(self.doc).encode()
+        head = f"HTTP/1.1 {self.status} X\r\ncontent-type: application/json\r\n"
+        if self.chunked:
+            chunks = b"".join(
+                b"%x\r\n%s\r\n" % (len(body[i : i + 7]), body[i : i + 7])
+                for i in range(0, len(body), 7)
+            )
+            return (head + "transfer-encoding: chunked\r\n\r\n").encode() + chunks + b"0\r\n\r\n"
+        return (head + f"content-length: {len(body)}\r\n\r\n").encode() + body
+
+
+class ScriptedServer:
+    def __init__(self, script: list[Answer | str]) -> None:
+        self.script = script
+        self.seen: list[tuple[str, str, bytes]] = []
+        self.connections = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        self._listener.settimeout(0.1)
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+
+    def _connection(self, conn: socket.socket) -> None:
+        conn.settimeout(10)
+        reader = conn.makefile("rb")
+        with contextlib.suppress(OSError), conn, reader:
+            while True:
+                line = reader.readline()
+                if not line:
+                    return
+                method, path, _ = line.decode().split(" ", 2)
+                length = 0
+                while (header := reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = header.decode().partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value)
+                body = reader.read(length)
+                self.seen.append((method, path, body))
+                step = self.script[min(len(self.seen), len(self.script)) - 1]
+                if step == DROP:
+                    return
+                if step == HANG:
+                    reader.read(1)  # returns when the client closes (or after 10 s)
+                    return
+                assert isinstance(step, Answer)
+                conn.sendall(step.encode())
+                if step.close_after:
+                    return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._listener.close()
+
+
+@contextlib.contextmanager
+def scripted(*script: Answer | str) -> Iterator[ScriptedServer]:
+    server = ScriptedServer(list(script))
+    try:
+        yield server
+    finally:
+        server.close()
