@@ -1,12 +1,11 @@
 """Operating a queue through ``Client`` and ``AsyncClient`` against a live server, and
-the retry rule for keyed enqueues (mock transport)."""
+the retry rule for keyed enqueues (scripted server)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-import httpx
 import pytest
 
 from dq.client import (
@@ -19,7 +18,7 @@ from dq.client import (
     StaleReceipt,
     TransportError,
 )
-from dq.client._http import HttpTransport
+from tests.client.scripted import DROP, Answer, scripted
 from tests.server.live import LiveServer
 
 
@@ -93,27 +92,16 @@ def test_async_client_operates_a_queue(server: LiveServer, queue: str) -> None:
     asyncio.run(run())
 
 
-def _counting(responses: list[httpx.Response | Exception]) -> tuple[Client, list[httpx.Request]]:
-    seen: list[httpx.Request] = []
-
-    def handle(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        r = responses[min(len(seen), len(responses)) - 1]
-        if isinstance(r, Exception):
-            raise r
-        return r
-
-    transport = HttpTransport("http://dq.test", http_transport=httpx.MockTransport(handle))
-    return Client("http://dq.test", transport=transport), seen
-
-
 def test_an_enqueue_whose_items_all_have_keys_is_retried_after_a_lost_answer() -> None:
-    ok = httpx.Response(200, json={"items": [{"id": 7, "deadline": 1, "duplicate": True}]})
-    dq, seen = _counting([httpx.ReadTimeout("lost"), ok])
-    with dq:
+    ok = Answer(200, {"items": [{"id": 7, "deadline": 1, "duplicate": True}]})
+    with scripted(DROP, ok) as server, Client(server.url) as dq:
         assert dq.enqueue("q", b"x", key="k") == 7
-    assert len(seen) == 2 and seen[0].content == seen[1].content
-    dq, seen = _counting([httpx.ReadTimeout("lost"), ok])
-    with dq, pytest.raises(TransportError):  # one item without a key: not safe to resend
+    seen = server.seen
+    assert len(seen) == 2 and seen[0][2] == seen[1][2]
+    with (
+        scripted(DROP, ok) as server,
+        Client(server.url) as dq,
+        pytest.raises(TransportError),  # one item without a key: not safe to resend
+    ):
         dq.enqueue_many("q", [NewItem(b"x", key="k"), NewItem(b"y")])
-    assert len(seen) == 1
+    assert len(server.seen) == 1
