@@ -7,7 +7,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dq.server.routers.items import _deliveries_json
+from dq.server.routers.items import deliveries_json
 from dq.server.schemas import DequeueResponse, decode_value
 from dq.storage.types import Delivery, ItemStats
 
@@ -26,7 +26,7 @@ _deliveries = st.builds(
 
 @given(st.lists(_deliveries, max_size=5), st.sampled_from([None, "base64", "utf-8"]))
 def test_round_trip(got: list[Delivery], encoding: str | None) -> None:
-    doc = json.loads(_deliveries_json(got, encoding))  # type: ignore[arg-type]
+    doc = json.loads(deliveries_json(got, encoding))  # type: ignore[arg-type]
     DequeueResponse.model_validate(doc)
     assert [i["id"] for i in doc["items"]] == [d.id for d in got]
     for item, d in zip(doc["items"], got, strict=True):
