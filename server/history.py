@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 
 FIELDS = ("due", "delayed", "leased", "enqueue_per_s", "dequeue_per_s", "release_per_s")
 _NAN = math.nan
+#: sampling may take at most 1/_BUDGET of the time
+_BUDGET = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,14 +176,17 @@ class History:
         self.record(int(self.clock() * 1000), samples)
 
     async def run(self, engine: Engine) -> None:
-        """Sample forever, every ``interval_s`` (the lifespan cancels it)."""
+        """Sample forever (the lifespan cancels it): every ``interval_s``, or less often
+        when sampling is slow (thousands of queues on a busy machine), so that it never
+        takes more than a tenth of the time; the rings then simply cover longer."""
         while True:
             started = time.monotonic()
             try:
                 await asyncio.to_thread(self.sample, engine)
             except Exception:
                 logger.exception("history sample failed")
-            await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))
+            took = time.monotonic() - started
+            await asyncio.sleep(max(self.interval_s, _BUDGET * took) - took)
 
     # ---------------------------------------------------------------- reading
 

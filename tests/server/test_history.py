@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -99,3 +103,27 @@ def test_sample_reads_the_engine(tmp_path: Path) -> None:
         a = h.series("a", 60)
         assert (a["due"], a["delayed"], a["leased"]) == ([0], [1], [1])
         assert h.series(None, 60)["due"] == [1]
+
+
+def test_slow_sampling_backs_off() -> None:
+    """A round that takes 20 ms with a 10 ms interval is followed by a 180 ms pause."""
+
+    class SlowEngine:
+        def list_queues(self) -> list[str]:
+            return ["a"]
+
+        def stats(self, name: str) -> SimpleNamespace:
+            time.sleep(0.02)
+            return SimpleNamespace(due=1, delayed=0, leased=0)
+
+    h = History(interval_s=0.01, retention_s=60)
+
+    async def run_for(seconds: float) -> None:
+        task = asyncio.create_task(h.run(SlowEngine()))  # type: ignore[arg-type]
+        await asyncio.sleep(seconds)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run_for(1.0))
+    assert 2 <= len(h.series(None, 60)["t"]) <= 6  # about 5; 50 without the back-off
