@@ -12,7 +12,12 @@ from sortedcontainers import SortedList
 
 from dq.storage.codec import TOMBSTONE
 
-__all__ = ["MemSegment"]
+__all__ = ["ENTRY_MEMORY", "MemSegment"]
+
+#: bytes of Python memory one pending entry costs here beyond its value's length: the
+#: key and value objects, the (stats, value) tuple, the dict slot and the sorted-list
+#: slot (measured with tracemalloc by ``bench/memory.py``: ~200 on CPython 3.11)
+ENTRY_MEMORY = 200
 
 
 class MemSegment:
@@ -39,6 +44,7 @@ class MemSegment:
         self.entries: dict[bytes, tuple[bytes, bytes] | None] = {}
         self.pending_count = 0
         self.tombstone_count = 0
+        #: estimated bytes of memory the entries take (``ENTRY_MEMORY`` + value each)
         self.bytes = 0
         #: the segment file this memseg was frozen into (a hint for value lookups)
         self.replaced_by: object | None = None
@@ -61,7 +67,6 @@ class MemSegment:
         ``add``, in order: then the view does need them.)
         """
         self.tombstone_count += 1
-        self.bytes += 16
 
     def add(self, key: bytes, stats: bytes | None, value: bytes | None) -> None:
         entries = self.entries
@@ -71,12 +76,12 @@ class MemSegment:
             entries[key] = None
             self.tombs.add(key)
             self.tombstone_count += 1
-            self.bytes += 16
+            self.bytes += ENTRY_MEMORY
         else:
             assert stats is not None and value is not None
             entries[key] = (stats, value)
             self.pending_count += 1
-            self.bytes += 36 + len(value)
+            self.bytes += ENTRY_MEMORY + len(value)
         self.keys.add(key)
         self._version += 1
 

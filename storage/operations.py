@@ -237,7 +237,7 @@ class Operations:
         while True:
             with q.lock:
                 q._check_open()
-                if q.wal.size > 2 * self.config.memseg_bytes:
+                if q.stalled():
                     stalled = True
                 else:
                     stalled = False

@@ -438,7 +438,7 @@ class Queue:
             settle(fut, result)
             if mode == "interval" and self.engine.syncer is not None:
                 self.engine.syncer.mark_dirty(self)
-        if wal.size >= self.engine.config.memseg_bytes:
+        if self.fill() >= self.engine.config.memseg_bytes:
             answers = self._request_rotation()
         answer(answers)
         return fut
@@ -510,6 +510,16 @@ class Queue:
             self._rotate_requested = True
             return []
         return self._rotate_locked()
+
+    def fill(self) -> int:
+        """How full the current log is, in bytes: its size, or the memory its in-memory
+        segment takes if that is more (small values cost far more in memory than in the
+        log), so ``memseg_bytes`` bounds both."""
+        return max(self.wal.size, self.memseg.bytes)
+
+    def stalled(self) -> bool:
+        """Writes wait: the log is twice over its limit while segment files are written."""
+        return self.fill() > 2 * self.engine.config.memseg_bytes
 
     def _retry_rotation(self) -> None:
         """Writes are stalled: try the pending rotation again (when its backoff allows)."""
@@ -802,7 +812,7 @@ class Queue:
         pack = PENDING_HEADER.pack
         with self.lock:
             self._check_open()
-            if self.wal.size > 2 * self.engine.config.memseg_bytes:
+            if self.stalled():
                 self._retry_rotation()
                 raise WriteStall("writes are stalled while segment files are written; retry")
             window = self.config.dedup_window_ms
@@ -1140,6 +1150,7 @@ class Queue:
                 extra={
                     "frozen": len(self.frozen),
                     "memseg_entries": len(self.memseg),
+                    "memory_bytes": sum(m.bytes for m in mems),
                     "failed": int(self.failed is not None),
                     "damaged": int(self.quarantined),
                     **self.counters,

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dq.storage import Engine, EngineConfig, Enqueued, NewItem, fileio
-from dq.storage.errors import EngineUnavailable, StorageError
+from dq.storage.errors import EngineUnavailable, StorageError, WriteStall
 from tests.storage.conftest import FakeClock
 
 
@@ -69,11 +69,18 @@ def write_concurrently(e: Engine, queue: str, values: list[bytes]) -> dict[bytes
     lock = threading.Lock()
 
     def submit(v: bytes) -> None:
-        try:
-            fut = e.enqueue_nowait(queue, [NewItem(v)])
-        except StorageError as exc:
-            outcome[v] = exc
-            return
+        give_up = time.monotonic() + 10
+        while True:
+            try:
+                fut = e.enqueue_nowait(queue, [NewItem(v)])
+                break
+            except WriteStall:  # 503 "retry shortly", while the rotation waits to retry
+                if time.monotonic() > give_up:
+                    raise
+                time.sleep(0.01)
+            except StorageError as exc:
+                outcome[v] = exc
+                return
         with lock:
             futures.append((v, fut))
 
