@@ -23,6 +23,12 @@ def register(subparsers: Any) -> None:
     when = p.add_mutually_exclusive_group()
     when.add_argument("--delay-ms", type=int, help="due this many ms from now")
     when.add_argument("--deadline", type=int, help="due at this time (ms since the epoch)")
+    p.add_argument(
+        "--key",
+        action="append",
+        help="idempotency key, one per VALUE in order (a repeat within the queue's "
+        "dedup window answers the first item and writes nothing)",
+    )
     add_common(p)
     p.set_defaults(func=put)
 
@@ -57,8 +63,18 @@ def put(args: argparse.Namespace) -> int:
     from dq.client import NewItem
 
     raw = args.values if args.values and args.values != ["-"] else [sys.stdin.buffer.read()]
+    keys = args.key or []
+    if keys and len(keys) != len(raw):
+        print(f"dq put: give one --key per value ({len(raw)}), not {len(keys)}", file=sys.stderr)
+        return 2
     items = [
-        NewItem(v.encode() if isinstance(v, str) else v, args.deadline, args.delay_ms) for v in raw
+        NewItem(
+            v.encode() if isinstance(v, str) else v,
+            args.deadline,
+            args.delay_ms,
+            keys[n] if keys else None,
+        )
+        for n, v in enumerate(raw)
     ]
 
     def action(dq: Client) -> int:
@@ -67,7 +83,7 @@ def put(args: argparse.Namespace) -> int:
             emit_json(done)
         else:
             for e in done:
-                print(f"{e.id}\t{e.deadline}")
+                print(f"{e.id}\t{e.deadline}" + ("\tduplicate" if e.duplicate else ""))
         return 0
 
     return run_remote(args, action)

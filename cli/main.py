@@ -20,15 +20,26 @@ COMMAND_MODULES: list[str] = [
     "dq.cli.serve",
     "dq.cli.items",
     "dq.cli.admin",
+    "dq.cli.operate",
     "dq.cli.shm",
     "dq.cli.storage_tools",
 ]
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("deadline-queue")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dq", description="Deadline Queue: a durable deadline queue served over HTTP."
     )
+    parser.add_argument("--version", action="version", version=f"dq {_version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(subparsers)

@@ -10,6 +10,7 @@ import logging
 import sys
 from typing import Any
 
+from dq.cli._local import data_dir_problem
 from dq.server.settings import FSYNC_MODES
 
 __all__ = ["register"]
@@ -57,6 +58,10 @@ def register(subparsers: Any) -> None:
         "--log-level", choices=("debug", "info", "warning", "error"), help="(DQ_LOG_LEVEL)"
     )
     p.add_argument("--access-log", action="store_true", help="log every request")
+    p.add_argument(
+        "--backup-dir",
+        help="allow POST /v1/backup to write backups inside this directory (DQ_BACKUP_DIR)",
+    )
     p.set_defaults(func=run)
 
 
@@ -88,10 +93,15 @@ def run(args: argparse.Namespace) -> int:
             tls_key=args.tls_key,
             shm=args.shm,
             log_level=args.log_level,
+            backup_dir=args.backup_dir,
         )
     except SettingsError as exc:
         print(f"dq serve: {exc}", file=sys.stderr)
         return 2
+    problem = data_dir_problem(settings.data_dir, must_exist=False)
+    if problem is not None:
+        print(f"dq serve: {problem}", file=sys.stderr)
+        return 1
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 __all__ = ["register"]
@@ -24,6 +25,9 @@ def _inspect(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from dq.storage.tools import verify_data_dir
 
+    if not os.path.isdir(args.data_dir):
+        print(f"dq verify: {args.data_dir}: no such data directory", file=sys.stderr)
+        return 1
     problems = verify_data_dir(args.data_dir)
     for p in problems:
         print(p)

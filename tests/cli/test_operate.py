@@ -1,0 +1,120 @@
+"""The operator commands as a user runs them: ``dq`` subprocesses against a live server,
+and ``dq backup``/``dq serve``/``dq verify`` on data directories that are locked or missing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dq.storage import Engine, NewItem
+from tests.server.live import REPO, LiveServer
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "dq.cli.main", *args]
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+def dq(server: LiveServer, *args: str) -> subprocess.CompletedProcess[str]:
+    return run(*args, "--url", server.url)
+
+
+def test_help_and_version_list_every_command() -> None:
+    out = run("--help").stdout
+    for command in [
+        "serve",
+        "put",
+        "get",
+        "ack",
+        "requeue",
+        "queues",
+        "stats",
+        "create",
+        "delete",
+        "pause",
+        "resume",
+        "peek",
+        "browse",
+        "redrive",
+        "purge",
+        "backup",
+        "inspect",
+        "verify",
+    ]:
+        assert f"    {command} " in out, command
+    version = run("--version")
+    assert version.returncode == 0 and version.stdout.startswith("dq ")
+
+
+def test_create_pause_resume_peek_browse_purge_delete(server: LiveServer, queue: str) -> None:
+    r = dq(server, "create", queue, "--max-deliveries", "3", "--dedup-window-ms", "60000")
+    assert r.returncode == 0, r.stderr
+    assert f"dead letters to {queue}.dlq" in r.stdout and "60000 ms" in r.stdout
+    r = dq(server, "put", queue, "a", "b", "--key", "k1", "--key", "k2")
+    assert r.returncode == 0, r.stderr
+    first = int(r.stdout.split()[0])
+    r = dq(server, "put", queue, "a", "--key", "k1")
+    assert r.stdout.split("\t")[0] == str(first) and "duplicate" in r.stdout
+    r = dq(server, "pause", queue)
+    assert r.returncode == 0 and r.stdout.startswith(f"paused {queue}")
+    assert json.loads(dq(server, "get", queue, "--json").stdout) == []
+    r = dq(server, "resume", queue)
+    assert r.returncode == 0 and r.stdout.startswith(f"resumed {queue}")
+    r = dq(server, "peek", queue, str(first), "--json")
+    assert json.loads(r.stdout)["state"] == "due" and json.loads(r.stdout)["value"] == "a"
+    r = dq(server, "browse", queue, "--limit", "1", "--values")
+    assert r.returncode == 0 and f"dq browse {queue} --after " in r.stdout
+    cursor = r.stdout.strip().split("--after ")[-1]
+    r = dq(server, "browse", queue, "--after", cursor, "--json")
+    assert [i["id"] for i in json.loads(r.stdout)["items"]] == [first + 1]
+    dq(server, "put", queue + "x", "y")
+    r = dq(server, "browse", queue + "x", "--after", cursor)
+    assert r.returncode == 1 and "bad_cursor" in r.stderr and "Traceback" not in r.stderr
+    r = dq(server, "purge", queue)
+    assert r.returncode == 2 and "--yes" in r.stderr
+    r = dq(server, "purge", queue, "--yes")
+    assert r.returncode == 0 and r.stdout.strip() == f"purged 2 items from {queue}"
+    r = dq(server, "peek", queue, "999")
+    assert r.returncode == 1 and "item_not_found" in r.stderr
+    r = dq(server, "delete", queue, "--yes")
+    assert r.returncode == 0 and r.stdout.strip() == f"deleted queue {queue}"
+
+
+def test_redrive_from_the_command_line(server: LiveServer, queue: str) -> None:
+    dq(server, "put", queue, "x")
+    r = dq(server, "redrive", queue)
+    assert r.returncode == 1 and "not_a_dead_letter_queue" in r.stderr
+    r = dq(server, "redrive", queue, "--to", queue + "-b")
+    assert r.returncode == 0 and r.stdout.strip() == f"moved 1 items from {queue} to {queue}-b"
+    r = dq(server, "redrive", queue + "-b", "--to", queue, "--id", "999")
+    assert r.returncode == 1 and "item 999: item_not_found" in r.stderr
+
+
+def test_backup_of_a_stopped_data_directory_and_clear_errors(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with Engine.open(data) as engine:
+        engine.enqueue("q", [NewItem(b"kept", key="k")])
+        engine.pause("q")
+        locked = run("backup", str(tmp_path / "b0"), "--data-dir", str(data))
+        assert locked.returncode == 1 and "in use by another process" in locked.stderr
+        assert "Traceback" not in locked.stderr
+        serve = run("serve", "--data-dir", str(data), "--port", "1")
+        assert serve.returncode == 1 and "in use by another process" in serve.stderr
+    missing = run("backup", str(tmp_path / "b1"), "--data-dir", str(tmp_path / "nope"))
+    assert missing.returncode == 1 and "no such data directory" in missing.stderr
+    assert run("verify", str(tmp_path / "nope")).returncode == 1
+    r = run("backup", str(tmp_path / "copy"), "--data-dir", str(data))
+    assert r.returncode == 0 and "backup written to" in r.stdout, r.stderr
+    assert run("verify", str(tmp_path / "copy")).returncode == 0
+    with Engine.open(tmp_path / "copy") as restored:
+        assert restored.stats("q").paused
+        again = restored.enqueue("q", [NewItem(b"other", key="k")])
+        assert again[0].duplicate
+        restored.resume("q")
+        assert [d.value for d in restored.dequeue("q", 5)] == [b"kept"]
