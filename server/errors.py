@@ -54,13 +54,20 @@ class ApiError(Exception):
     """A refusal decided by the HTTP layer itself (auth, limits, routing)."""
 
     def __init__(
-        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+        self,
+        status: int,
+        code: str,
+        message: str,
+        headers: dict[str, str] | None = None,
+        details: list[dict[str, object]] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.headers = headers
+        #: per-problem ``loc``/``msg``/``type`` of a ``validation_error``, as pydantic's
+        self.details = details
 
 
 def status_for(exc: StorageError) -> int:
@@ -115,6 +122,9 @@ async def _storage_error(request: Request, exc: Exception) -> Response:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
+    if exc.details is not None:
+        body = {"error": exc.code, "message": exc.message, "details": exc.details}
+        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
     return error_response(exc.status, exc.code, exc.message, exc.headers)
 
 
@@ -123,6 +133,18 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     errors = list(exc.errors())
     if any(e.get("type") == "json_invalid" for e in errors):
         return error_response(400, "invalid_json", "the request body is not valid JSON")
+    if any(
+        e.get("type") == "model_attributes_type" and tuple(e.get("loc", ())) == ("body",)
+        for e in errors
+    ):  # a body that was not parsed as JSON: usually a missing Content-Type
+        message = (
+            "body: send a JSON object with the header Content-Type: application/json"
+            f" (got {request.headers.get('content-type') or 'no Content-Type'})"
+        )
+        return JSONResponse(
+            {"error": "validation_error", "message": message, "details": _details(errors)},
+            status_code=422,
+        )
     return JSONResponse(
         {"error": "validation_error", "message": _summarize(errors), "details": _details(errors)},
         status_code=422,

@@ -98,7 +98,10 @@ def decode_value(value: str, encoding: Encoding) -> bytes:
     try:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise ValueError(f"value is not valid base64: {exc}") from exc
+        raise ValueError(
+            f"value is not valid base64 ({exc}): send standard base64 with '=' padding, "
+            "or text with encoding utf-8"
+        ) from exc
 
 
 def encode_value(value: bytes, encoding: Encoding | None) -> tuple[str, Encoding]:
@@ -139,9 +142,16 @@ class NewItemIn(TypedDict):
 class InvalidItem(ValueError):
     """Item ``index`` of a batch is invalid (a 422 ``validation_error``)."""
 
-    def __init__(self, index: int, message: str) -> None:
+    def __init__(self, index: int, message: str, field: str = "value") -> None:
         super().__init__(f"body.items.{index}: {message}")
         self.index = index
+        self.field = field
+        self.reason = message
+
+    def details(self) -> list[dict[str, object]]:
+        """The ``details`` of the 422, shaped as pydantic's are."""
+        loc = ["body", "items", str(self.index), self.field]
+        return [{"loc": loc, "msg": self.reason, "type": "value_error"}]
 
 
 def to_new_items(items: list[NewItemIn]) -> list[NewItem]:
@@ -151,13 +161,17 @@ def to_new_items(items: list[NewItemIn]) -> list[NewItem]:
     for n, i in enumerate(items):
         deadline, delay = i.get("deadline"), i.get("delay_ms")
         if deadline is not None and delay is not None:
-            raise InvalidItem(n, "give deadline or delay_ms, not both")
+            raise InvalidItem(
+                n, "give deadline or delay_ms, not both (delay_ms is relative to now)", "delay_ms"
+            )
         encoding = i.get("encoding", "utf-8")
         try:
             value = i["value"]
             data = value.encode() if encoding == "utf-8" else decode_value(value, "base64")
-        except ValueError as exc:  # UnicodeEncodeError (lone surrogate) or bad base64
-            raise InvalidItem(n, f"value is not valid {encoding}: {exc}") from None
+        except UnicodeEncodeError:  # a lone surrogate: not representable as UTF-8
+            raise InvalidItem(n, "value is not valid UTF-8 text; send it as base64") from None
+        except ValueError as exc:  # bad base64: decode_value says how
+            raise InvalidItem(n, str(exc)) from None
         append(NewItem(data, deadline, delay, i.get("key")))
     return out
 

@@ -91,7 +91,7 @@ async def enqueue(queue: QueuePath, body: EnqueueRequest, request: Request) -> R
     try:
         new = to_new_items(items)
     except InvalidItem as exc:
-        raise ApiError(422, "validation_error", str(exc)) from None
+        raise ApiError(422, "validation_error", str(exc), details=exc.details()) from None
     engine = service.engine
     done = await metered_durable(
         service,

@@ -188,3 +188,20 @@ def _backup_and_restore(server: LiveServer, queue: str, backups: Path) -> None:
             f"{restored.url}/v1/queues/{queue}/dequeue", json={"count": 100}, timeout=30
         ).json()
         assert [i["value"] for i in got["items"]] == [f"b{i}" for i in range(10)]
+
+
+def test_bad_input_answers_say_what_to_fix(server: LiveServer, queue: str) -> None:
+    url = f"/v1/queues/{queue}/items"
+    r = call(server, "POST", url, json={"items": [{"value": "a", "deadline": 1, "delay_ms": 2}]})
+    assert r.status_code == 422 and r.json()["error"] == "validation_error"
+    assert r.json()["details"][0]["loc"] == ["body", "items", "0", "delay_ms"]
+    r = call(server, "POST", url, content=b'{"items": [{"value": "a"}]}')  # no content-type
+    assert r.status_code == 422 and "Content-Type: application/json" in r.json()["message"]
+    r = call(server, "POST", url, json={"items": [{"value": "a!!", "encoding": "base64"}]})
+    message = r.json()["message"]
+    assert r.status_code == 422 and message.count("not valid base64") == 1, message
+    r = call(server, "PATCH", f"/v1/queues/{queue}")
+    assert r.status_code == 405 and r.json()["error"] == "method_not_allowed"
+    r = call(server, "GET", f"/v1/queues/{queue}/items/abc")
+    assert r.status_code == 422 and r.json()["details"][0]["loc"] == ["path", "item_id"]
+    assert call(server, "GET", f"/v1/queues/{queue}").status_code == 404  # nothing was written
