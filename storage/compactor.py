@@ -153,6 +153,19 @@ def merge_segments(
             r.close()
 
 
+def _discard(proc: subprocess.Popen[bytes]) -> None:
+    """Reap a worker that died (or broke its protocol) and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            try:
+                pipe.close()
+            except OSError:  # a broken pipe may fail its final flush
+                pass
+
+
 class _WorkerProcess:
     """One ``python -m dq.storage.worker`` child, fed jobs in order by a dispatcher thread.
 
@@ -209,6 +222,8 @@ class _WorkerProcess:
                 else:
                     fut.set_exception(value)
             except BaseException as exc:
+                if proc is not None:
+                    _discard(proc)
                 proc = None
                 fut.set_exception(exc)
         if proc is not None:

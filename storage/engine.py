@@ -125,6 +125,19 @@ def _raise_fd_limit() -> None:
             log.info("could not raise the open-file limit above %d", soft)
 
 
+def _make_data_dir(root: str) -> None:
+    """Create ``root/queues`` if it is missing, durably: a directory's name lasts
+    through a power loss only once its parent directory is fsynced."""
+    queues = os.path.join(root, "queues")
+    if os.path.isdir(queues):
+        return
+    created_root = not os.path.isdir(root)
+    os.makedirs(queues, exist_ok=True)
+    fileio.fsync_dir(root)
+    if created_root:
+        fileio.fsync_dir(os.path.dirname(root))
+
+
 def _system_clock() -> int:
     return time.time_ns() // 1_000_000
 
@@ -163,7 +176,7 @@ class Engine(Operations):
         clock: Callable[[], int] | None = None,
     ) -> Engine:
         root = os.path.abspath(str(data_dir))
-        os.makedirs(os.path.join(root, "queues"), exist_ok=True)
+        _make_data_dir(root)
         _raise_fd_limit()
         lock_path = os.path.join(root, "LOCK")
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)

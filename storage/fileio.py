@@ -5,18 +5,29 @@ fsynced, renamed into place, and the directory is fsynced; nothing is published 
 memory before that. ``FAULTS`` is a hook list: a test installs a callable that sees
 every step (``write``, ``fsync``, ``rename``, ``unlink`` ...) with its path and may
 raise to simulate a crash or ENOSPC at exactly that point.
+
+``POWER`` is the simulated power-loss layer (``dq.storage.powerloss``): when a test
+installs one, every mutating step is recorded so that a simulated crash can roll the
+files back to what was durable. When it is ``None`` (always, outside tests) each step
+pays one global lookup.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from dq.storage.errors import StorageFull
 
+if TYPE_CHECKING:
+    from dq.storage.powerloss import PowerLoss
+
 __all__ = [
     "FAULTS",
+    "POWER",
     "create",
     "fdatasync",
     "fsync",
@@ -26,6 +37,7 @@ __all__ = [
     "pwrite_all",
     "remove",
     "rename",
+    "simulate_power_loss",
     "step",
     "truncate",
     "write_all",
@@ -35,6 +47,8 @@ __all__ = [
 FaultHook = Callable[[str, str], None]
 #: Installed by tests; each hook is called as hook(step, path) before the step runs.
 FAULTS: list[FaultHook] = []
+#: Installed by tests (``simulate_power_loss``): tracks what a power loss would keep.
+POWER: PowerLoss | None = None
 
 
 def step(name: str, path: str) -> None:
@@ -48,30 +62,87 @@ def _raise_full(exc: OSError, path: str) -> None:
         raise StorageFull("no space left on device", file=path) from exc
 
 
-def write_all(fd: int, data: bytes | bytearray | memoryview, path: str) -> None:
-    step("write", path)
-    view = memoryview(data)
+@contextmanager
+def simulate_power_loss(root: str, *, sync_to_disk: bool = False) -> Iterator[PowerLoss]:
+    """Install the power-loss layer for the files under ``root`` (tests only)."""
+    global POWER
+    from dq.storage.powerloss import PowerLoss
+
+    if POWER is not None:
+        raise RuntimeError("a power-loss layer is already installed")
+    layer = PowerLoss(root, sync_to_disk=sync_to_disk)
+    POWER = layer
     try:
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
+        yield layer
+    finally:
+        POWER = None
+        layer.close()
+
+
+def write_all(fd: int, data: bytes | bytearray | memoryview, path: str) -> None:
+    """Write all of ``data`` at the file position; ENOSPC becomes ``StorageFull``."""
+    try:
+        step("write", path)
+        power = POWER
+        if power is None:
+            _write_all(fd, data)
+            return
+        with power.lock:
+            if not power.dead:
+                power.before_write(fd, None, len(data))
+                _write_all(fd, data)
     except OSError as exc:
         _raise_full(exc, path)
         raise
 
 
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
 def fsync(fd: int, path: str) -> None:
     step("fsync", path)
+    power = POWER
+    if power is not None:
+        with power.lock:
+            if not power.dead:
+                if power.sync_to_disk:
+                    os.fsync(fd)
+                power.synced(fd)
+        return
     os.fsync(fd)
 
 
 def fdatasync(fd: int, path: str) -> None:
     step("fsync", path)
+    power = POWER
+    if power is not None:
+        with power.lock:
+            if not power.dead:
+                if power.sync_to_disk:
+                    os.fdatasync(fd)
+                power.synced(fd)
+        return
     os.fdatasync(fd)
 
 
 def fsync_dir(path: str) -> None:
     step("fsync_dir", path)
+    power = POWER
+    if power is not None:
+        with power.lock:
+            if not power.dead:
+                if power.sync_to_disk:
+                    _fsync_dir(path)
+                power.dir_synced(path)
+        return
+    _fsync_dir(path)
+
+
+def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -81,11 +152,29 @@ def fsync_dir(path: str) -> None:
 
 def rename(src: str, dst: str) -> None:
     step("rename", dst)
+    power = POWER
+    if power is not None:
+        with power.lock:
+            if not power.dead:
+                power.before_unlink(dst)  # a replaced file may come back
+                os.replace(src, dst)
+        return
     os.replace(src, dst)
 
 
 def remove(path: str) -> None:
     step("unlink", path)
+    power = POWER
+    if power is not None:
+        with power.lock:
+            if not power.dead:
+                power.before_unlink(path)
+                _remove(path)
+        return
+    _remove(path)
+
+
+def _remove(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -94,6 +183,13 @@ def remove(path: str) -> None:
 
 def truncate(fd: int, size: int, path: str) -> None:
     step("truncate", path)
+    power = POWER
+    if power is not None:
+        with power.lock:
+            if not power.dead:
+                power.before_truncate(fd, size)
+                os.ftruncate(fd, size)
+        return
     os.ftruncate(fd, size)
 
 
@@ -109,27 +205,50 @@ def open_for_write(path: str) -> int:
 
 
 def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int, path: str) -> None:
-    """Write all of ``data`` at ``offset`` (the file position is not used)."""
-    step("write", path)
-    view = memoryview(data)
+    """Write all of ``data`` at ``offset`` (the file position is not used); ENOSPC
+    becomes ``StorageFull``."""
     try:
-        while view:
-            n = os.pwrite(fd, view, offset)
-            view = view[n:]
-            offset += n
+        step("write", path)
+        power = POWER
+        if power is None:
+            _pwrite_all(fd, data, offset)
+            return
+        with power.lock:
+            if not power.dead:
+                power.before_write(fd, offset, len(data))
+                _pwrite_all(fd, data, offset)
     except OSError as exc:
         _raise_full(exc, path)
         raise
+
+
+def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
 
 
 def create(path: str) -> int:
     """Create (or empty) a file for writing; a step, so tests can refuse it (EMFILE)."""
-    step("create", path)
     try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        step("create", path)
+        power = POWER
+        if power is None:
+            return _create(path)
+        with power.lock:
+            if power.dead:  # a dead process creates nothing
+                return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+            power.before_create(path)
+            return _create(path)
     except OSError as exc:
         _raise_full(exc, path)
         raise
+
+
+def _create(path: str) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
 
 
 def write_file_atomic(path: str, data: bytes) -> None:

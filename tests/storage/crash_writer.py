@@ -1,27 +1,45 @@
-"""A write load for the SIGKILL test: prints each acknowledgement only after it returned.
+"""A write load for the crash tests: prints each acknowledgement only after it returned.
 
-Run as ``python -m tests.storage.crash_writer DATA_DIR``. Threads enqueue batches and
-release what they dequeue; every enqueue and release acknowledged by the engine is
-printed as ``E <id>`` / ``R <id>`` (``K <id>`` for the queue nobody consumes) and flushed (``D <id>`` before a release is
-requested: such an item may end either way), so the parent knows exactly what the
-engine promised before it was killed. Keyed enqueues print ``Y <key> <id>``; a pause
-or resume prints ``p``/``u`` when asked and ``P``/``U`` once answered.
+Run as ``python -m tests.storage.crash_writer DATA_DIR [power]``. Threads enqueue batches
+and release what they dequeue; every enqueue and release acknowledged by the engine is
+printed as ``E <id>`` / ``R <id>`` (``K <id>`` for the queue nobody consumes) and flushed
+(``D <id>`` before a release is requested: such an item may end either way), so the
+parent knows exactly what the engine promised before it died. Keyed enqueues print
+``Y <key> <id>``; a pause or resume prints ``p``/``u`` when asked and ``P``/``U`` once
+answered.
+
+With ``power``, the engine runs over the simulated power-loss layer (compaction in
+threads, so every write goes through it) and ``AckCheck``. A line ``CRASH <seed>`` on
+stdin makes the machine lose power: everything not synced is rolled back (torn as the
+seed decides), ``V <text>`` lines report any batch acknowledged before it was synced,
+``CRASHED`` follows, and the process exits at once.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import sys
 import threading
+from contextlib import ExitStack
 
-from dq.storage import Engine, EngineConfig, NewItem, Release
+from dq.storage import Engine, EngineConfig, NewItem, Release, fileio
+from tests.storage.faults import AckCheck
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
-    engine = Engine.open(sys.argv[1], EngineConfig(fsync="always", memseg_bytes=256 * 1024))
+    power_mode = len(sys.argv) > 2 and sys.argv[2] == "power"
     out_lock = threading.Lock()
+    stack = ExitStack()
+    if power_mode:
+        power = stack.enter_context(fileio.simulate_power_loss(sys.argv[1]))
+        acks = stack.enter_context(AckCheck(power))
+        config = EngineConfig(fsync="always", memseg_bytes=256 * 1024, compaction="thread")
+    else:
+        config = EngineConfig(fsync="always", memseg_bytes=256 * 1024)
+    engine = Engine.open(sys.argv[1], config)
 
     def say(lines: list[str]) -> None:
         with out_lock:
@@ -72,10 +90,22 @@ def main() -> None:
             engine.resume("toggle")
             say([f"U {n}\n"])
 
+    def crasher() -> None:
+        for line in sys.stdin:
+            if line.startswith("CRASH"):
+                out_lock.acquire()  # nothing acknowledged after this instant is reported
+                power.crash(random.Random(int(line.split()[1])))
+                sys.stdout.write("".join(f"V {v}\n" for v in acks.violations))
+                sys.stdout.write(f"CRASHED {acks.checked}\n")
+                sys.stdout.flush()
+                os._exit(0)
+
     threads = [threading.Thread(target=producer, args=(n,), daemon=True) for n in range(3)]
     threads.append(threading.Thread(target=consumer, daemon=True))
     threads.append(threading.Thread(target=keyed, daemon=True))
     threads.append(threading.Thread(target=toggler, daemon=True))
+    if power_mode:
+        threads.append(threading.Thread(target=crasher, daemon=True))
     for t in threads:
         t.start()
     say(["READY\n"])

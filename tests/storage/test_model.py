@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, settings
@@ -41,14 +42,20 @@ class Item:
 
 
 class EngineVsModel(RuleBasedStateMachine):
+    FSYNC = "never"
+
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="dq-model-")
         self.clock = FakeClock()
         self.config = EngineConfig(
-            fsync="never", compaction="inline", auto_merge=False, memseg_bytes=4096, max_frozen=2
+            fsync=self.FSYNC,  # type: ignore[arg-type]
+            compaction="inline",
+            auto_merge=False,
+            memseg_bytes=4096,
+            max_frozen=2,
         )
-        self.engine = Engine.open(self.dir, self.config, clock=self.clock)
+        self.engine = self.open_engine()
         self.engine.put_queue(
             Q, QueueConfig(default_lease_ms=1000, max_deliveries=3, dead_letter_queue=DLQ)
         )
@@ -59,9 +66,40 @@ class EngineVsModel(RuleBasedStateMachine):
         self.paused = False
         self.keys: dict[str, tuple[int, int, int]] = {}  # key -> (id, deadline, time)
 
+    def open_engine(self) -> Engine:
+        return Engine.open(self.dir, self.config, clock=self.clock)
+
     def teardown(self) -> None:
         self.engine.close()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def settle_writes(self) -> None:
+        """Wait until every write the engine started by itself (a lease expiry's
+        requeue, a dead-letter move) is durable and published; instant unless
+        ``fsync="always"``, where they ride on the next group commit."""
+        give_up = time.monotonic() + 10
+
+        def busy() -> bool:
+            for name in self.engine.list_queues():
+                q = self.engine.queue(name)
+                if q._waiting or q._unpublished:
+                    return True
+                if name in self.model and self.engine.stats(name).pending != len(self.model[name]):
+                    return True  # a dead-letter move's tombstone is still on its way
+            return False
+
+        while busy() and time.monotonic() < give_up:
+            time.sleep(0.001)
+
+    def restarted(self) -> None:
+        """The model after a restart: leases are gone, delivery counts as last written."""
+        for name, queue in self.model.items():
+            for item in queue.values():
+                if item.receipt is not None and name == Q:  # stale receipts are tried on Q
+                    self.stale.append((item.id, item.receipt))
+                item.receipt = None
+                item.count = item.durable_count
+        assert self.engine.stats(Q).paused == self.paused
 
     # -------------------------------------------------------------- model helpers
 
@@ -88,6 +126,7 @@ class EngineVsModel(RuleBasedStateMachine):
                 item.requeue_time = now
                 item.durable_count = item.count
         self.engine.expire_leases(queue)
+        self.settle_writes()
 
     # -------------------------------------------------------------- rules
 
@@ -152,6 +191,7 @@ class EngineVsModel(RuleBasedStateMachine):
         for item in moved:
             del self.model[queue][item.id]
         if moved:
+            self.settle_writes()
             assert DLQ in self.engine.list_queues()
             dl = self.engine.queue(DLQ)
             for item in moved:
@@ -389,14 +429,8 @@ class EngineVsModel(RuleBasedStateMachine):
     @rule()
     def reopen(self) -> None:
         self.engine.close()
-        self.engine = Engine.open(self.dir, self.config, clock=self.clock)
-        for queue in self.model.values():
-            for item in queue.values():
-                if item.receipt is not None:
-                    self.stale.append((item.id, item.receipt))
-                item.receipt = None
-                item.count = item.durable_count
-        assert self.engine.stats(Q).paused == self.paused
+        self.engine = self.open_engine()
+        self.restarted()
 
     # -------------------------------------------------------------- invariants
 
