@@ -160,6 +160,11 @@ def main() -> int:
     ap.add_argument("--command", help="server command line; {port} and {data} are filled in")
     ap.add_argument("--pid", type=int, help="measure a running server (with --port)")
     ap.add_argument("--port", type=int)
+    ap.add_argument(
+        "--no-combined",
+        action="store_true",
+        help="skip dequeue+release (a server from before releases rode on dequeue)",
+    )
     args = ap.parse_args()
 
     data = tempfile.mkdtemp(prefix="dq-cpu-")
@@ -172,7 +177,8 @@ def main() -> int:
             dq = str(Path(sys.executable).parent / "dq")
             default = f"{dq} serve --data-dir {{data}} --port {{port}} --fsync {args.fsync}"
             command = (args.command or default).format(port=port, data=data)
-            command += " --log-level warning"
+            if args.command is None:
+                command += " --log-level warning"
             proc = subprocess.Popen(shlex.split(command))
             pid = proc.pid
         _wait_up(port, proc)
@@ -188,8 +194,9 @@ def main() -> int:
         run_phase(pid, port, "enqueue", "cpu", n, c, [])
         _, got = run_phase(pid, port, "dequeue", "cpu", n, c, [])
         run_phase(pid, port, "release", "cpu", n, c, got)
-        _fill(port, "cpu", n + c)
-        run_phase(pid, port, "dequeue+release", "cpu", n, c, [])
+        if not args.no_combined:
+            _fill(port, "cpu", n + c)
+            run_phase(pid, port, "dequeue+release", "cpu", n, c, [])
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         if proc is not None:
