@@ -24,6 +24,7 @@ uvicorn has queued behind another (pipelining) before that one is answered.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["protocol_for"]
 
 _QUEUES = "/v1/queues/"
+_QUEUES_B = _QUEUES.encode()
 _SWEEP_S = 1.0
 _JSON_TYPE = b"application/json"
 
@@ -97,7 +99,11 @@ class DqHttpProtocol(HttpToolsProtocol):
         )
 
     def on_message_begin(self) -> None:
-        super().on_message_begin()
+        # uvicorn builds the request's scope here; it is built in on_headers_complete
+        # instead, and only for a request the framework serves.
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
         self._read_deadline = self.loop.time() + self.dq_header_timeout
         self._reading = "headers"
 
@@ -128,14 +134,53 @@ class DqHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._read_deadline = self.loop.time() + self.dq_body_timeout
         self._reading = "body"
+        url = self.url
+        previous = self.cycle
+        if (
+            self.dq_fast
+            and (previous is None or previous.response_complete)  # not pipelined
+            and url.startswith(_QUEUES_B)
+            and b"%" not in url
+            and b"?" not in url
+            and self.parser.get_method() == b"POST"
+            and not self.expect_100_continue
+        ):
+            path = url.decode("ascii")
+            hot = self._candidate(path, self.headers)
+            if hot is not None:
+                version = self.parser.get_http_version()
+                keep_alive = version != "1.0" and self.parser.should_keep_alive()
+                cycle = _HotCycle(path, version, self.headers, keep_alive, self)
+                self.cycle = cycle  # type: ignore[assignment]
+                self._hot_cycle = cycle  # type: ignore[assignment]
+                self._hot = hot
+                return
+        self._new_scope()
         super().on_headers_complete()  # builds the cycle; may call _start_asgi_task
+
+    def _new_scope(self) -> None:
+        """The scope uvicorn's ``on_message_begin`` would have built."""
+        self.scope = {  # type: ignore[typeddict-item]
+            "type": "http",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.3"},
+            "http_version": "1.1",
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,  # type: ignore[typeddict-item]
+            "root_path": self.root_path,
+            "headers": self.headers,
+            "state": self.app_state.copy(),
+        }
 
     def on_message_complete(self) -> None:
         self._read_deadline = 0.0
-        super().on_message_complete()
         cycle = self._hot_cycle
         if cycle is not None and cycle is self.cycle:
-            self._dispatch(cycle)
+            if not cycle.response_complete:
+                cycle.more_body = False
+                self._dispatch(cycle)
+            return
+        super().on_message_complete()
 
     def on_body(self, body: bytes) -> None:
         cycle = self._hot_cycle
@@ -145,7 +190,15 @@ class DqHttpProtocol(HttpToolsProtocol):
         super().on_body(body)
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-        hot = self._candidate(cycle) if app is self.app else None
+        hot = None
+        scope = cycle.scope
+        if (
+            app is self.app
+            and self.dq_fast
+            and scope["method"] == "POST"
+            and not cycle.waiting_for_100_continue
+        ):
+            hot = self._candidate(scope["path"], scope["headers"])
         if hot is None:
             super()._start_asgi_task(cycle, app)
             return
@@ -154,12 +207,10 @@ class DqHttpProtocol(HttpToolsProtocol):
         if not cycle.more_body:  # queued behind another request, and complete already
             self._dispatch(cycle)
 
-    def _candidate(self, cycle: RequestResponseCycle) -> tuple[str, str] | None:
-        """(route, queue) if the fast path may take this request, else ``None``."""
-        scope = cycle.scope
-        if not self.dq_fast or scope["method"] != "POST" or cycle.waiting_for_100_continue:
-            return None
-        path: str = scope["path"]
+    def _candidate(
+        self, path: str, headers: Iterable[tuple[bytes, bytes]]
+    ) -> tuple[str, str] | None:
+        """(route, queue) if the fast path may take this POST, else ``None``."""
         if not path.startswith(_QUEUES):
             return None
         queue, _, route = path[len(_QUEUES) :].partition("/")
@@ -168,7 +219,7 @@ class DqHttpProtocol(HttpToolsProtocol):
         length = -1
         json_body = False
         auth = None
-        for name, value in scope["headers"]:
+        for name, value in headers:
             if name == b"content-length":
                 length = int(value) if value.isdigit() else -1
             elif name == b"content-type":
@@ -201,8 +252,42 @@ class DqHttpProtocol(HttpToolsProtocol):
     def _fall_back(self, cycle: RequestResponseCycle) -> None:
         if self._hot_cycle is cycle:
             self._hot_cycle = None
+        if isinstance(cycle, _HotCycle):
+            cycle = self._framework_cycle(cycle)
         # The body is complete in the cycle: the app reads it as uvicorn would hand it.
         super()._start_asgi_task(cycle, self.app)
+
+    def _framework_cycle(self, hot: _HotCycle) -> RequestResponseCycle:
+        """The cycle uvicorn would have made for a request the fast path declined."""
+        self._new_scope()
+        scope = self.scope
+        scope["headers"] = hot.headers
+        scope["method"] = "POST"
+        if hot.http_version != "1.1":
+            scope["http_version"] = hot.http_version
+        scope["path"] = self.root_path + hot.path
+        scope["raw_path"] = self.root_path.encode("ascii") + hot.path.encode("ascii")
+        scope["query_string"] = b""
+        cycle = RequestResponseCycle(
+            scope=scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=False,
+            keep_alive=hot.keep_alive,
+            on_response=self.on_response_complete,
+        )
+        cycle.body = hot.body
+        cycle.more_body = hot.more_body
+        cycle.disconnected = hot.disconnected
+        cycle.message_event.set()  # what arrived is ready to read
+        if self.cycle is hot:  # type: ignore[comparison-overlap]
+            self.cycle = cycle
+        return cycle
 
     def _reply(self, cycle: RequestResponseCycle, status: int, body: bytes, retry: bool) -> None:
         if self._hot_cycle is cycle:
@@ -225,6 +310,54 @@ class DqHttpProtocol(HttpToolsProtocol):
         if not cycle.keep_alive:
             self.transport.close()
         cycle.on_response()
+
+
+class _HotCycle:
+    """What uvicorn's protocol keeps of a request the fast path is serving (in place of
+    its ``RequestResponseCycle``: no scope, no event, no task)."""
+
+    __slots__ = (
+        "_event",
+        "body",
+        "disconnected",
+        "headers",
+        "http_version",
+        "keep_alive",
+        "more_body",
+        "on_response",
+        "path",
+        "response_complete",
+        "response_started",
+    )
+
+    def __init__(
+        self,
+        path: str,
+        http_version: str,
+        headers: list[tuple[bytes, bytes]],
+        keep_alive: bool,
+        protocol: DqHttpProtocol,
+    ) -> None:
+        self.path = path
+        self.http_version = http_version
+        self.headers = headers
+        self.keep_alive = keep_alive
+        self.on_response = protocol.on_response_complete
+        self.body = bytearray()
+        self.more_body = True
+        self.response_started = self.response_complete = self.disconnected = False
+        self._event: asyncio.Event | None = None
+
+    @property
+    def message_event(self) -> asyncio.Event:
+        """Set when the connection is lost (``_gone`` of a long-poll waits on it)."""
+        if self._event is None:
+            self._event = asyncio.Event()
+        return self._event
+
+    @property
+    def scope(self) -> dict[str, Any]:
+        return {"path": self.path, "http_version": self.http_version}
 
 
 class _Sweeper:
