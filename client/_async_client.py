@@ -188,9 +188,16 @@ class AsyncClient:
         count: int = 1,
         wait_ms: int = 20_000,
         backoff: Backoff | None = None,
+        max_extend_ms: int | None = None,
     ) -> AsyncConsumer:
         from dq.client.jobs import AsyncConsumer
 
         return AsyncConsumer(
-            self, queue, lease_ms=lease_ms, count=count, wait_ms=wait_ms, backoff=backoff
+            self,
+            queue,
+            lease_ms=lease_ms,
+            count=count,
+            wait_ms=wait_ms,
+            backoff=backoff,
+            max_extend_ms=max_extend_ms,
         )

@@ -195,12 +195,19 @@ class Client:
         count: int = 1,
         wait_ms: int = 20_000,
         backoff: Backoff | None = None,
+        max_extend_ms: int | None = None,
     ) -> Consumer:
         """A consumer helper over this client (see ``dq.client.jobs``)."""
         from dq.client.jobs import Consumer
 
         return Consumer(
-            self, queue, lease_ms=lease_ms, count=count, wait_ms=wait_ms, backoff=backoff
+            self,
+            queue,
+            lease_ms=lease_ms,
+            count=count,
+            wait_ms=wait_ms,
+            backoff=backoff,
+            max_extend_ms=max_extend_ms,
         )
 
     def subscribe(self, queue: str | None = None, *, data_dir: str | None = None) -> Subscription:

@@ -5,6 +5,11 @@
             with job:                  # extends the lease while the block runs
                 send(job.item.value)   # clean exit → release; exception → requeue
 
+``max_extend_ms`` caps how long one job's lease is kept alive: past it the helper
+stops extending (and logs it), the lease runs out, and the item is delivered again —
+so a handler that hangs does not hold its item forever (the queue's
+``oldest_lease_age_ms`` shows such a job either way).
+
 A failed job is requeued with exponential backoff (``Backoff``) keyed on the item's
 ``dequeue_count``; the exception is logged, not re-raised, so the loop goes on.
 
@@ -26,6 +31,7 @@ import contextlib
 import logging
 import random
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
@@ -84,6 +90,7 @@ class _JobState:
         lease_ms: int,
         backoff: Backoff,
         settled: list[Release] | None = None,
+        max_extend_ms: int | None = None,
     ) -> None:
         self.queue = queue
         self.item = item
@@ -92,6 +99,23 @@ class _JobState:
         self.backoff = backoff
         self.lost = False
         self._settled = settled  # where a finished job leaves its release, if deferred
+        self.max_extend_ms = max_extend_ms
+        self._started = time.monotonic()
+
+    def may_extend(self) -> bool:
+        """False once the job has been extended for ``max_extend_ms`` (logged once)."""
+        if self.max_extend_ms is None:
+            return True
+        if (time.monotonic() - self._started) * 1000 < self.max_extend_ms:
+            return True
+        logger.warning(
+            "item %s of queue %s: stopped extending its lease after %d ms "
+            "(max_extend_ms); it will be delivered again when the lease runs out",
+            self.item.id,
+            self.queue,
+            self.max_extend_ms,
+        )
+        return False
 
     @property
     def extend_every_s(self) -> float:
@@ -105,8 +129,9 @@ class Job(_JobState):
     """One leased item; ``with job:`` keeps the lease and settles the item at exit."""
 
     def __init__(self, client: Client, queue: str, item: Item, lease_ms: int, backoff: Backoff,
-                 stats: ConsumerStats, settled: list[Release] | None = None) -> None:  # fmt: skip
-        super().__init__(queue, item, lease_ms, backoff, settled)
+                 stats: ConsumerStats, settled: list[Release] | None = None,
+                 max_extend_ms: int | None = None) -> None:  # fmt: skip
+        super().__init__(queue, item, lease_ms, backoff, settled, max_extend_ms)
         self._client = client
         self._stats = stats
         self._lock = threading.Lock()
@@ -123,7 +148,7 @@ class Job(_JobState):
     def _keep(self) -> None:
         while not self._done.wait(self.extend_every_s):
             with self._lock:
-                if self._done.is_set():
+                if self._done.is_set() or not self.may_extend():
                     return
                 try:
                     out = self._client.extend(self.queue, self.item.id, self.receipt, self.lease_ms)
@@ -170,10 +195,12 @@ class Consumer:
     """Pulls items from one queue through a ``Client`` (see the module docstring)."""
 
     def __init__(self, client: Client, queue: str, *, lease_ms: int = 30_000, count: int = 1,
-                 wait_ms: int = 20_000, backoff: Backoff | None = None) -> None:  # fmt: skip
+                 wait_ms: int = 20_000, backoff: Backoff | None = None,
+                 max_extend_ms: int | None = None) -> None:  # fmt: skip
         self.client = client
         self.queue = queue
         self.lease_ms = lease_ms
+        self.max_extend_ms = max_extend_ms
         self.count = count
         self.wait_ms = wait_ms
         self.backoff = backoff or Backoff()
@@ -190,7 +217,7 @@ class Consumer:
                 for item in self._take(want):
                     seen += 1
                     yield Job(self.client, self.queue, item, self.lease_ms, self.backoff,
-                              self.stats, self._settled)  # fmt: skip
+                              self.stats, self._settled, self.max_extend_ms)  # fmt: skip
         finally:
             self._flush_quietly()
 
@@ -232,8 +259,9 @@ class AsyncJob(_JobState):
 
     def __init__(self, client: AsyncClient, queue: str, item: Item, lease_ms: int,
                  backoff: Backoff, stats: ConsumerStats,
-                 settled: list[Release] | None = None) -> None:  # fmt: skip
-        super().__init__(queue, item, lease_ms, backoff, settled)
+                 settled: list[Release] | None = None,
+                 max_extend_ms: int | None = None) -> None:  # fmt: skip
+        super().__init__(queue, item, lease_ms, backoff, settled, max_extend_ms)
         self._client = client
         self._stats = stats
         self._lock = asyncio.Lock()
@@ -247,6 +275,8 @@ class AsyncJob(_JobState):
         while True:
             await asyncio.sleep(self.extend_every_s)
             async with self._lock:
+                if not self.may_extend():
+                    return
                 try:
                     out = await self._client.extend(
                         self.queue, self.item.id, self.receipt, self.lease_ms
@@ -293,10 +323,12 @@ class AsyncConsumer:
     """Pulls items from one queue through an ``AsyncClient``."""
 
     def __init__(self, client: AsyncClient, queue: str, *, lease_ms: int = 30_000, count: int = 1,
-                 wait_ms: int = 20_000, backoff: Backoff | None = None) -> None:  # fmt: skip
+                 wait_ms: int = 20_000, backoff: Backoff | None = None,
+                 max_extend_ms: int | None = None) -> None:  # fmt: skip
         self.client = client
         self.queue = queue
         self.lease_ms = lease_ms
+        self.max_extend_ms = max_extend_ms
         self.count = count
         self.wait_ms = wait_ms
         self.backoff = backoff or Backoff()
@@ -312,7 +344,7 @@ class AsyncConsumer:
             for item in await self._take(want):
                 seen += 1
                 yield AsyncJob(self.client, self.queue, item, self.lease_ms, self.backoff,
-                               self.stats, self._settled)  # fmt: skip
+                               self.stats, self._settled, self.max_extend_ms)  # fmt: skip
         await self._flush_quietly()
 
     async def _take(self, count: int) -> list[Item]:

@@ -105,3 +105,24 @@ def test_an_enqueue_whose_items_all_have_keys_is_retried_after_a_lost_answer() -
     ):
         dq.enqueue_many("q", [NewItem(b"x", key="k"), NewItem(b"y")])
     assert len(server.seen) == 1
+
+
+def test_consumer_stops_extending_a_job_after_max_extend_ms(dq: Client, queue: str) -> None:
+    dq.enqueue(queue, b"slow")
+    consumer = dq.consumer(queue, lease_ms=600, wait_ms=0, max_extend_ms=300)
+    jobs = consumer.jobs(max_items=1)
+    job = next(jobs)
+    with job:
+        time.sleep(1.6)  # a hung handler: extended until 300 ms, then left to run out
+        again = dq.dequeue(queue, wait_ms=1000)
+        assert [i.value for i in again] == [b"slow"]  # delivered again meanwhile
+    assert job.lost or dq.queue(queue).stats.lease_expired >= 1
+    jobs.close()
+    # without a cap the same handler keeps its item
+    dq.enqueue(queue + "-b", b"kept")
+    consumer = dq.consumer(queue + "-b", lease_ms=600, wait_ms=0)
+    jobs = consumer.jobs(max_items=1)
+    with next(jobs):
+        time.sleep(1.6)
+        assert dq.dequeue(queue + "-b") == []
+    jobs.close()
