@@ -15,6 +15,9 @@ client is connected and waiting at a barrier, and prints CPU µs per request:
 - ``dequeue+release``: one request that releases the previous delivery and leases
   the next (``"release"`` in the dequeue body), the one-round-trip worker loop
 
+Each line also gives the part spent on the event loop thread (the rest is the engine's
+syncer thread writing and fsyncing the log, and the engine's helpers).
+
 ``DQ_FAST_PATH=0`` in the environment measures the FastAPI routes instead of the fast
 path; ``--command`` runs another server command line (e.g. an older checkout's).
 """
@@ -42,9 +45,10 @@ _TICK = os.sysconf("SC_CLK_TCK")
 _JSON = {"content-type": "application/json"}
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of every thread of ``pid``."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """utime + stime of every thread of ``pid`` (or of one ``thread``)."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
 
 
@@ -111,9 +115,9 @@ def run_phase(
     for p in procs:
         p.start()
     barrier.wait()
-    t0, c0 = time.perf_counter(), cpu_seconds(pid)
+    t0, c0, l0 = time.perf_counter(), cpu_seconds(pid), cpu_seconds(pid, pid)
     barrier.wait()
-    c1, t1 = cpu_seconds(pid), time.perf_counter()
+    c1, l1, t1 = cpu_seconds(pid), cpu_seconds(pid, pid), time.perf_counter()
     got: list[Any] = []
     for _ in procs:
         got += out.get(timeout=60)
@@ -121,8 +125,9 @@ def run_phase(
         p.join(30)
     requests = len(receipts) if phase == "release" else (n // clients) * clients
     print(
-        f"{phase:>16}: {(c1 - c0) / requests * 1e6:7.1f} µs CPU/request "
-        f"({requests} requests, {requests / (t1 - t0):7.0f} req/s, {clients} clients)",
+        f"{phase:>16}: {(c1 - c0) / requests * 1e6:7.1f} µs CPU/request, "
+        f"{(l1 - l0) / requests * 1e6:6.1f} of it on the event loop thread "
+        f"({requests} requests, {requests / (t1 - t0):6.0f} req/s, {clients} clients)",
         flush=True,
     )
     return (c1 - c0) / requests * 1e6, got
