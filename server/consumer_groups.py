@@ -16,24 +16,24 @@ Invariants this module keeps:
   ``keep_alive``, until it is acknowledged (commit, ack, requeue), its lease is lost
   (the engine says the receipt is stale), or the consumer goes idle past its timeout,
   when every entry is given back to the queue;
-- values of un-acknowledged entries are held in memory, bounded by ``max_log_bytes``
-  over all consumers: ``pull`` leases no more once the bound is reached.
+- un-acknowledged entries are held in memory, bounded by ``max_log_bytes`` over all
+  consumers, each counted as its value's length plus ``ENTRY_COST`` (so empty values
+  are not free): a pull admits an entry only if it fits under the bound (or if no
+  consumer holds anything, so that one value larger than the bound still moves), and
+  gives back at their own deadline the items of an engine batch that did not fit.
 
 The log lives in memory only. Dequeue writes nothing durable, so after a restart every
 un-acknowledged item is pending again and is delivered again: at-least-once.
 
-``IdempotentBatches`` remembers, for a while, which keyed enqueue batches already ran,
-so a retried Spark write task does not enqueue its rows twice.
+Keyed enqueue batches (the write side of Spark) live in ``server/keyed_batches.py``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -41,20 +41,20 @@ from typing import Any, Protocol
 from dq.storage.errors import QueueNotFound
 from dq.storage.types import (
     Delivery,
-    Enqueued,
     Extend,
     ItemOutcome,
-    NewItem,
     QueueStats,
     Release,
     Requeue,
 )
 
 __all__ = [
+    "ENTRY_COST",
+    "KEEPALIVE_MARGIN_MS",
+    "MIN_LEASE_MS",
     "CommitResult",
     "ConsumerGroups",
     "ConsumerState",
-    "IdempotentBatches",
     "LogEntry",
     "PullResult",
 ]
@@ -67,13 +67,16 @@ KEEPALIVE_MARGIN_MS = 2_500
 #: inside the margin even on a busy server. (A short lease buys nothing here: the
 #: server itself gives a consumer's items back when it is deleted or idle.)
 MIN_LEASE_MS = 5_000
+#: Bytes one log entry costs beside its value: the entry, its delivery, the item's
+#: stats, the receipt string, the value's object header and the log's dict slot
+#: (measured with ``sys.getsizeof`` on CPython 3.12: about 480).
+ENTRY_COST = 512
 
 
 class EngineLike(Protocol):
     """The part of ``storage.Engine`` this module uses."""
 
     def now(self) -> int: ...
-    def enqueue(self, name: str, items: Sequence[NewItem]) -> list[Enqueued]: ...
     def dequeue(self, name: str, count: int = 1, lease_ms: int | None = None) -> list[Delivery]: ...
     def release(self, name: str, items: Sequence[Release]) -> list[ItemOutcome]: ...
     def requeue(self, name: str, items: Sequence[Requeue]) -> list[ItemOutcome]: ...
@@ -103,6 +106,8 @@ class _Log:
     entries: dict[int, LogEntry] = field(default_factory=dict)
     bytes: int = 0
     last_active: float = field(default_factory=time.monotonic)
+    #: what an entry of this log cost on average (None before its first pull)
+    avg_cost: float | None = None
     lost: int = 0  # entries dropped because their lease was lost
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -113,11 +118,18 @@ class _Log:
         self.first = first
         return first
 
-    def drop(self, seq: int) -> LogEntry | None:
+    def drop(self, seq: int) -> int:
+        """Forget entry ``seq``; returns the bytes it cost (0 if it was not there)."""
         entry = self.entries.pop(seq, None)
-        if entry is not None:
-            self.bytes -= len(entry.delivery.value)
-        return entry
+        if entry is None:
+            return 0
+        cost = _cost(entry.delivery)
+        self.bytes -= cost
+        return cost
+
+
+def _cost(d: Delivery) -> int:
+    return len(d.value) + ENTRY_COST
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +190,7 @@ class ConsumerGroups:
         self._default_idle_timeout_ms = default_idle_timeout_ms
         self._clock = clock
         self._logs: dict[tuple[str, str], _Log] = {}
+        self._bytes = 0  # over every log, under ``_lock``
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -257,9 +270,23 @@ class ConsumerGroups:
         )
 
     def total_bytes(self) -> int:
+        """What every log holds, as counted against ``max_log_bytes``."""
         with self._lock:
-            logs = list(self._logs.values())
-        return sum(lg.bytes for lg in logs)
+            return self._bytes
+
+    def _admit(self, cost: int) -> bool:
+        """Reserve ``cost`` bytes if they fit (always when nothing is held at all)."""
+        with self._lock:
+            if self._bytes and self._bytes + cost > self._max_log_bytes:
+                return False
+            self._bytes += cost
+            return True
+
+    def _drop(self, lg: _Log, seq: int) -> None:
+        cost = lg.drop(seq)
+        if cost:
+            with self._lock:
+                self._bytes -= cost
 
     # -- the protocol ------------------------------------------------------------------
 
@@ -338,20 +365,49 @@ class ConsumerGroups:
                 want = min(want, max_new)
             pulled = 0
             while want > 0 and self.total_bytes() < self._max_log_bytes:
-                ask = min(want, self._max_batch)
+                ask = self._ask(lg, min(want, self._max_batch))
+                if ask <= 0:
+                    break
                 try:
                     got = self._engine.dequeue(queue, count=ask, lease_ms=lg.lease_ms)
                 except QueueNotFound:
                     break
-                for d in got:
-                    lg.entries[lg.next_seq] = LogEntry(lg.next_seq, d, d.receipt, d.lease_expires)
-                    lg.bytes += len(d.value)
-                    lg.next_seq += 1
-                pulled += len(got)
-                want -= len(got)
+                kept = self._append(lg, got)
+                pulled += kept
+                want -= kept
+                if kept < len(got):
+                    self._give_back(lg, got[kept:])
+                    break
                 if len(got) < ask:
                     break
             return PullResult(lg.epoch, after, lg.next_seq, pulled, len(lg.entries))
+
+    def _ask(self, lg: _Log, most: int) -> int:
+        """How many items to dequeue next: what the room left fits at this log's average
+        entry cost (0: nothing more fits), one while that average is unknown (so one
+        batch of large values cannot lease far more than the bound holds)."""
+        if lg.avg_cost is None:
+            return 1
+        held = self.total_bytes()
+        fits = int((self._max_log_bytes - held) // lg.avg_cost)
+        return min(most, fits if held else max(1, fits))
+
+    def _append(self, lg: _Log, got: Sequence[Delivery]) -> int:
+        """Log deliveries in order while they fit under the bound; returns how many."""
+        for i, d in enumerate(got):
+            cost = _cost(d)
+            if not self._admit(cost):
+                return i
+            lg.entries[lg.next_seq] = LogEntry(lg.next_seq, d, d.receipt, d.lease_expires)
+            lg.bytes += cost
+            lg.next_seq += 1
+            lg.avg_cost = cost if lg.avg_cost is None else 0.9 * lg.avg_cost + 0.1 * cost
+        return len(got)
+
+    def _give_back(self, lg: _Log, rest: Sequence[Delivery]) -> None:
+        """Requeue leased items that did not fit, at their own deadline (never logged)."""
+        for part in _chunks(rest, self._max_batch):
+            self._engine.requeue(lg.queue, [Requeue(d.id, d.receipt, d.deadline) for d in part])
 
     def read(
         self, queue: str, consumer: str, start: int, end: int
@@ -425,7 +481,7 @@ class ConsumerGroups:
             batch = [Release(lg.entries[s].delivery.id, lg.entries[s].receipt) for s in part]
             outcomes = self._engine.release(lg.queue, batch)
             for s, outcome in zip(part, outcomes, strict=True):
-                lg.drop(s)
+                self._drop(lg, s)
                 if outcome.ok:
                     ok += 1
                 else:
@@ -443,7 +499,7 @@ class ConsumerGroups:
             ]
             outcomes = self._engine.requeue(lg.queue, batch)
             for s, outcome in zip(part, outcomes, strict=True):
-                lg.drop(s)
+                self._drop(lg, s)
                 if outcome.ok:
                     ok += 1
                 else:
@@ -495,81 +551,8 @@ class ConsumerGroups:
                         entry.lease_expires = outcome.lease_expires
                     extended += 1
                 else:
-                    lg.drop(s)
+                    self._drop(lg, s)
                     lg.lost += 1
         if len(due) > extended:
             log.warning("consumer %s/%s lost %d leases", lg.queue, lg.consumer, len(due) - extended)
         return extended
-
-
-def _digest(items: Sequence[NewItem]) -> bytes:
-    h = hashlib.blake2b(digest_size=16)
-    for it in items:
-        h.update(b"%d:%r:%r:" % (len(it.value), it.deadline, it.delay_ms))
-        h.update(it.value)
-    return h.digest()
-
-
-class IdempotentBatches:
-    """Remembers the result of keyed enqueue batches for ``ttl_s`` (at most ``max_keys``).
-
-    A second request with a key seen before and the same items gets the first result
-    back and enqueues nothing; concurrent requests with one key run one at a time. A
-    key seen before with *different* items (a retried task whose input changed) is
-    enqueued again: a duplicate is better than a lost row. Memory only: after a
-    restart a retried batch is enqueued again (documented in ``docs/spark.md``).
-    """
-
-    def __init__(
-        self,
-        engine: EngineLike,
-        *,
-        ttl_s: float = 3600.0,
-        max_keys: int = 100_000,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._engine = engine
-        self._ttl_s = ttl_s
-        self._max_keys = max_keys
-        self._clock = clock
-        self._done: OrderedDict[tuple[str, str], tuple[float, bytes, list[Enqueued]]] = (
-            OrderedDict()
-        )
-        self.mismatches = 0
-        self._running: dict[tuple[str, str], threading.Lock] = {}
-        self._lock = threading.Lock()
-
-    def enqueue(
-        self, queue: str, key: str, items: Sequence[NewItem]
-    ) -> tuple[list[Enqueued], bool]:
-        """Enqueue ``items`` unless ``key`` ran before; returns (result, replayed)."""
-        k = (queue, key)
-        digest = _digest(items)
-        with self._lock:
-            self._expire()
-            key_lock = self._running.setdefault(k, threading.Lock())
-        with key_lock:
-            with self._lock:
-                hit = self._done.get(k)
-            if hit is not None:
-                if hit[1] == digest:
-                    return hit[2], True
-                self.mismatches += 1
-                log.warning("batch key %r of queue %s came back with other items", key, queue)
-            result = self._engine.enqueue(queue, items)
-            with self._lock:
-                self._done[k] = (self._clock(), digest, result)
-                self._done.move_to_end(k)
-                self._running.pop(k, None)
-                while len(self._done) > self._max_keys:
-                    self._done.popitem(last=False)
-            return result, False
-
-    def _expire(self) -> None:
-        cutoff = self._clock() - self._ttl_s
-        done = self._done
-        while done:
-            k, (at, _, _) = next(iter(done.items()))
-            if at >= cutoff:
-                break
-            del done[k]

@@ -1,7 +1,8 @@
 """Shared dependencies of the routers: the running service and bearer-token auth.
 
 Owns ``Service`` — what the lifespan opened (engine, long-poll, metrics, settings,
-durable completions) — and the ``require_token`` guard, which documents the bearer
+durable completions, the consumer-group log and the keyed-batch memory) —,
+the ``Groups`` and ``Batches`` dependencies of the consumer routes, and the ``require_token`` guard, which documents the bearer
 scheme in OpenAPI (the ``TokenGate`` in front of the app has already refused a request
 without a valid token before its body was read; both use ``dq.server.auth.token_ok``). Invariant: every dependency here is ``async def``,
 so FastAPI never sends it to its thread pool (a sync dependency would cost a thread
@@ -17,7 +18,9 @@ from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from dq.server.auth import token_ok, unauthorized
+from dq.server.consumer_groups import ConsumerGroups
 from dq.server.errors import ApiError
+from dq.server.keyed_batches import IdempotentBatches
 from dq.server.schemas import QUEUE_NAME_REGEX
 
 if TYPE_CHECKING:
@@ -27,7 +30,16 @@ if TYPE_CHECKING:
     from dq.server.settings import Settings
     from dq.storage import Engine
 
-__all__ = ["QueuePath", "Service", "require_token", "service_of"]
+__all__ = [
+    "Batches",
+    "Groups",
+    "QueuePath",
+    "Service",
+    "consumer_groups",
+    "keyed_batches",
+    "require_token",
+    "service_of",
+]
 
 
 @dataclass(slots=True)
@@ -39,6 +51,8 @@ class Service:
     metrics: Metrics
     longpoll: LongPoll
     completions: Completions
+    groups: ConsumerGroups
+    batches: IdempotentBatches
 
 
 def service_of(request: Request) -> Service:
@@ -49,6 +63,19 @@ def service_of(request: Request) -> Service:
         raise ApiError(503, "unavailable", "the server is starting or stopping")
     return service
 
+
+async def consumer_groups(request: Request) -> ConsumerGroups:
+    """Every consumer's delivery log (``server/consumer_groups.py``)."""
+    return service_of(request).groups
+
+
+async def keyed_batches(request: Request) -> IdempotentBatches:
+    """The keyed-batch memory (``server/keyed_batches.py``)."""
+    return service_of(request).batches
+
+
+Groups = Annotated[ConsumerGroups, Depends(consumer_groups)]
+Batches = Annotated[IdempotentBatches, Depends(keyed_batches)]
 
 #: The pattern is documented but checked by the engine (``check_queue_name``: 400
 #: ``invalid_queue_name``) rather than by FastAPI: a path regex costs ~7 us a request.

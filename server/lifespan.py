@@ -1,32 +1,31 @@
-"""The app's lifespan: open the engine, run the lease-expiry task, start plug-ins, close.
+"""The app's lifespan: it owns every resource the routes use, opens and closes them.
 
-Order on startup: open the engine (in a thread: recovery reads files) → publish the
-``Service`` on ``app.state`` → start the periodic ``expire_leases`` task and the
-dashboard's history sampler (``server/history.py``) → install the
-consumer-group state (``dq.server.routers.consumers``) → start the shared-memory server
-if ``settings.shm``. Shutdown runs it backwards and closes the
-engine last (closing syncs). Invariant: an engine handed to ``create_app`` belongs
-to the caller and is not closed here; one the lifespan opened always is.
-
-Plug-in seam for the shm server: ``dq.shm.server.start(engine, settings)`` returns an
-object with ``close()``; both are called in a worker thread.
+Order on startup: open the engine (in a thread: recovery reads files) → open the
+consumer-group log (``server/consumer_groups.py``, its lease keep-alive thread) and the
+keyed-batch memory (``server/keyed_batches.py``) → publish the ``Service`` on
+``app.state`` (routes reach it through ``server/dependencies.py``) → start the periodic
+``expire_leases`` task and the dashboard's history sampler (``server/history.py``) →
+start the shared-memory server and its rings if ``settings.shm`` (``shm/server.py``,
+``shm/rings_host.py``). Shutdown runs it backwards and closes the engine last
+(closing syncs). Invariant: an engine handed to ``create_app`` belongs to the caller
+and is not closed here; one the lifespan opened always is.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from dq.server.completions import Completions
+from dq.server.consumer_groups import ConsumerGroups
 from dq.server.dependencies import Service
 from dq.server.hot_routes import HotRoutes
+from dq.server.keyed_batches import IdempotentBatches
 from dq.server.longpoll import LongPoll
-from dq.server.routers import consumers
 from dq.storage.errors import StorageError
 
 if TYPE_CHECKING:
@@ -35,7 +34,7 @@ if TYPE_CHECKING:
     from dq.server.settings import Settings
     from dq.storage import Engine
 
-__all__ = ["make_lifespan", "open_engine"]
+__all__ = ["make_lifespan", "open_consumer_groups", "open_engine", "open_keyed_batches"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,13 +64,29 @@ async def _expire_forever(engine: Engine, interval_s: float) -> None:
 
 
 def _start_shm(engine: Engine, settings: Settings) -> Any:
-    try:
-        module = importlib.import_module("dq.shm.server")
-    except ImportError as exc:
-        raise RuntimeError("DQ_SHM is on but the dq.shm.server module is not available") from exc
-    server = module.start(engine, settings)
-    # issue 8: the submission, broadcast and telemetry rings ride along (shm/rings_host.py)
-    return importlib.import_module("dq.shm.rings_host").with_rings(server, engine, settings)
+    """The command-ring server, with the submission, broadcast and telemetry rings."""
+    # Imported here: only servers started with DQ_SHM load the ring code.
+    from dq.shm.rings_host import with_rings
+    from dq.shm.server import start
+
+    return with_rings(start(engine, settings), engine, settings)
+
+
+def open_consumer_groups(engine: Engine, settings: Settings) -> ConsumerGroups:
+    """Every consumer's delivery log, its lease keep-alive thread running."""
+    groups = ConsumerGroups(
+        engine, max_batch=settings.max_batch, max_log_bytes=settings.consumer_max_log_bytes
+    )
+    groups.start()
+    return groups
+
+
+def open_keyed_batches(engine: Engine, settings: Settings) -> IdempotentBatches:
+    return IdempotentBatches(
+        engine,
+        max_keys=settings.keyed_batch_max_keys,
+        max_bytes=settings.keyed_batch_max_bytes,
+    )
 
 
 def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
@@ -80,8 +95,15 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
         owned = engine is None
         opened = await asyncio.to_thread(open_engine, settings) if engine is None else engine
         loop = asyncio.get_running_loop()
+        groups = open_consumer_groups(opened, settings)
         app.state.service = service = Service(
-            opened, settings, app.state.metrics, LongPoll(opened, loop), Completions(loop)
+            opened,
+            settings,
+            app.state.metrics,
+            LongPoll(opened, loop),
+            Completions(loop),
+            groups,
+            open_keyed_batches(opened, settings),
         )
         app.state.hot_routes = HotRoutes(service)
         if not getattr(app.state, "engine_watched", False):
@@ -94,7 +116,6 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
         )
         history = asyncio.create_task(app.state.history.run(opened), name="dq-history")
         app.state.started_at = time.time()
-        consumers.install(app, opened, max_batch=settings.max_batch)
         shm: Any = None
         try:
             if settings.shm:
@@ -112,7 +133,7 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
             if shm is not None:
                 app.state.shm = None
                 await asyncio.to_thread(shm.close)
-            await asyncio.to_thread(consumers.uninstall, app)
+            await asyncio.to_thread(groups.close)
             app.state.hot_routes = None
             app.state.service = None
             if owned:

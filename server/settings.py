@@ -75,6 +75,12 @@ class Settings:
     history_interval_ms: int = 5000
     history_retention_s: int = 3600
     history_max_queues: int = 100
+    #: Consumer groups (docs/spark.md): bytes the delivery logs of every consumer may
+    #: hold (values plus a per-entry overhead), and what the keyed-batch memory keeps:
+    #: at most this many keys and this many bytes of remembered results.
+    consumer_max_log_bytes: int = 256 << 20
+    keyed_batch_max_keys: int = 100_000
+    keyed_batch_max_bytes: int = 64 << 20
     #: Every other ``DQ_*`` variable, lower-cased without the prefix, for plug-ins
     #: (the shm server reads its ring sizes from here).
     extra: Mapping[str, str] = field(default_factory=dict)
@@ -102,6 +108,9 @@ class Settings:
             "expire_interval_ms",
             "history_interval_ms",
             "history_retention_s",
+            "consumer_max_log_bytes",
+            "keyed_batch_max_keys",
+            "keyed_batch_max_bytes",
         ):
             if getattr(self, name) < (0 if name == "port" else 1):
                 raise SettingsError(f"{name} must be positive: {getattr(self, name)!r}")

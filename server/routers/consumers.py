@@ -1,8 +1,10 @@
 """HTTP routes of the at-least-once consumer protocol and of keyed (idempotent) enqueue.
 
-Owns ``/v1/queues/{queue}/consumers/...`` and ``/v1/queues/{queue}/batches``; the state
-lives in ``dq.server.consumer_groups`` (one ``ConsumerGroups`` and one
-``IdempotentBatches`` on ``app.state``, opened and closed with the engine). Handlers are
+Owns ``/v1/queues/{queue}/consumers/...`` and ``/v1/queues/{queue}/batches``. It holds
+no state: the lifespan opens and closes the consumer-group log
+(``server/consumer_groups.py``) and the keyed-batch memory (``server/keyed_batches.py``),
+and the routes get them through ``Groups`` and ``Batches`` (``server/dependencies.py``);
+request and response models are in ``server/consumer_schemas.py``. Handlers are
 plain ``def`` so that engine calls, which may wait on fsync, run in the thread pool and
 never on the event loop. The protocol is specified in ``docs/spark.md``.
 """
@@ -10,62 +12,39 @@ never on the event loop. The protocol is specified in ``docs/spark.md``.
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path, Request, Response
-from pydantic import BaseModel, Field, model_validator
+from fastapi import APIRouter, Path, Response
 
-from dq.server.consumer_groups import (
-    CommitResult,
-    ConsumerGroups,
-    ConsumerState,
-    IdempotentBatches,
-    LogEntry,
+from dq.server.consumer_groups import CommitResult, ConsumerState, LogEntry
+from dq.server.consumer_schemas import (
+    CommitBody,
+    CommitOut,
+    ConsumerList,
+    ConsumerOut,
+    KeyedBatch,
+    KeyedBatchOut,
+    OpenBody,
+    OpenOut,
+    PullBody,
+    PullOut,
+    ReadBody,
+    ReadOut,
+    RequeueBody,
+    SeqsBody,
 )
+from dq.server.dependencies import Batches, Groups
 from dq.server.errors import ApiError
 from dq.server.routers._common import ERRORS, json_response
 from dq.storage.types import NewItem, check_queue_name
 
-__all__ = ["install", "router"]
+__all__ = ["router"]
 
 router = APIRouter(prefix="/v1/queues/{queue}", tags=["consumers"], responses=ERRORS)
 
 NAME = r"^[A-Za-z0-9._-]{1,128}$"
 QueueName = Annotated[str, Path(pattern=NAME)]
 ConsumerName = Annotated[str, Path(pattern=NAME)]
-
-
-def install(
-    app: Any, engine: Any, *, max_batch: int = 1000, max_log_bytes: int = 256 << 20
-) -> None:
-    """Attach consumer state for ``engine`` to ``app.state`` and start lease keep-alive.
-
-    Call from the app's lifespan after the engine opens; call ``uninstall`` before it closes.
-    """
-    groups = ConsumerGroups(engine, max_batch=max_batch, max_log_bytes=max_log_bytes)
-    groups.start()
-    app.state.consumer_groups = groups
-    app.state.idempotent_batches = IdempotentBatches(engine)
-
-
-def uninstall(app: Any) -> None:
-    groups: ConsumerGroups | None = getattr(app.state, "consumer_groups", None)
-    if groups is not None:
-        groups.close()
-
-
-def _groups(request: Request) -> ConsumerGroups:
-    groups: ConsumerGroups = request.app.state.consumer_groups
-    return groups
-
-
-def _batches(request: Request) -> IdempotentBatches:
-    batches: IdempotentBatches = request.app.state.idempotent_batches
-    return batches
-
-
-Groups = Annotated[ConsumerGroups, Depends(_groups)]
-Batches = Annotated[IdempotentBatches, Depends(_batches)]
 
 
 def _json(body: Any) -> Response:
@@ -101,66 +80,12 @@ def _commit(r: CommitResult) -> dict[str, Any]:
     }
 
 
-class OpenBody(BaseModel):
-    lease_ms: int | None = Field(default=None, ge=1, le=12 * 3600_000)
-    idle_timeout_ms: int | None = Field(default=None, ge=1000, le=7 * 24 * 3600_000)
-
-
-class PullBody(BaseModel):
-    after: int = Field(ge=0)
-    max_items: int = Field(ge=0, le=1_000_000)
-    max_new: int | None = Field(default=None, ge=0)
-    lease_ms: int | None = Field(default=None, ge=1, le=12 * 3600_000)
-
-
-class ReadBody(BaseModel):
-    start: int = Field(ge=0)
-    end: int = Field(ge=0)
-    encoding: Literal["base64", "auto"] = "base64"
-    #: ``items``: a list of item objects; ``columns``: one array per field and every
-    #: value in one base64 string (``values``) cut by ``lengths``: far cheaper to build
-    #: and to turn into Arrow, which is what Spark executors do.
-    layout: Literal["items", "columns"] = "items"
-
-
-class CommitBody(BaseModel):
-    upto: int = Field(ge=0)
-
-
-class SeqsBody(BaseModel):
-    seqs: list[int] = Field(max_length=1_000_000)
-
-
-class RequeueBody(BaseModel):
-    seqs: list[int] | None = None
-    deadline: int | None = Field(default=None, ge=0, lt=1 << 48)
-    delay_ms: int | None = Field(default=None, ge=0, lt=1 << 48)
-
-    @model_validator(mode="after")
-    def _one_time(self) -> RequeueBody:
-        if self.deadline is not None and self.delay_ms is not None:
-            raise ValueError("give deadline or delay_ms, not both")
-        return self
-
-
-class BatchItem(BaseModel):
-    value: str
-    encoding: Literal["utf-8", "base64"] = "utf-8"
-    deadline: int | None = Field(default=None, ge=0, lt=1 << 48)
-    delay_ms: int | None = Field(default=None, ge=0, lt=1 << 48)
-
-
-class KeyedBatch(BaseModel):
-    key: str = Field(min_length=1, max_length=512)
-    items: list[BatchItem] = Field(min_length=1)
-
-
-@router.get("/consumers")
+@router.get("/consumers", response_model=ConsumerList)
 def list_consumers(queue: QueueName, groups: Groups) -> Response:
     return _json({"consumers": [_state(s) for s in groups.consumers(queue)]})
 
 
-@router.put("/consumers/{consumer}")
+@router.put("/consumers/{consumer}", response_model=OpenOut)
 def open_consumer(
     queue: QueueName, consumer: ConsumerName, groups: Groups, body: OpenBody | None = None
 ) -> Response:
@@ -174,7 +99,7 @@ def open_consumer(
     return _json(_state(s) | {"queue_due": groups.queue_due(queue)})
 
 
-@router.get("/consumers/{consumer}")
+@router.get("/consumers/{consumer}", response_model=ConsumerOut)
 def get_consumer(queue: QueueName, consumer: ConsumerName, groups: Groups) -> Response:
     s = groups.state(queue, consumer)
     if s is None:
@@ -190,7 +115,7 @@ def delete_consumer(queue: QueueName, consumer: ConsumerName, groups: Groups) ->
     return Response(status_code=204)
 
 
-@router.post("/consumers/{consumer}/pull")
+@router.post("/consumers/{consumer}/pull", response_model=PullOut)
 def pull(queue: QueueName, consumer: ConsumerName, body: PullBody, groups: Groups) -> Response:
     """Lease items into the log so that ``[after, end)`` holds up to ``max_items``."""
     r = groups.pull(
@@ -239,7 +164,7 @@ def _item(e: LogEntry, force_b64: bool) -> dict[str, Any]:
     }
 
 
-@router.post("/consumers/{consumer}/read")
+@router.post("/consumers/{consumer}/read", response_model=ReadOut)
 def read(queue: QueueName, consumer: ConsumerName, body: ReadBody, groups: Groups) -> Response:
     """Entries ``start <= seq < end`` still un-acknowledged; re-readable until acknowledged.
 
@@ -271,19 +196,19 @@ def _columns(entries: list[LogEntry]) -> dict[str, Any]:
     }
 
 
-@router.post("/consumers/{consumer}/commit")
+@router.post("/consumers/{consumer}/commit", response_model=CommitOut)
 def commit(queue: QueueName, consumer: ConsumerName, body: CommitBody, groups: Groups) -> Response:
     """Release every entry below ``upto``. Idempotent."""
     return _json(_commit(groups.commit(queue, consumer, body.upto)))
 
 
-@router.post("/consumers/{consumer}/ack")
+@router.post("/consumers/{consumer}/ack", response_model=CommitOut)
 def ack(queue: QueueName, consumer: ConsumerName, body: SeqsBody, groups: Groups) -> Response:
     """Release the entries named by sequence; unknown sequences are ignored."""
     return _json(_commit(groups.ack(queue, consumer, body.seqs)))
 
 
-@router.post("/consumers/{consumer}/requeue")
+@router.post("/consumers/{consumer}/requeue", response_model=CommitOut)
 def requeue(
     queue: QueueName, consumer: ConsumerName, body: RequeueBody, groups: Groups
 ) -> Response:
@@ -292,7 +217,7 @@ def requeue(
     return _json(_commit(r))
 
 
-@router.post("/batches")
+@router.post("/batches", response_model=KeyedBatchOut)
 def enqueue_keyed(queue: QueueName, body: KeyedBatch, batches: Batches) -> Response:
     """Enqueue a batch once per ``key``: a repeated key returns the first result, enqueues nothing."""
     items = []

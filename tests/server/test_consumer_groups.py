@@ -1,4 +1,4 @@
-"""``dq.server.consumer_groups`` against a real engine with a test clock (no HTTP, no Spark)."""
+"""``dq.server.consumer_groups`` (the delivery logs) against a real engine with a test clock (no HTTP, no Spark)."""
 
 from __future__ import annotations
 
@@ -7,23 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from dq.server.consumer_groups import ConsumerGroups, IdempotentBatches
+from dq.server.consumer_groups import ENTRY_COST, ConsumerGroups
+from dq.server.lifespan import open_consumer_groups
+from dq.server.settings import Settings
 from dq.storage import Engine, EngineConfig, NewItem, Release
+from tests.server.clocked import Clock
 
 Q = "jobs"
-
-
-class Clock:
-    """Drives both the engine clock (ms) and the consumer idle clock (s)."""
-
-    def __init__(self) -> None:
-        self.ms = 1_800_000_000_000
-
-    def __call__(self) -> int:
-        return self.ms
-
-    def seconds(self) -> float:
-        return self.ms / 1000
 
 
 @pytest.fixture
@@ -216,29 +206,6 @@ def test_commit_uses_the_receipt_after_extension(
     assert len(before) == 2
 
 
-def test_idempotent_batches_run_once(engine: Engine, clock: Clock) -> None:
-    batches = IdempotentBatches(engine, ttl_s=60, max_keys=2, clock=clock.seconds)
-    first, replayed = batches.enqueue(Q, "job:0:0", [NewItem(b"a"), NewItem(b"b")])
-    assert not replayed
-    again, replayed = batches.enqueue(Q, "job:0:0", [NewItem(b"a"), NewItem(b"b")])
-    assert replayed and again == first
-    assert engine.stats(Q).pending == 2
-    clock.ms += 61_000
-    _, replayed = batches.enqueue(Q, "job:0:0", [NewItem(b"a")])
-    assert not replayed
-    assert engine.stats(Q).pending == 3
-
-
-def test_idempotent_batch_with_other_items_is_enqueued(engine: Engine, clock: Clock) -> None:
-    """A retried task whose input changed must not lose rows: enqueue again."""
-    batches = IdempotentBatches(engine, clock=clock.seconds)
-    batches.enqueue(Q, "job:0:0", [NewItem(b"a")])
-    _, replayed = batches.enqueue(Q, "job:0:0", [NewItem(b"b")])
-    assert not replayed
-    assert batches.mismatches == 1
-    assert engine.stats(Q).pending == 2
-
-
 def test_consumer_leases_have_a_floor(engine: Engine, groups: ConsumerGroups) -> None:
     """Leases shorter than a few keep-alive ticks would race the expiry task."""
     from dq.server.consumer_groups import MIN_LEASE_MS
@@ -249,3 +216,50 @@ def test_consumer_leases_have_a_floor(engine: Engine, groups: ConsumerGroups) ->
     assert st is not None and st.lease_ms == MIN_LEASE_MS
     entry = groups.read(Q, "c", 0, 1)[1][0]
     assert entry.lease_expires >= engine.now() + MIN_LEASE_MS
+
+
+def test_one_pull_stays_under_the_byte_bound(engine: Engine, clock: Clock) -> None:
+    """1,000 values of 20 KiB against a 1 MiB bound: the log holds no more than the bound,
+    and what it does not hold is pending again, not leased."""
+    groups = ConsumerGroups(engine, max_batch=1000, max_log_bytes=1 << 20, clock=clock.seconds)
+    engine.enqueue(Q, [NewItem(b"x" * 20_480) for _ in range(1000)])
+    got = groups.pull(Q, "c", after=0, max_items=1000)
+    assert got.pulled > 0 and got.end == got.pulled
+    assert groups.total_bytes() <= 1 << 20
+    stats = engine.stats(Q)
+    assert (stats.leased, stats.pending) == (got.pulled, 1000)
+    assert stats.due == 1000 - got.pulled  # given back at their own deadline: due now
+    assert groups.pull(Q, "c", after=got.end, max_items=1000).pulled == 0
+
+
+def test_empty_values_count_against_the_bound(engine: Engine, clock: Clock) -> None:
+    groups = ConsumerGroups(
+        engine, max_batch=1000, max_log_bytes=10 * ENTRY_COST, clock=clock.seconds
+    )
+    engine.enqueue(Q, [NewItem(b"") for _ in range(100)])
+    got = groups.pull(Q, "c", after=0, max_items=100)
+    assert got.pulled == 10
+    assert groups.total_bytes() == 10 * ENTRY_COST
+    st = groups.state(Q, "c")
+    assert st is not None and st.bytes == 10 * ENTRY_COST
+    groups.commit(Q, "c", got.end)
+    assert groups.total_bytes() == 0
+
+
+def test_the_bound_holds_across_consumers(engine: Engine, clock: Clock) -> None:
+    groups = ConsumerGroups(engine, max_log_bytes=4 * (ENTRY_COST + 100), clock=clock.seconds)
+    engine.enqueue(Q, [NewItem(b"y" * 100) for _ in range(10)])
+    a = groups.pull(Q, "a", after=0, max_items=3)
+    b = groups.pull(Q, "b", after=0, max_items=10)
+    assert (a.pulled, b.pulled) == (3, 1)
+    assert engine.stats(Q).leased == 4
+
+
+def test_the_lifespan_takes_the_bound_from_settings(engine: Engine) -> None:
+    settings = Settings.from_env({"DQ_CONSUMER_MAX_LOG_BYTES": str(3 * ENTRY_COST)})
+    groups = open_consumer_groups(engine, settings)
+    try:
+        engine.enqueue(Q, [NewItem(b"") for _ in range(10)])
+        assert groups.pull(Q, "c", after=0, max_items=10).pulled == 3
+    finally:
+        groups.close()
