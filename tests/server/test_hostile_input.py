@@ -207,3 +207,29 @@ def test_a_failed_fsync_answers_503_from_the_first_request(tmp_path: Path) -> No
     assert [r.status_code for r in answers] == [503, 503]
     assert all(r.json()["error"] == "unavailable" for r in answers)
     assert answers[0].headers["retry-after"] == "1"
+
+
+def test_a_queue_is_created_off_the_event_loop(tmp_path: Path) -> None:
+    """Creating a queue syncs several files: never on the thread that serves everyone."""
+    synced_on: list[str] = []
+
+    def record(step: str, path: str) -> None:
+        if step == "fsync":
+            synced_on.append(threading.current_thread().name)
+
+    app = create_app(Settings(data_dir=str(tmp_path / "d"), fsync="always"))
+
+    async def run() -> int:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://dq") as http:
+                fileio.FAULTS.append(record)
+                try:
+                    body = {"items": [{"value": "first"}]}
+                    return (await http.post("/v1/queues/brand-new/items", json=body)).status_code
+                finally:
+                    fileio.FAULTS.remove(record)
+
+    loop_thread = threading.current_thread().name
+    assert asyncio.run(run()) == 200
+    assert synced_on and loop_thread not in synced_on

@@ -114,6 +114,9 @@ def _script(conn: Raw) -> Iterator[bytes]:
             }
         ),
     )
+    keyed = _j({"items": [{"value": "once", "key": "order-17"}]})
+    yield conn.send(q + "/items", keyed)
+    yield conn.send(q + "/items", keyed)  # a duplicate: the first item's id, nothing written
     yield conn.send(q + "/items", _j({"items": [{"value": "x" * 65}]}))  # value_too_large
     yield conn.send("/v1/queues/sp%20ace/items", _j({"items": [{"value": "x"}]}))
     yield conn.send(q + "/items", _j({"items": [{"value": "x"}] * 6}))  # batch_too_large
