@@ -179,3 +179,31 @@ def test_fast_path_counts_in_metrics(pair: tuple[LiveServer, LiveServer]) -> Non
         conn.close()
     assert 'dq_requests_total{operation="enqueue",outcome="ok"}' in text
     assert 'dq_requests_total{operation="enqueue",outcome="value_too_large"}' in text
+
+
+def test_pipelined_requests_are_answered_in_order(pair: tuple[LiveServer, LiveServer]) -> None:
+    """Several requests in one packet: each is answered, in order, fast path or not."""
+    fast, _ = pair
+    conn = Raw(fast.port)
+
+    def request(path: str, body: bytes) -> bytes:
+        head = (
+            f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nauthorization: Bearer {TOKEN}\r\n\r\n"
+        )
+        return head.encode() + body
+
+    q = "/v1/queues/piped"
+    try:
+        conn.sock.sendall(
+            request(q + "/items", _j({"items": [{"value": "1"}]}))
+            + request(q + "/items", _j({"items": []}))  # the framework answers this one
+            + request(q + "/items", _j({"items": [{"value": "2"}]}))
+            + request(q + "/dequeue", _j({"count": 5}))
+        )
+        answers = [conn._response() for _ in range(4)]
+    finally:
+        conn.close()
+    assert [int(a.split(b" ", 2)[1]) for a in answers] == [200, 422, 200, 200]
+    items = json.loads(answers[3].partition(b"\r\n\r\n")[2])["items"]
+    assert [i["value"] for i in items] == ["1", "2"]
