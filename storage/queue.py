@@ -1191,8 +1191,12 @@ class Queue:
 
 
 def estimate_between(reader: SegmentReader, after: bytes, upto: bytes) -> int:
-    """Entries of ``reader`` with after < key <= upto, to within one block at each end."""
-    if not reader.first_keys or upto < reader.first_keys[0] or after > reader.info.last_key:
+    """Entries of ``reader`` with after < key <= upto, to within one block at each end.
+
+    Exactly 0 when ``after`` is at or past the segment's last key (a segment whose
+    items were all delivered: its last block would otherwise count as due).
+    """
+    if not reader.first_keys or upto < reader.first_keys[0] or after >= reader.info.last_key:
         return 0
     lo = reader.block_for(after) if after else 0
     hi = reader.block_for(upto)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dq.storage import Engine, Extend, NewItem, QueueConfig, Release
+from dq.storage import Engine, Extend, NewItem, QueueConfig, Release, Requeue
 from dq.storage.errors import (
     BadCursor,
     InvalidArgument,
@@ -327,3 +327,18 @@ def test_stats_show_oldest_lease_age_and_rates(open_engine: Open, clock: FakeClo
     assert s.enqueue_per_s == pytest.approx(2 / 60)
     assert s.dequeue_per_s == pytest.approx(1 / 60)
     assert s.release_per_s == 0
+
+
+def test_delivered_items_in_a_segment_file_do_not_count_as_due(open_engine: Open) -> None:
+    """Both items reach a segment file (the queue was idle), both are delivered, one is
+    released and one requeued for a minute: nothing is due. The segment's last block was
+    counted whole although the dequeue cursor stood on its last key (``dq stats`` then
+    showed the delayed item as due; tests/cli's put/get/ack test failed under load)."""
+    e = open_engine()
+    e.enqueue("q", [NewItem(b"one"), NewItem(b"two")])
+    e.freeze("q")
+    first, second = e.dequeue("q", count=5)
+    e.release("q", [Release(first.id, first.receipt)])
+    e.requeue("q", [Requeue(second.id, second.receipt, delay_ms=60_000)])
+    stats = e.stats("q")
+    assert (stats.segments, stats.pending, stats.due, stats.delayed) == (1, 1, 0, 1)
