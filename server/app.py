@@ -59,7 +59,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.add_middleware(BatchLimit, limit=settings.max_batch)
     app.add_middleware(BodyLimit, limit=settings.body_limit)
     # Outermost: no body is read before the token is checked.
-    app.add_middleware(TokenGate, tokens=settings.tokens)
+    app.add_middleware(TokenGate, tokens=settings.tokens, read_tokens=settings.read_tokens)
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.service = None
@@ -70,7 +70,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         settings.history_max_queues,
     )
     install_error_handlers(app)
-    guarded = [Depends(require_token)] if settings.tokens else []
+    guarded = [Depends(require_token)] if settings.tokens or settings.read_tokens else []
     # Routes are matched in order: the hot item routes first.
     app.include_router(items.router, dependencies=guarded)
     app.include_router(queues.router, dependencies=guarded)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from dq.server.auth import token_ok, unauthorized
+from dq.server.auth import READS, forbidden, role, unauthorized
 from dq.server.consumer_groups import ConsumerGroups
 from dq.server.errors import ApiError
 from dq.server.keyed_batches import IdempotentBatches
@@ -94,10 +94,18 @@ async def require_token(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
-    """401 unless the request carries ``Authorization: Bearer <one of DQ_TOKENS>``."""
-    tokens: tuple[str, ...] = request.app.state.settings.tokens
-    if not tokens:
+    """401 unless the request carries ``Authorization: Bearer <one of DQ_TOKENS>`` (or, for
+    a read, one of ``DQ_READ_TOKENS``); 403 for a read-only token's write."""
+    settings = request.app.state.settings
+    if not (settings.tokens or settings.read_tokens):
         return
     header = None if credentials is None else f"Bearer {credentials.credentials}".encode()
-    if not token_ok(header, tuple(t.encode() for t in tokens)):
+    who = role(
+        header,
+        tuple(t.encode() for t in settings.tokens),
+        tuple(t.encode() for t in settings.read_tokens),
+    )
+    if who == "read" and request.method not in READS:
+        raise ApiError(*forbidden())
+    if who is None:
         raise ApiError(*unauthorized())

@@ -60,6 +60,8 @@ def protocol_for(app: FastAPI, settings: Settings) -> type[HttpToolsProtocol]:
             "dq_app": app,
             "dq_fast": settings.fast_path,
             "dq_tokens": tuple(t.encode() for t in settings.tokens),
+            # with read-only tokens set, a request without an admin token is the app's
+            "dq_guarded": bool(settings.tokens or settings.read_tokens),
             "dq_body_limit": settings.body_limit,
             "dq_max_connections": settings.max_connections,
             "dq_header_timeout": settings.header_timeout_s,
@@ -72,6 +74,7 @@ class DqHttpProtocol(HttpToolsProtocol):
     dq_app: FastAPI
     dq_fast: bool
     dq_tokens: tuple[bytes, ...]
+    dq_guarded: bool
     dq_body_limit: int
     dq_max_connections: int
     dq_header_timeout: float
@@ -230,7 +233,7 @@ class DqHttpProtocol(HttpToolsProtocol):
                 return None
         if not json_body or not 0 <= length <= self.dq_body_limit:
             return None
-        if self.dq_tokens and not token_ok(auth, self.dq_tokens):
+        if self.dq_guarded and not token_ok(auth, self.dq_tokens):
             return None
         return route, queue
 

@@ -40,6 +40,8 @@ class Settings:
     fsync: FsyncMode = "always"
     fsync_interval_ms: int = 50
     tokens: tuple[str, ...] = ()
+    #: Tokens that may only read: GET and HEAD of /v1 and /metrics (DQ_READ_TOKENS).
+    read_tokens: tuple[str, ...] = ()
     max_batch: int = 1000
     max_value_bytes: int = 1 << 20
     #: The largest request body; 0 means "derive from max_value_bytes x max_batch",

@@ -21,6 +21,7 @@ __all__ = ["ERRORS", "json_response", "outcome_dict", "single_outcome"]
 _DESCRIPTIONS = {
     400: "Bad input (invalid queue name, receipt, deadline, malformed JSON)",
     401: "Missing or wrong bearer token (only when DQ_TOKENS is set)",
+    403: "A read-only token (DQ_READ_TOKENS) asked for more than a read",
     404: "Queue or item not found",
     409: "Stale receipt (that delivery is over) or conflicting config",
     413: "Batch, value or body too large",

@@ -1,7 +1,8 @@
-"""The dashboard's own reads: ``GET /v1/history`` (charts) and ``GET /v1/server`` (server view).
+"""The dashboard's own reads: ``GET /v1/history`` (charts), ``GET /v1/server`` (server
+view) and ``GET /v1/session`` (what the signed-in token may do).
 
-Both are plain reads behind the same bearer auth as every /v1 route. Invariant: neither
-walks item data: history answers from the sampler's bounded rings, the server view from
+All are plain reads behind the same bearer auth as every /v1 route (a read-only token may
+call them). Invariant: none walks item data: history answers from the sampler's bounded rings, the server view from
 queue stats (which the engine keeps in memory) and one ``statvfs`` of the data volume.
 """
 
@@ -17,6 +18,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from pydantic import BaseModel
 
+from dq.server.auth import role
 from dq.server.dependencies import service_of
 from dq.server.routers._common import ERRORS, json_response
 from dq.storage.errors import QueueNotFound, StorageError
@@ -41,6 +43,13 @@ class HistoryOut(BaseModel):
     enqueue_per_s: list[float | None]
     dequeue_per_s: list[float | None]
     release_per_s: list[float | None]
+
+
+class SessionOut(BaseModel):
+    """``role``: "admin" may do everything, "read" only GET (``DQ_READ_TOKENS``)."""
+
+    auth: bool
+    role: str
 
 
 class QueueDisk(BaseModel):
@@ -117,6 +126,20 @@ async def get_history(
     return json_response(request.app.state.history.series(queue, seconds))
 
 
+@router.get("/session", response_model=SessionOut, summary="What this request's token may do")
+async def get_session(request: Request) -> Response:
+    settings = request.app.state.settings
+    if not (settings.tokens or settings.read_tokens):
+        return json_response({"auth": False, "role": "admin"})
+    header = request.headers.get("authorization", "").encode()
+    who = role(
+        header,
+        tuple(t.encode() for t in settings.tokens),
+        tuple(t.encode() for t in settings.read_tokens),
+    )
+    return json_response({"auth": True, "role": who or "none"})
+
+
 @router.get("/server", response_model=ServerOut, summary="Version, storage and clients")
 async def get_server(request: Request) -> Response:
     service = service_of(request)
@@ -152,7 +175,7 @@ def server_info(app: Any, service: Any) -> dict[str, Any]:
         "fsync_interval_ms": settings.fsync_interval_ms,
         "started_at": int(started * 1000),
         "uptime_ms": int((time.time() - started) * 1000),
-        "auth": bool(settings.tokens),
+        "auth": bool(settings.tokens or settings.read_tokens),
         "queue_count": len(queues),
         "data_bytes": sum(q["bytes_on_disk"] for q in queues),
         "disk": {"total": disk.total, "used": disk.used, "free": disk.free},

@@ -80,7 +80,7 @@ def _context(request: Request, body: bytes) -> Ctx:
     settings = service.settings
     headers = request.headers
     sender, region = settings.sqs_account, _scope_region(headers.get("authorization"))
-    if settings.tokens:
+    if settings.tokens or settings.read_tokens:  # read-only tokens are no SQS secrets
         caller = verify(
             request.method,
             request.scope.get("raw_path", request.url.path.encode()).decode("latin-1"),

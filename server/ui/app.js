@@ -13,8 +13,13 @@ import * as server from "./views/server.js";
 const VIEWS = { overview, queue, charts, dead, find, server };
 const params = new URLSearchParams(location.search);
 const REFRESH_MS = Math.max(250, Number(params.get("refresh")) || 3000);
-// A cheap guarded read: does the server let us in (with the stored token, if any)?
-const PROBE = "/v1/history?seconds=1";
+// A cheap guarded read: does the server let us in (with the stored token, if any), and
+// may that token write? A read-only token's page hides every action (class "write").
+const PROBE = "/v1/session";
+
+function setRole(session) {
+  document.body.dataset.role = session?.role ?? "admin";
+}
 
 const main = document.getElementById("view");
 const loginForm = document.getElementById("login");
@@ -111,7 +116,7 @@ loginForm.addEventListener("submit", async (event) => {
   event.preventDefault();
   const candidate = document.getElementById("token").value.trim();
   try {
-    await api("GET", PROBE, undefined, candidate);
+    setRole(await api("GET", PROBE, undefined, candidate));
   } catch (err) {
     if (err instanceof Unauthorized) { showLogin("That token was refused."); return; }
   }
@@ -130,7 +135,7 @@ window.addEventListener("hashchange", () => { if (loginForm.hidden) show(); });
 // Start: ask the server whether we may read (with the stored token, if any).
 (async () => {
   try {
-    await get(PROBE);
+    setRole(await get(PROBE));
     showApp(Boolean(token.get()));
   } catch (err) {
     if (err instanceof Unauthorized) showLogin(token.get() ? "The stored token was refused." : "");

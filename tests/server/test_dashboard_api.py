@@ -112,8 +112,19 @@ def test_tokens_guard_the_dashboard_reads_not_the_page(tmp_path: Path) -> None:
         auth = {"Authorization": "Bearer s3cret"}
         assert (await http.get("/v1/server", headers=auth)).json()["auth"] is True
         assert (await http.get("/v1/history", headers=auth)).status_code == 200
+        assert (await http.get("/v1/session", headers=auth)).json() == {
+            "auth": True,
+            "role": "admin",
+        }
 
     run(tmp_path, call, tokens=("s3cret",))
+
+
+def test_without_tokens_everyone_is_admin(tmp_path: Path) -> None:
+    async def call(http: httpx.AsyncClient) -> None:
+        assert (await http.get("/v1/session")).json() == {"auth": False, "role": "admin"}
+
+    run(tmp_path, call)
 
 
 def test_server_view_lists_shm_clients(tmp_path: Path) -> None:
@@ -127,3 +138,38 @@ def test_server_view_lists_shm_clients(tmp_path: Path) -> None:
             assert mine["capacity"] == 16 and mine["shm"]
         finally:
             client.close()
+
+
+def test_read_only_tokens_read_and_never_write(tmp_path: Path) -> None:
+    """Against a live server: the HTTP fast path must not let a read token enqueue."""
+    env = {"DQ_TOKENS": "admin", "DQ_READ_TOKENS": "viewer"}
+    with live_server(tmp_path / "data", env=env) as server:
+        admin = {"Authorization": "Bearer admin"}
+        viewer = {"Authorization": "Bearer viewer"}
+        items = {"items": [{"value": "x"}]}
+        url = server.url + "/v1/queues/q/items"
+        assert httpx.post(url, json=items, headers=admin).status_code == 200
+        r = httpx.post(url, json=items, headers=viewer)
+        assert r.status_code == 403 and r.json()["error"] == "forbidden"
+        for path in ("/dequeue", "/pause"):
+            r = httpx.post(server.url + "/v1/queues/q" + path, json={}, headers=viewer)
+            assert r.status_code == 403, path
+        assert httpx.delete(url, headers=viewer).status_code == 403
+        assert httpx.get(server.url + "/v1/queues/q", headers=viewer).json()["stats"]["due"] == 1
+        assert httpx.get(server.url + "/metrics", headers=viewer).status_code == 200
+        session = httpx.get(server.url + "/v1/session", headers=viewer).json()
+        assert session == {"auth": True, "role": "read"}
+        assert httpx.get(server.url + "/v1/session", headers=admin).json()["role"] == "admin"
+        assert httpx.get(server.url + "/v1/session").status_code == 401
+
+
+def test_read_tokens_alone_still_guard_writes(tmp_path: Path) -> None:
+    with live_server(tmp_path / "data", env={"DQ_READ_TOKENS": "viewer"}) as server:
+        url = server.url + "/v1/queues/q/items"
+        assert httpx.post(url, json={"items": [{"value": "x"}]}).status_code == 401
+        r = httpx.post(
+            url, json={"items": [{"value": "x"}]}, headers={"Authorization": "Bearer viewer"}
+        )
+        assert r.status_code == 403
+        assert httpx.get(server.url + "/v1/queues").status_code == 401
+        assert httpx.post(server.url + "/", content=b"{}").status_code in (400, 403)  # SQS signs

@@ -352,7 +352,7 @@ def test_swagger_ui_works_offline(page: Any, server: LiveServer, shot: Any) -> N
 
 @pytest.fixture(scope="module")
 def guarded(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    env = {**SERVER_ENV, "DQ_TOKENS": "s3cret"}
+    env = {**SERVER_ENV, "DQ_TOKENS": "s3cret", "DQ_READ_TOKENS": "viewer"}
     with live_server(tmp_path_factory.mktemp("dq-ui-auth") / "data", env=env) as s:
         yield s
 
@@ -377,3 +377,19 @@ def test_sign_in_with_a_token(page: Any, guarded: LiveServer, shot: Any) -> None
     page.click("#logout")
     expect()(page.locator("#login")).to_be_visible()
     assert page.locator("#queues").count() == 0
+
+
+def test_a_read_only_token_sees_no_actions(page: Any, guarded: LiveServer) -> None:
+    httpx.post(
+        guarded.url + "/v1/queues/watched/items",
+        json={"items": [{"value": "x"}]},
+        headers={"Authorization": "Bearer s3cret"},
+    ).raise_for_status()
+    page.goto(guarded.url + "/ui/" + REFRESH)
+    page.fill("#token", "viewer")
+    page.click("#login button[type=submit]")
+    expect()(cell(page, "watched", "due")).to_have_text("1")
+    page.goto(guarded.url + "/ui/" + REFRESH + "#/queue/watched/settings")
+    expect()(page.locator(".toolbar .read-note")).to_be_visible()
+    for hidden in ("#pause", "#purge", "#settings button[type=submit]"):
+        expect()(page.locator(hidden)).to_be_hidden()

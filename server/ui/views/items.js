@@ -26,9 +26,9 @@ export async function browser(root, queue, { mode, info, ctx }) {
     <div class="toolbar">
       ${mode === "items" ? `<label>State <select id="state">
         ${["all", "due", "delayed", "leased"].map((s) => `<option>${s}</option>`).join("")}</select></label>` : ""}
-      ${dead ? `<button id="redrive-selected" disabled>Redrive selected</button>
-        <button id="redrive-all" class="primary">Redrive all</button>
-        <button id="delete-selected" disabled>Delete selected</button>` : ""}
+      ${dead ? `<button id="redrive-selected" class="write" disabled>Redrive selected</button>
+        <button id="redrive-all" class="primary write">Redrive all</button>
+        <button id="delete-selected" class="write" disabled>Delete selected</button>` : ""}
       <span class="spacer"></span>
       <span class="pager"><button id="prev">‹ Prev</button><span id="page"></span><button id="next">Next ›</button></span>
     </div>
@@ -45,10 +45,10 @@ export async function browser(root, queue, { mode, info, ctx }) {
     const open = `<a href="#" data-open="${it.id}">${num(it.id)}</a>`;
     if (dead) {
       return `<tr data-id="${it.id}" class="${selected.has(it.id) ? "selected" : ""}">
-        <td><input type="checkbox" data-select="${it.id}" ${selected.has(it.id) ? "checked" : ""} aria-label="select ${it.id}"></td>
+        <td><input type="checkbox" class="write" data-select="${it.id}" ${selected.has(it.id) ? "checked" : ""} aria-label="select ${it.id}"></td>
         <td>${open}</td><td class="text">${esc(it.dead_lettered_from ?? "–")}</td><td>${time(it.deadline)}</td>
         <td>${num(st.dequeue_count)}</td><td>${bytes(it.value_size)}</td>
-        <td><button data-redrive="${it.id}">Redrive</button> <button data-delete="${it.id}">Delete</button></td></tr>`;
+        <td><button class="write" data-redrive="${it.id}">Redrive</button> <button class="write" data-delete="${it.id}">Delete</button></td></tr>`;
     }
     if (mode === "leased") {
       const soon = expiringSoon(it, leaseMs, now);

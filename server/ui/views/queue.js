@@ -15,7 +15,8 @@ export async function mount(root, { name, tab }, ctx) {
   const href = (t) => `#/queue/${encodeURIComponent(name)}/${t}`;
   root.innerHTML = `
     <h1><a href="#/">Queues</a> / <span id="qname">${esc(name)}</span><span id="badges"></span></h1>
-    <div class="toolbar"><button id="pause"></button><button id="purge" class="danger">Purge…</button></div>
+    <div class="toolbar"><button id="pause" class="write"></button><button id="purge" class="danger write">Purge…</button>
+      <span class="read-note muted">Signed in with a read-only token: actions are hidden.</span></div>
     <div class="cards" id="cards"></div>
     <nav class="tabs">${TABS.map(([t, label]) => `<a href="${href(t)}" data-tab="${t}" class="${t === tab ? "active" : ""}">${label}</a>`).join("")}</nav>
     <section id="tab"></section>`;

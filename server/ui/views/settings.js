@@ -17,7 +17,8 @@ export function settingsForm(root, name, info, ctx, reload) {
       <input id="s-dlq" name="dead_letter_queue" placeholder="${esc(name)}.dlq" value="${esc(c.dead_letter_queue ?? "")}">
       ${hasDedup ? `<label for="s-dedup">Dedup window (ms)</label>
       <input id="s-dedup" name="dedup_window_ms" type="number" min="0" value="${esc(c.dedup_window_ms)}">` : ""}
-      <span></span><span><button class="primary" type="submit">Save</button> <span id="saved" class="muted"></span></span>
+      <span></span><span><button class="primary write" type="submit">Save</button> <span id="saved" class="muted"></span>
+        <span class="read-note muted">read-only token: settings cannot be changed</span></span>
     </form>`;
   const form = root.querySelector("form");
   form.addEventListener("submit", async (e) => {
