@@ -131,7 +131,7 @@ class Settings:
             )
         if self.max_connections < 1 or self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
             raise SettingsError("max_connections and the read timeouts must be positive")
-        if any(not t or t != t.strip() or "," in t for t in self.tokens):
+        if any(not t or t != t.strip() or "," in t for t in (*self.tokens, *self.read_tokens)):
             raise SettingsError("tokens must be non-empty, without spaces at either end or commas")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SettingsError("give both tls_cert and tls_key, or neither")
