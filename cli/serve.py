@@ -1,4 +1,4 @@
-"""``dq serve``: run the HTTP service (and the shm server with ``--shm``).
+"""``dq serve``: run the HTTP service and, unless ``--no-shm``, the shared-memory server.
 
 Flags override ``DQ_*`` variables, which override the defaults (``server/settings.py``).
 """
@@ -52,7 +52,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--tls-cert", help="PEM certificate: serve HTTPS (DQ_TLS_CERT)")
     p.add_argument("--tls-key", help="PEM private key of --tls-cert (DQ_TLS_KEY)")
     p.add_argument(
-        "--shm", action="store_const", const=True, help="also serve shared memory (DQ_SHM)"
+        "--shm",
+        action=argparse.BooleanOptionalAction,
+        help="serve the shared-memory fast path too (DQ_SHM, default on; --no-shm: off)",
     )
     p.add_argument(
         "--log-level", choices=("debug", "info", "warning", "error"), help="(DQ_LOG_LEVEL)"

@@ -5,10 +5,12 @@ consumer-group log (``server/consumer_groups.py``, its lease keep-alive thread) 
 keyed-batch memory (``server/keyed_batches.py``) → publish the ``Service`` on
 ``app.state`` (routes reach it through ``server/dependencies.py``) → start the periodic
 ``expire_leases`` task and the dashboard's history sampler (``server/history.py``) →
-start the shared-memory server and its rings if ``settings.shm`` (``shm/server.py``,
-``shm/rings_host.py``). Shutdown runs it backwards and closes the engine last
-(closing syncs). Invariant: an engine handed to ``create_app`` belongs to the caller
-and is not closed here; one the lifespan opened always is.
+start the shared-memory server and its rings if ``settings.shm`` (the default;
+``shm/server.py``, ``shm/rings_host.py``; a data directory where they cannot run, e.g. a
+path too long for the attach socket, is served over HTTP alone, with a warning).
+Shutdown runs it backwards and closes the engine last (closing syncs). Invariant: an
+engine handed to ``create_app`` belongs to the caller and is not closed here; one the
+lifespan opened always is.
 """
 
 from __future__ import annotations
@@ -63,13 +65,39 @@ async def _expire_forever(engine: Engine, interval_s: float) -> None:
             logger.warning("lease expiry failed: %s", exc)
 
 
-def _start_shm(engine: Engine, settings: Settings) -> Any:
-    """The command-ring server, with the submission, broadcast and telemetry rings."""
-    # Imported here: only servers started with DQ_SHM load the ring code.
-    from dq.shm.rings_host import with_rings
-    from dq.shm.server import start
+def _local_url(settings: Settings) -> str:
+    """The HTTP address a local process reaches this server at (told to shm clients)."""
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "", "::") else settings.host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    scheme = "https" if settings.tls_cert else "http"
+    return f"{scheme}://{host}:{settings.port}"
 
-    return with_rings(start(engine, settings), engine, settings)
+
+def _start_shm(engine: Engine, settings: Settings) -> Any:
+    """The command-ring server plus the submission, broadcast and telemetry rings
+    (docs/shm.md); None if shared memory cannot be served here."""
+    from dq.shm.errors import ShmError
+    from dq.shm.rings_host import with_rings
+    from dq.shm.server import ShmServer
+
+    try:
+        server = ShmServer(
+            engine,
+            settings.data_dir,
+            http_url=_local_url(settings),
+            max_clients=settings.shm_max_clients,
+            spin_us=settings.shm_spin_us,
+            max_wait_ms=settings.max_wait_ms,
+        ).start()
+    except (ShmError, OSError) as exc:
+        logger.warning("shared memory not served (HTTP only): %s", exc)
+        return None
+    try:
+        return with_rings(server, engine, settings.data_dir)
+    except BaseException:
+        server.close()
+        raise
 
 
 def open_consumer_groups(engine: Engine, settings: Settings) -> ConsumerGroups:
@@ -121,7 +149,8 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
             if settings.shm:
                 shm = await asyncio.to_thread(_start_shm, opened, settings)
                 app.state.shm = shm
-                logger.info("shared-memory server started")
+                if shm is not None:
+                    logger.info("shared-memory server started")
             logger.info("serving data dir %s (fsync=%s)", settings.data_dir, settings.fsync)
             yield
         finally:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from dq.shm.command_ring import DEFAULT_SPIN_US
 from dq.storage.types import FsyncMode
 
 __all__ = ["FSYNC_MODES", "MAX_DEFAULT_BODY", "Settings", "SettingsError", "parse_tokens"]
@@ -63,7 +64,13 @@ class Settings:
     fast_path: bool = True
     expire_interval_ms: int = 250
     shutdown_timeout_s: float = 30.0
-    shm: bool = False
+    #: Serve the shared-memory fast path beside HTTP (docs/shm.md); ``DQ_SHM=0`` or
+    #: ``dq serve --no-shm`` turns it off.
+    shm: bool = True
+    #: Shared-memory clients attached at once, at most.
+    shm_max_clients: int = 256
+    #: How long a shared-memory session spins before it parks on its futex (µs).
+    shm_spin_us: float = DEFAULT_SPIN_US
     log_level: str = "info"
     #: where ``POST /v1/backup`` may write backups ("" : backups over HTTP are off)
     backup_dir: str = ""
@@ -83,8 +90,7 @@ class Settings:
     consumer_max_log_bytes: int = 256 << 20
     keyed_batch_max_keys: int = 100_000
     keyed_batch_max_bytes: int = 64 << 20
-    #: Every other ``DQ_*`` variable, lower-cased without the prefix, for plug-ins
-    #: (the shm server reads its ring sizes from here).
+    #: Every other ``DQ_*`` variable, lower-cased without the prefix, for plug-ins.
     extra: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -116,6 +122,8 @@ class Settings:
         ):
             if getattr(self, name) < (0 if name == "port" else 1):
                 raise SettingsError(f"{name} must be positive: {getattr(self, name)!r}")
+        if self.shm_max_clients < 1 or self.shm_spin_us < 0:
+            raise SettingsError("shm_max_clients must be positive, shm_spin_us not negative")
         if (
             self.history_retention_s * 1000 < self.history_interval_ms
             or self.history_max_queues < 0

@@ -124,6 +124,6 @@ class _WithRings:
             self._server.close(*args, **kwargs)
 
 
-def with_rings(server: Any, engine: Any, settings: Any) -> Any:
+def with_rings(server: Any, engine: Any, data_dir: str | os.PathLike[str]) -> Any:
     """Start the three rings beside ``server`` (the command-ring server)."""
-    return _WithRings(server, RingsHost(engine, settings.data_dir).start())
+    return _WithRings(server, RingsHost(engine, data_dir).start())

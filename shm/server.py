@@ -10,8 +10,9 @@ Owns the sessions' life cycle (``docs/shm.md``, "Attach" and "Command ring"). In
     writes only, so one client's fsync never holds up another's ring;
   - idle costs nothing: session threads park on a futex, the control thread in ``select``.
 
-Entry point for the HTTP lifespan: ``ShmServer(engine, data_dir, http_url=...).start()``
-and ``.close()``.
+The HTTP lifespan (``server/lifespan.py``) builds it from the typed settings:
+``ShmServer(engine, data_dir, http_url=..., max_clients=..., spin_us=...).start()`` and
+``.close()``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from dq.shm.command_ring import (
 from dq.shm.errors import ShmError
 from dq.storage.types import check_queue_name
 
-__all__ = ["ShmServer", "start"]
+__all__ = ["ShmServer"]
 
 log = logging.getLogger(__name__)
 
@@ -460,22 +461,3 @@ class ShmServer:
             for path in SHM_DIR.glob(f"{self.shm_prefix}*"):
                 log.info("removing leftover ring %s", path.name)
                 unlink_shm(path.name)
-
-
-def start(engine: Any, settings: Any) -> ShmServer:
-    """The HTTP lifespan's plug-in seam: serve rings beside HTTP for ``settings.data_dir``.
-
-    ``DQ_SHM_SPIN_US`` and ``DQ_SHM_MAX_CLIENTS`` (``settings.extra``) tune the server.
-    """
-    extra = getattr(settings, "extra", {}) or {}
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "", "::") else settings.host
-    if ":" in host:
-        host = f"[{host}]"
-    return ShmServer(
-        engine,
-        settings.data_dir,
-        http_url=f"http://{host}:{settings.port}",
-        max_clients=int(extra.get("shm_max_clients", 256)),
-        spin_us=float(extra.get("shm_spin_us", DEFAULT_SPIN_US)),
-        max_wait_ms=int(getattr(settings, "max_wait_ms", 20_000)),
-    ).start()

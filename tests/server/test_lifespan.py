@@ -6,11 +6,12 @@ import asyncio
 from pathlib import Path
 
 import httpx
+import pytest
 
 from dq.server.app import create_app
 from dq.server.settings import Settings
 from dq.storage import Engine, EngineConfig, NewItem
-from tests.server.live import LiveServer
+from tests.server.live import LiveServer, live_server
 
 
 async def _get(app: object, path: str) -> httpx.Response:
@@ -58,3 +59,29 @@ def test_shm_server_starts_beside_http(tmp_path: Path) -> None:
         assert httpx.get(server.url + "/healthz").json()["status"] == "ok"
     finally:
         assert server.terminate() == 0
+
+
+def test_shared_memory_is_on_by_default_and_can_be_turned_off(tmp_path: Path) -> None:
+    from dq.cli.main import build_parser
+    from dq.client import Client, TransportError
+
+    with (
+        live_server(tmp_path / "on") as server,  # no DQ_SHM: the default
+        Client(f"shm://{server.data_dir}") as dq,
+    ):
+        item_id = dq.enqueue("local", b"x")
+        assert [i.id for i in dq.dequeue("local")] == [item_id]
+    with live_server(tmp_path / "off", env={"DQ_SHM": "0"}) as server:
+        assert not (server.data_dir / "dq.sock").exists()
+        with pytest.raises(TransportError):
+            Client(f"shm://{server.data_dir}", timeout=2)
+    assert build_parser().parse_args(["serve", "--no-shm"]).shm is False
+
+
+def test_a_data_dir_shared_memory_cannot_serve_is_served_over_http(tmp_path: Path) -> None:
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "data"  # too long for the attach socket
+    deep.parent.mkdir(parents=True)
+    with live_server(deep) as server:
+        assert httpx.get(server.url + "/healthz").json()["status"] == "ok"
+        assert not (deep / "dq.sock").exists()
+        assert "shared memory not served" in server.log()

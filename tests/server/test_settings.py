@@ -15,12 +15,14 @@ def test_defaults_match_the_product() -> None:
     assert small.body_limit > small.max_batch * small.max_value_bytes * 4 / 3
     assert (s.max_connections, s.header_timeout_s, s.body_timeout_s) == (1024, 10.0, 60.0)
     assert s.fast_path and s.loopback and not s.tls_cert
+    assert s.shm and s.shm_max_clients == 256  # the local fast path is on by default
+    assert not Settings.from_env({"DQ_SHM": "0"}).shm
 
 
 def test_environment_and_flags() -> None:
     env = {
         "DQ_PORT": "9000", "DQ_FSYNC": "interval", "DQ_TOKENS": "a, b,c", "DQ_SHM": "yes",
-        "DQ_MAX_BODY_BYTES": "1234", "DQ_SHM_SPIN_US": "10", "HOME": "/x",
+        "DQ_MAX_BODY_BYTES": "1234", "DQ_SHM_SPIN_US": "10", "DQ_PLUGIN_X": "y", "HOME": "/x",
     }  # fmt: skip
     s = Settings.from_env(env)
     assert (s.port, s.fsync, s.tokens, s.shm, s.body_limit) == (
@@ -30,7 +32,7 @@ def test_environment_and_flags() -> None:
         True,
         1234,
     )
-    assert s.extra == {"shm_spin_us": "10"}
+    assert s.shm_spin_us == 10.0 and s.extra == {"plugin_x": "y"}
     t = s.replace(port=None, host="0.0.0.0", fsync="never")
     assert (t.port, t.host, t.fsync) == (9000, "0.0.0.0", "never")
 
