@@ -51,7 +51,7 @@ def dq_server(data_dir: Path, fsync: str) -> Iterator[tuple[str, int]]:
     """``dq serve`` with shared memory on; yields (http url, pid)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DQ_")}
-    env["DQ_SHM"] = "1"
+    env["DQ_SHM"] = "1"  # the default; said here for servers older than that
     cmd = [
         sys.executable, "-m", "dq.cli.main", "serve", "--data-dir", str(data_dir),
         "--port", str(port), "--fsync", fsync, "--log-level", "warning",
@@ -281,7 +281,25 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--json", action="store_true", help="print the report as JSON too")
     parser.add_argument("--worker", nargs=4, metavar=("URL", "KIND", "SECONDS", "QUEUE"))
+    parser.add_argument(
+        "--idle",
+        type=float,
+        metavar="SECONDS",
+        help="only this: the CPU of `dq serve` as shipped (shared memory on, fsync always) "
+        "over SECONDS with no client, then with 8 idle shm clients attached",
+    )
     args = parser.parse_args()
+    if args.idle:
+        with tempfile.TemporaryDirectory(prefix="dq-bench-") as tmp:
+            data = Path(tmp) / "data"
+            with dq_server(data, "always") as (_, pid):
+                idle = idle_cpu(data, pid, args.idle)
+        print(
+            f"idle server CPU over {args.idle:.0f} s, % of one core: no client "
+            f"{idle['no_clients_pct']:.2f}, 8 idle shm clients "
+            f"{idle['eight_idle_shm_clients_pct']:.2f}; load average {os.getloadavg()}"
+        )
+        return
     if args.worker:
         url, kind, secs, queue = args.worker
         print(json.dumps(worker(url, kind, float(secs), queue)))
