@@ -62,7 +62,7 @@ def test_server_view(tmp_path: Path) -> None:
         assert [q["name"] for q in s["queues"]] == ["large", "small"]  # largest first
         assert s["data_bytes"] == sum(q["bytes_on_disk"] for q in s["queues"]) > 5000
         assert s["disk"]["total"] >= s["disk"]["free"] > 0
-        assert s["shm"] == {"enabled": False, "clients": []}
+        assert s["shm"] == {"enabled": True, "clients": []}  # on by default
         assert s["history"]["max_queues"] == 100
 
     run(tmp_path, call)
