@@ -13,15 +13,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from dq.server.lifespan import _local_url
+from dq.server.settings import Settings
 from dq.shm import command_codec as codec
 from dq.shm.attach import SHM_DIR, Attachment, attach, shm_prefix
 from dq.shm.command_ring import ClientRing, Op, Status
 from dq.shm.errors import AttachError, ShmError
-from dq.shm.server import ShmServer, start
+from dq.shm.server import ShmServer
 from dq.storage import Engine, EngineConfig
 from dq.storage.types import NewItem, QueueConfig
 
@@ -282,10 +283,9 @@ def test_server_close_unlinks_every_ring_and_the_socket(tmp_path: Path) -> None:
         # a leftover of an earlier crash of this data directory is removed at start
         leftover = SHM_DIR / f"{shm_prefix(data)}1-deadbeef"
         leftover.write_bytes(b"")
-        settings: Any = type(
-            "S", (), {"data_dir": str(data), "host": "0.0.0.0", "port": 8181, "extra": {}}
-        )()
-        server = start(engine, settings)
+        # as the lifespan starts it: the address told to clients is a local one
+        settings = Settings(data_dir=str(data), host="0.0.0.0", port=8181)
+        server = ShmServer(engine, data, http_url=_local_url(settings)).start()
         assert not leftover.exists()
         attachments = [connect(server) for _ in range(3)]
         assert attachments[0][0].http_url == "http://127.0.0.1:8181"
