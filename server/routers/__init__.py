@@ -1,1 +1,3 @@
 """HTTP routers; each owns its prefix and tags (``app.py`` only wires them)."""
+
+__all__: list[str] = []
