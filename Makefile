@@ -4,16 +4,36 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint typecheck typecheck-tree unit bench docker-smoke clean
+.PHONY: run lock test lint typecheck typecheck-tree unit bench docker-smoke clean
 
-$(STAMP): pyproject.toml $(wildcard setup.py) $(wildcard shm/*.c)
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,spark]'
-	touch $(STAMP)
+# Each set-up installs exactly the versions of its lock file (requirements/*.txt, made by
+# `make lock`), hash-checked, then the project itself without touching them. `make run`
+# needs only what serving needs; `make test` adds the test tools and the Spark extra.
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 
-run: $(STAMP)
-	$(BIN)/dq serve
+$(VENV)/.serve: requirements/serve.txt pyproject.toml $(wildcard setup.py) $(wildcard shm/*.c) | $(BIN)/python
+	$(BIN)/python -m pip install -qq --disable-pip-version-check --require-hashes -r requirements/serve.txt
+	$(BIN)/python -m pip install -qq --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+$(STAMP): requirements/test.txt $(VENV)/.serve
+	$(BIN)/python -m pip install -qq --disable-pip-version-check --require-hashes -r requirements/test.txt
+	touch $@
+
+# PORT=9000 picks the port (so does DQ_PORT; every flag has a DQ_* variable).
+run: $(VENV)/.serve
+	$(BIN)/dq serve $(if $(PORT),--port $(PORT))
+
+# Re-pin after changing dependencies in pyproject.toml (needs network; uv in a throw-away
+# venv so the project's venv stays as locked). Serving's pins are taken from the test lock,
+# so `make run` then `make test` in one venv changes no version.
+LOCK := /tmp/dq-lock-tools/bin/uv pip compile --no-config --python-version 3.11 \
+        --python-platform x86_64-unknown-linux-gnu --generate-hashes -q
+lock:
+	$(PYTHON) -m venv /tmp/dq-lock-tools && /tmp/dq-lock-tools/bin/pip install -q uv==0.13.9
+	$(LOCK) --extra test --extra spark -o requirements/test.txt pyproject.toml requirements/build.in
+	$(LOCK) -c requirements/test.txt -o requirements/serve.txt pyproject.toml requirements/build.in
 
 PKG_DIRS := server storage shm client cli pipeline
 PY_DIRS  := $(PKG_DIRS) bench tests
