@@ -57,36 +57,25 @@ __all__ = ["AsyncShmTransport", "ShmTransport"]
 _DEFAULT_TIMEOUT = 30.0
 _MAX_DEADLINE = (1 << 48) - 1
 _ITEM_ERRORS = frozenset({"stale_receipt", "item_not_found", "invalid_receipt"})
-_HTTP_STATUS = {
-    "invalid_argument": 400,
-    "invalid_queue_name": 400,
-    "value_too_large": 413,
-    "invalid_deadline": 400,
-    "invalid_receipt": 400,
-    "batch_too_large": 413,
-    "queue_not_found": 404,
-    "item_not_found": 404,
-    "stale_receipt": 409,
-    "config_conflict": 409,
-    "storage_full": 507,
-    "unavailable": 503,
-    "internal": 500,
-}
 _ZERO_KEY = bytes(KEY_SIZE)
 Command = tuple[int, bytes, bytes]
 
 
-def _code(status: int) -> str:
+def _status(status: int) -> Status:
     try:
-        return Status(status).code
+        return Status(status)
     except ValueError:
-        return "internal"
+        return Status.INTERNAL
+
+
+def _code(status: int) -> str:
+    return _status(status).code
 
 
 def _raise(response: Response, queue: str | None, item_id: int | None = None) -> NoReturn:
-    code = _code(response.status)
+    status = _status(response.status)
     message = response.body.decode("utf-8", "replace")
-    raise error_for(_HTTP_STATUS.get(code, 400), code, message, queue=queue, id=item_id)
+    raise error_for(status.http_status, status.code, message, queue=queue, id=item_id)
 
 
 def _check_item(item: NewItem) -> None:

@@ -44,6 +44,7 @@ from dq.shm.errors import (
     RingTimeout,
     ValueTooLargeForRing,
 )
+from dq.storage.errors import status_for_code
 
 __all__ = [
     "DEFAULT_SPIN_US",
@@ -144,6 +145,15 @@ class Status(IntEnum):
     def code(self) -> str:
         """The error code string, as the HTTP API and the storage errors spell it."""
         return self.name.lower()
+
+    @property
+    def http_status(self) -> int:
+        """The status the HTTP API answers for this code (``dq.storage.errors``: the one
+        mapping); the ring's own refusals (not bound, unknown op, malformed) are 400."""
+        if self is Status.INTERNAL:
+            return 500
+        status = status_for_code(self.code)
+        return 400 if status == 500 else status
 
 
 def ring_size(capacity: int) -> int:

@@ -45,3 +45,14 @@ def test_codes_map_like_their_classes() -> None:
     for cls in classes:
         assert e.status_for_code(cls.code) == status_for(cls("x"))
     assert e.status_for_code("no_such_code") == 500
+
+
+def test_ring_statuses_map_like_the_http_api() -> None:
+    """The shm transport raises the status the HTTP API would answer for each code."""
+    from dq.shm.command_ring import Status
+
+    codes = {c.code: c for n in e.__all__ if isinstance(c := getattr(e, n), type)}
+    for status in Status:
+        if status.code in codes:
+            assert status.http_status == status_for(codes[status.code]("x")), status
+    assert Status.INTERNAL.http_status == 500 and Status.MALFORMED.http_status == 400
