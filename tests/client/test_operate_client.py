@@ -120,9 +120,9 @@ def test_consumer_stops_extending_a_job_after_max_extend_ms(dq: Client, queue: s
     jobs.close()
     # without a cap the same handler keeps its item
     dq.enqueue(queue + "-b", b"kept")
-    consumer = dq.consumer(queue + "-b", lease_ms=600, wait_ms=0)
+    consumer = dq.consumer(queue + "-b", lease_ms=1500, wait_ms=0)  # extended every 0.5 s
     jobs = consumer.jobs(max_items=1)
     with next(jobs):
-        time.sleep(1.6)
+        time.sleep(2.5)  # outlives the first lease: only the extensions keep the item
         assert dq.dequeue(queue + "-b") == []
     jobs.close()
