@@ -214,6 +214,7 @@ class Engine(Operations):
                     if self.config.auto_merge:
                         q.freeze_if_idle(self.config.idle_freeze_seconds)
                         self.merge_policy.consider(q)
+                    self.forget_expired_keys(q)
                 except Exception:
                     log.exception("maintenance of queue %s failed", q.name)
 

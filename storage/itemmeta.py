@@ -159,6 +159,8 @@ class ItemMeta:
         self.keys: dict[str, Remembered] = {}
         self._order: deque[tuple[int, str]] = deque()  # (time, key), oldest first
         self.origins: dict[int, str] = {}
+        #: when sidecars were last checked for expired keys (ms)
+        self.sidecars_checked = 0
 
     # -------------------------------------------------------------- keys
 

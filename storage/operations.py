@@ -417,6 +417,23 @@ class Operations:
         """A consistent copy of the data directory at ``dest`` (``storage/backup.py``)."""
         return backup(self, dest)  # type: ignore[arg-type]
 
+    # ------------------------------------------------------------------ upkeep
+
+    def forget_expired_keys(self, q: Queue) -> None:
+        """Drop idempotency keys past their window from memory, and (once a minute)
+        delete metadata sidecars that hold nothing but expired keys."""
+        now = self.now()
+        window = q.config.dedup_window_ms
+        with q.lock:
+            if q.closed:
+                return
+            q.meta.prune(now, window)
+            due = now - q.meta.sidecars_checked >= 60_000
+            if due:
+                q.meta.sidecars_checked = now
+        if due:
+            q.meta.prune_sidecars(q.directory, now, window)
+
     # ------------------------------------------------------------------ stats
 
     def operator_stats(self, q: Queue, s: QueueStats) -> QueueStats:

@@ -342,3 +342,21 @@ def test_delivered_items_in_a_segment_file_do_not_count_as_due(open_engine: Open
     e.requeue("q", [Requeue(second.id, second.receipt, delay_ms=60_000)])
     stats = e.stats("q")
     assert (stats.segments, stats.pending, stats.due, stats.delayed) == (1, 1, 0, 1)
+
+
+def test_expired_keys_leave_memory_and_their_sidecars_go(
+    open_engine: Open, clock: FakeClock, tmp_path: Path
+) -> None:
+    e = open_engine()
+    e.put_queue("q", QueueConfig(dedup_window_ms=1000))
+    e.enqueue("q", [NewItem(b"a", key="k")])
+    e.freeze("q")
+    qdir = tmp_path / "data" / "queues" / "q"
+    assert list(qdir.glob("*.meta"))
+    q = e.queue("q")
+    e.forget_expired_keys(q)
+    assert "k" in q.meta.keys and list(qdir.glob("*.meta"))
+    clock.advance(61_000)
+    e.forget_expired_keys(q)
+    assert "k" not in q.meta.keys
+    assert not list(qdir.glob("*.meta"))
