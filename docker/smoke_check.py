@@ -99,6 +99,10 @@ def before(base: str, state_file: Path) -> None:
 def after(base: str, state_file: Path) -> None:
     state = json.loads(state_file.read_text())
     alpha_id, beta_id, gamma_id = state["ids"]
+    # A dequeue of a queue that does not exist waits for it (a worker may start before
+    # its producer), so ask first whether the queue came back at all.
+    status, reply = call(base, "GET", f"/v1/queues/{QUEUE}")
+    expect(status == 200, f"queue {QUEUE} should survive the restart", (status, reply))
     seen: list[dict[str, Any]] = []
     deadline = time.monotonic() + AFTER_WAIT_S
     while len(seen) < 2 and time.monotonic() < deadline:
