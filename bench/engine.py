@@ -6,7 +6,7 @@
   threads: group commit) and never;
 - dequeue+release items/s (batches of 100, fsync always);
 - bytes on disk per item for 1,000,000 items of 278 incompressible bytes, in the log
-  and in segment files, beside the seed's own figure (~67 bytes per item);
+  and in segment files, beside the original storage design's own figure (~67 bytes per item);
 - time to open a data directory holding 1,000,000 items in segment files.
 """
 

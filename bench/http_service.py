@@ -1,4 +1,4 @@
-"""HTTP service benchmark: the figures of issue 4, beside a bare FastAPI floor.
+"""HTTP service benchmark: the HTTP figures of docs/performance.md, beside a bare FastAPI floor.
 
 Run from the repository root:  .venv/bin/python -m bench.http_service [--seconds 3] [--json]
 

@@ -641,7 +641,7 @@ class Postgres(Server):
 
 
 class DqHttpClient:
-    """dq over its /v1 HTTP API (shared/PRODUCT.md section 4), with a plain httpx client."""
+    """dq over its /v1 HTTP API (docs/http.md), with a plain httpx client."""
 
     def __init__(self, url, queue="q"):
         import base64
@@ -742,7 +742,7 @@ class DqProjectClient:
 
 
 class Dq(Server):
-    """The product itself: `dq serve` from the python in $DQ_PYTHON (a venv with the checkout)."""
+    """dq itself: `dq serve` from the python in $DQ_PYTHON (a venv with the checkout)."""
 
     name = "dq"
     blocking_get = True

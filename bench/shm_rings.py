@@ -1,4 +1,4 @@
-"""Submission, broadcast and telemetry rings: throughput and cost (issue 8).
+"""Submission, broadcast and telemetry rings: throughput and cost (docs/shm.md).
 
 Prints, for docs/performance.md ("Submission, broadcast and telemetry rings"):
   - enqueue items/s through the submission ring with 1 and 4 producer processes

@@ -1,4 +1,4 @@
-"""Spark benchmark (issue 6): items/s pulled and released through the ``dq`` source.
+"""Spark benchmark (docs/spark.md): items/s pulled and released through the ``dq`` source.
 
 Run from the repository root:  .venv/bin/python -m bench.spark [--items 20000] [--runs 3]
 

@@ -1,4 +1,4 @@
-"""The JSON shapes of the HTTP API (PRODUCT §4), as pydantic models.
+"""The JSON shapes of the HTTP API (docs/http.md), as pydantic models.
 
 These models are the OpenAPI contract: request models validate input (a failure is
 a 422 ``validation_error``), response models document what routes return. Values

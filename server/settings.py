@@ -33,7 +33,7 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    """Everything the server needs to start, with the product's defaults."""
+    """Everything the server needs to start, with dq's defaults."""
 
     data_dir: str = "./dq-data"
     host: str = "127.0.0.1"

@@ -1,7 +1,7 @@
-"""The broadcast ring (seed 003): one writer, many readers, nobody misses a message.
+"""The broadcast ring (docs/shm.md): one writer, many readers, nobody misses a message.
 
 Owns the byte layout and the wraparound protocol of docs/shm.md ("Broadcast ring"). The
-seed gives the mechanism, not the bytes; ours: a 64-byte header (magic ``DQBR``,
+original design gives the mechanism, not the bytes; ours: a 64-byte header (magic ``DQBR``,
 version, the Message Counter, the Wraparound Sync bitmask, the active-readers bitmask,
 buffer size, the writer's cursor), a table of 64 readers (pid, state, messages seen),
 then the circular buffer of messages, each a u16 length and that many bytes. An empty
@@ -171,7 +171,7 @@ class BroadcastWriter:
             A.futex_wake(buf, OFF_COUNTER, 1 << 30)
 
     def _wrap(self, off: int) -> None:
-        """The seed's steps 2-5 and 9: reset sync, mark the end, count it, wait."""
+        """The original design's steps 2-5 and 9: reset sync, mark the end, count it, wait."""
         buf = self.buf
         A.store_u64(buf, OFF_SYNC, 0)
         if self.size - off >= 2:

@@ -1,4 +1,4 @@
-"""The command ring (seed 002): layout, field codecs and the slot hand-off on both sides.
+"""The command ring (docs/shm.md): layout, field codecs and the slot hand-off on both sides.
 
 Owns the byte layout of ``docs/shm.md`` ("Command ring") and nothing else: which engine
 call an op becomes lives in ``shm/command_handler.py``. Layout, all little-endian:
@@ -107,7 +107,7 @@ DEFAULT_SPIN_US = 20.0 if (os.cpu_count() or 1) > 2 else 0.0
 
 
 class Op(IntEnum):
-    """Operation codes; 0..2 are the seed's PUT, DELETE, FIND."""
+    """Operation codes; 0..2 are the original design's PUT, DELETE, FIND."""
 
     PUT = 0  # enqueue one item
     DELETE = 1  # release one delivery
@@ -157,7 +157,7 @@ class Status(IntEnum):
 
 
 def ring_size(capacity: int) -> int:
-    """Bytes of a ring with ``capacity`` slots (the seed's ``24 + 2080 * N``)."""
+    """Bytes of a ring with ``capacity`` slots (the original design's ``24 + 2080 * N``)."""
     return SLOTS_OFF + SLOT_SIZE * capacity
 
 
@@ -197,7 +197,7 @@ def encode_response(status: int, body: bytes, flags: int = 0) -> bytes:
 class ClientRing:
     """The client's side of one ring: fill a slot at ``head``, then wait for its response.
 
-    Thread-safe: one lock serialises use of the ring, as the seed's single producer requires.
+    Thread-safe: one lock serialises use of the ring, as the design's single producer requires.
     """
 
     def __init__(self, mm: mmap.mmap, *, spin_us: float = DEFAULT_SPIN_US) -> None:

@@ -1,6 +1,6 @@
 """Engine events on the broadcast ring: the message codec and the server's publisher.
 
-Owns the event message format of docs/shm.md ("Broadcast ring", messages of the product)
+Owns the event message format of docs/shm.md ("Broadcast ring", dq's messages)
 and the publisher thread. The engine's ``on_event`` callback only appends to an
 in-memory backlog and sets a flag (it runs under engine locks and must not block); the
 publisher thread encodes the backlog and writes it to the ring, where it may wait at a

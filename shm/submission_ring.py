@@ -1,10 +1,10 @@
-"""The WPOL submission ring (seed 001): many producer processes, one consumer (the server).
+"""The WPOL submission ring (docs/shm.md): many producer processes, one consumer (the server).
 
 Owns the byte layout and the lock-free protocol of docs/shm.md ("Submission ring").
-The layout is the seed's byte for byte: a 64-byte header, ``capacity`` u64 ring entries
+The layout is the original design's byte for byte: a 64-byte header, ``capacity`` u64 ring entries
 (``priority << 32 | slot index``, 0 = empty) and ``capacity`` 64-byte task slots on a
 CAS free list; we add a payload area after the slots and use header and slot bytes the
-seed leaves unassigned. The protocol is the seed's with the fixes that
+original design leaves unassigned. The protocol is the original design's with the fixes that
 ``shm/model/wpol.py`` checks under every interleaving:
 
   - push: entry CAS, then tail CAS ``t -> t+1`` (never a blind increment); a written
@@ -50,11 +50,11 @@ __all__ = [
 
 MAGIC = 0x57504F4C  # "WPOL"
 VERSION = 1
-NO_SLOT = 0xFFFFFFFF  # the seed's empty free list
+NO_SLOT = 0xFFFFFFFF  # the original design's empty free list
 
 # magic, version, head, tail, capacity, mask, allocated, server pid*, slots base,
 # payload bytes per slot*, free-list head, free-list tag*, scan flag*, drainer asleep*
-# (* = ours, in bytes the seed leaves unassigned)
+# (* = ours, in bytes the original design leaves unassigned)
 HEADER = struct.Struct("<IIQQIIIIIIIIII")
 HEADER_SIZE = 64
 assert HEADER.size == HEADER_SIZE
@@ -72,7 +72,7 @@ S_STATE, S_NEXT, S_PRIORITY, S_REFS, S_OWNER, S_WAITING = 0, 4, 8, 28, 32, 36
 S_ERROR, S_ID, S_DEADLINE = 42, 48, 56
 RESULT = struct.Struct("<QQ")  # item id, stored deadline at slot offset 48
 
-# slot states: the seed's 0 and 1, then ours
+# slot states: the original design's 0 and 1, then ours
 FREE, ALLOCATED, SUBMITTED, DONE, FAILED = 0, 1, 2, 3, 4
 # methods: what the timestamp means
 ENQUEUE_AT, ENQUEUE_AFTER = 1, 2
@@ -82,11 +82,11 @@ MAX_SPINS = 1 << 16  # a CAS loop that loses this often is facing a hostile writ
 
 
 class BadMagic(ProtocolError):
-    """The seed's "invalid memory": magic != 0x57504F4C."""
+    """The original design's "invalid memory": magic != 0x57504F4C."""
 
 
 class VersionMismatch(ProtocolError):
-    """The seed's "version mismatch": version != 1."""
+    """The original design's "version mismatch": version != 1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +103,7 @@ def ring_size(capacity: int, payload_size: int) -> int:
 
 
 def init_ring(buf: Any, capacity: int, payload_size: int) -> Geometry:
-    """The seed's initialization protocol, magic written last. Re-initializes always
+    """The original design's initialization protocol, magic written last. Re-initializes always
     (the server owns the ring and calls this on a fresh or corrupted object)."""
     if capacity < 2 or capacity & (capacity - 1) or capacity > 1 << 20:
         raise ValueError("capacity must be a power of two in [2, 2**20]")
@@ -130,7 +130,7 @@ def init_ring(buf: Any, capacity: int, payload_size: int) -> Geometry:
 
 
 def read_geometry(buf: Any) -> Geometry:
-    """Check the header the way the seed's error table says; raise on anything off."""
+    """Check the header the way the original design's error table says; raise on anything off."""
     if len(buf) < HEADER_SIZE:
         raise ProtocolError("buffer too small for the WPOL header", size=len(buf))
     magic = A.load_u32(buf, 0)
@@ -174,7 +174,7 @@ class SubmissionRing:
         return self.geo.payload_base + index * self.geo.payload_size
 
     def allocate(self) -> int | None:
-        """Seed "slot allocation" with a tagged head; None when no slot is free."""
+        """Original "slot allocation" with a tagged head; None when no slot is free."""
         buf, cap = self.buf, self.capacity
         for _ in range(MAX_SPINS):
             word = A.load_u64(buf, OFF_FREE)
@@ -199,7 +199,7 @@ class SubmissionRing:
         raise RingFullError("free list under constant contention", spins=MAX_SPINS)
 
     def free(self, index: int) -> None:
-        """Seed "slot deallocation" with a tagged head."""
+        """Original "slot deallocation" with a tagged head."""
         if not 0 <= index < self.capacity:
             raise ProtocolError("slot index out of range", index=index)
         buf, off = self.buf, self.slot_off(index)
@@ -216,7 +216,7 @@ class SubmissionRing:
     # ---- ring ------------------------------------------------------------------------
 
     def push(self, index: int, priority: int = PRIORITY) -> bool:
-        """Publish slot ``index``; False when the ring is full (seed: tail - head >= cap)."""
+        """Publish slot ``index``; False when the ring is full (original: tail - head >= cap)."""
         buf, cap, mask = self.buf, self.capacity, self.mask
         entry = (priority & 0xFFFFFFFF) << 32 | index
         if entry == 0:

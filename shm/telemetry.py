@@ -1,6 +1,6 @@
 """Stats snapshots on the telemetry ring: the message codec and the server's publisher.
 
-Owns the snapshot message of docs/shm.md ("Telemetry ring", messages of the product) and
+Owns the snapshot message of docs/shm.md ("Telemetry ring", dq's messages) and
 the publisher thread that writes one snapshot per interval: one message per queue (the
 largest backlogs first, at most half the ring so the newest snapshot is always whole),
 with rates from engine events and fsync latency from the engine's fsync histogram.

@@ -1,12 +1,12 @@
-"""The overwrite-oldest telemetry ring (seed 000): a header lock, per-message locks.
+"""The overwrite-oldest telemetry ring (docs/shm.md): a header lock, per-message locks.
 
 Owns the byte layout and the lock protocol of docs/shm.md ("Telemetry ring"), exactly
-the seed's: magic ``576f726b20697320`` (u64), params ``QUEUE_MAX_LEN``/``MSG_SIZE`` (u32),
+the design's: magic ``576f726b20697320`` (u64), params ``QUEUE_MAX_LEN``/``MSG_SIZE`` (u32),
 header ``HEADER_LOCK`` (u64), ``START_IDX``/``QUEUE_LEN`` (u32), then ``QUEUE_MAX_LEN``
 messages of ``MSG_LOCK`` (u64) + ``MSG_SIZE`` u64 words. Enqueue to a full ring
-overwrites the oldest message; dequeue takes the oldest, as the seed's diagrams show.
+overwrites the oldest message; dequeue takes the oldest, as the original design's diagrams show.
 
-What the seed leaves open, and we fix (docs/shm.md explains): a lock word holds its
+What the original design leaves open, and we fix (docs/shm.md explains): a lock word holds its
 holder's token ``pid << 32 | n`` (non-zero), unlock is a CAS from that token, and every
 wait is bounded. A lock whose holder is dead is taken over; the writer also takes over a
 lock a live reader has held longer than ``steal_after_s`` (a stopped ``dq top`` must not
@@ -78,7 +78,7 @@ def _alive(pid: int) -> bool:
 
 
 class TelemetryRing:
-    """Seed-000 operations on one mapped buffer, with bounded lock waits."""
+    """The telemetry ring's operations on one mapped buffer, with bounded lock waits."""
 
     def __init__(self, buf: Any, *, steal_after_s: float = 0.01, timeout_s: float = 1.0) -> None:
         if len(buf) < MESSAGES:
@@ -136,7 +136,7 @@ class TelemetryRing:
         """Release; False if someone took the lock over meanwhile (our read may be torn)."""
         return A.cas_u64(self.buf, off, token, 0)
 
-    # ---- the seed's two operations -----------------------------------------------------
+    # ---- the design's two operations -----------------------------------------------------
 
     def enqueue(self, data: bytes) -> int:
         """Writer: append ``data`` (padded to MSG_SIZE words); overwrite the oldest when

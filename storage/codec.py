@@ -1,4 +1,4 @@
-"""Entry encoding: the seed's EntryKey(128), Stats(128), pending and tombstone entries.
+"""Entry encoding: the original design's EntryKey(128), Stats(128), pending and tombstone entries.
 
 Byte-by-byte specification: ``docs/format.md`` ("Entries"). Everything here is
 big-endian so that the byte order of an encoded key equals key order: a segment

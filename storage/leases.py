@@ -1,7 +1,7 @@
 """The in-flight set: who holds which item, until when, under which receipt.
 
-Only keys and stats are kept, never values (seed 004: "Do not keep working item
-values in memory (just IDs)"). Nothing here is durable: after a restart every
+Only keys and stats are kept, never values (the storage design, docs/storage.md: "Do
+not keep working item values in memory (just IDs)"). Nothing here is durable: after a restart every
 unreleased item is pending again (at-least-once). A receipt names one delivery:
 ``<epoch>.<id hex>.<delivery hex>``; the epoch is random per queue opening, so a
 receipt from before a restart (or from a deleted-and-recreated queue) is stale.

@@ -3,7 +3,7 @@
 The invariant this module keeps: every pending entry whose key is at or below the
 cursor (the last dequeued key) is either leased, or cancelled by a tombstone that
 has been (or is being) written. So dequeue never looks behind the cursor, and any
-new entry is placed strictly after it (its deadline advanced if needed, seed 004:
+new entry is placed strictly after it (its deadline advanced if needed; docs/storage.md:
 "deadline can never be before the oldest dequeued item").
 
 Write path (see ``docs/storage.md``): validate → under the queue lock assign ids and

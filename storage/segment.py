@@ -4,10 +4,10 @@ Specification: ``docs/format.md`` ("Segment file"). Layout:
 
     header(16) | block 0 | ... | block n-1 | index | footer(112)
 
-Each block is one zstd frame whose content is a run of entries in the seed's format
+Each block is one zstd frame whose content is a run of entries in the original design's format
 (``dq.storage.codec``), sorted by key. The index has one 40-byte row per block (first
 key, offset, compressed length, crc32 of the compressed bytes, entry count, raw
-length). The footer carries the seed's ``pending_count``, ``tombstone_count``,
+length). The footer carries the original design's ``pending_count``, ``tombstone_count``,
 ``last_key`` and ``max_id`` plus what a reader needs.
 
 Opening a segment reads only the footer and the index — never the entries — so

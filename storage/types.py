@@ -69,7 +69,8 @@ def check_queue_name(name: str) -> str:
 
 @dataclass(slots=True)
 class ItemStats:
-    """The seed's Stats(128): when the item was enqueued, last requeued, and how often delivered."""
+    """Stats(128) of the storage design (docs/format.md): when the item was enqueued, last
+    requeued, and how often delivered."""
 
     enqueue_time: int
     requeue_time: int

@@ -6,7 +6,7 @@ ids are never reused even after every segment is merged away). Then records:
 
     length u32 | crc32 u32 (over type and payload) | type u8 | payload
 
-A type-1 payload is a batch of entries in the seed's format (``dq.storage.codec``).
+A type-1 payload is a batch of entries in the original design's format (``dq.storage.codec``).
 One record is one atomic batch: it is either wholly recovered or wholly dropped.
 
 Recovery rule (``read_wal``): decided by declared lengths, never by the contents of

@@ -1,6 +1,6 @@
 """The WPOL submission ring's push/pop and free-list protocols as threads for ``explore``.
 
-Each protocol is written step for step as in the seed (``seeds/001``) or as fixed in
+Each protocol is written step for step as in the original design (docs/shm.md) or as fixed in
 ``shm/submission_ring.py``; docs/shm.md ("Submission ring: protocol fixes") explains
 every difference. ``check_ring`` and ``check_free_list`` are the correctness conditions:
 every push that reported success is popped exactly once, nothing else is popped, and a
@@ -10,7 +10,7 @@ the free list ends up holding every slot once.
 Memory map of the ring model: cell 0 head, cell 1 tail, cell 2 the "scan" flag (ours,
 a reserved header word), cells 3.. the ring entries.
 Memory map of the free-list model: cell 0 the free-list head, then per slot its next
-pointer, then per slot its holder (0 = nobody). ``END`` is the seed's 0xFFFFFFFF.
+pointer, then per slot its holder (0 = nobody). ``END`` is the original design's 0xFFFFFFFF.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ __all__ = [
 HEAD, TAIL, SCAN, ENTRY0 = 0, 1, 2, 3
 END = 0xFFFFFFFF
 
-PushStyle = Literal["seed", "fixed"]
-PopStyle = Literal["seed", "fixed"]
+PushStyle = Literal["original", "fixed"]
+PopStyle = Literal["original", "fixed"]
 Gen = Generator[Op, Any, Any]
 
 
-def seed_push(cap: int, value: int) -> Gen:
-    """Seed steps 1-10: entry CAS, then an unconditional tail increment."""
+def original_push(cap: int, value: int) -> Gen:
+    """Original steps 1-10: entry CAS, then an unconditional tail increment."""
     mask = cap - 1
     while True:
         t = yield ("load", TAIL)
@@ -92,8 +92,8 @@ def dying_push(cap: int, value: int) -> Gen:
             return True
 
 
-def seed_pop(cap: int) -> Gen:
-    """Seed steps 1-9: head CAS, then clear the entry."""
+def original_pop(cap: int) -> Gen:
+    """Original steps 1-9: head CAS, then clear the entry."""
     mask = cap - 1
     while True:
         h = yield ("load", HEAD)
@@ -145,8 +145,8 @@ def fixed_pop(cap: int, backstop: bool = False) -> Gen:
             return e
 
 
-_PUSH: dict[str, Callable[[int, int], Gen]] = {"seed": seed_push, "fixed": fixed_push}
-_POP: dict[str, Callable[[int], Gen]] = {"seed": seed_pop, "fixed": fixed_pop}
+_PUSH: dict[str, Callable[[int, int], Gen]] = {"original": original_push, "fixed": fixed_push}
+_POP: dict[str, Callable[[int], Gen]] = {"original": original_pop, "fixed": fixed_pop}
 
 
 def _producer(push: Callable[[int, int], Gen], cap: int, values: Sequence[int]) -> Thread:
@@ -236,7 +236,7 @@ def explore_ring(
 
 
 def _alloc(tagged: bool, nslots: int, tid: int) -> Gen:
-    """Seed allocation steps 1-4 (plus the holder check); ``tagged`` CASes (index, tag)."""
+    """Original allocation steps 1-4 (plus the holder check); ``tagged`` CASes (index, tag)."""
     while True:
         head = yield ("load", 0)
         index = head[0] if tagged else head
@@ -246,7 +246,7 @@ def _alloc(tagged: bool, nslots: int, tid: int) -> Gen:
         new = (nxt, head[1] + 1) if tagged else nxt
         if (yield ("cas", 0, head, new)):
             break
-    # The seed reuses "next" as the task id once allocated.
+    # The original design reuses "next" as the task id once allocated.
     yield ("store", 1 + index, 100 + tid)
     if not (yield ("cas", 1 + nslots + index, 0, tid)):
         return ("double", index)
@@ -254,7 +254,7 @@ def _alloc(tagged: bool, nslots: int, tid: int) -> Gen:
 
 
 def _free(tagged: bool, nslots: int, index: int) -> Gen:
-    """Seed deallocation steps 1-4 (the holder is cleared before the slot is published)."""
+    """Original deallocation steps 1-4 (the holder is cleared before the slot is published)."""
     yield ("store", 1 + nslots + index, 0)
     while True:
         head = yield ("load", 0)

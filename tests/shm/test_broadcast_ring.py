@@ -1,4 +1,4 @@
-"""The broadcast ring (seed 003): the doc's bytes, no reader misses a message, eviction."""
+"""The broadcast ring (docs/shm.md): the doc's bytes, no reader misses a message, eviction."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The command ring's layout and slot protocol, without a server: seed 002 byte for byte."""
+"""The command ring's layout and slot protocol, without a server: docs/shm.md byte for byte."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def pair(capacity: int = 4) -> tuple[mmap.mmap, ServerRing, ClientRing]:
     return mm, server, ClientRing(mm, spin_us=0.0)
 
 
-def test_sizes_match_the_seed() -> None:
+def test_sizes_match_the_original() -> None:
     assert SLOT_SIZE == 2080
     assert ring_size(64) == 24 + 2080 * 64 == 133_144
     assert RESPONSE_BODY_MAX == 1020
@@ -82,7 +82,7 @@ def test_doc_example_responses_decode() -> None:
     )
 
 
-def test_client_fills_a_slot_as_the_seed_says_and_the_server_answers_in_order() -> None:
+def test_client_fills_a_slot_as_the_original_says_and_the_server_answers_in_order() -> None:
     mm, server, client = pair()
     key = codec.encode_put(None, 1500)
     index = client.submit(Op.PUT, key, b"hello")

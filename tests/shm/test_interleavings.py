@@ -1,6 +1,6 @@
 """Exhaustive interleavings of the WPOL submission-ring protocols (shm/model/wpol.py).
 
-The seed's push/pop must fail (its unsafe windows lose entries or wedge the ring), our
+The original design's push/pop must fail (its unsafe windows lose entries or wedge the ring), our
 fixed protocol must pass every interleaving, and so must the free list once its head
 carries an ABA tag. docs/shm.md ("Submission ring: protocol fixes") explains each case.
 """
@@ -12,23 +12,23 @@ import pytest
 from dq.shm.model.wpol import explore_free_list, explore_ring
 
 
-def test_seed_push_and_pop_lose_an_entry() -> None:
+def test_original_push_and_pop_lose_an_entry() -> None:
     # push: entry CAS then blind tail increment; a stale producer lands a lap ahead.
-    found = explore_ring("seed", "seed", cap=2, producers=[[1], [2]], pop_attempts=2)
+    found = explore_ring("original", "original", cap=2, producers=[[1], [2]], pop_attempts=2)
     assert found.violation is not None
     assert "lost" in found.violation
     assert found.schedule  # the counterexample is a concrete interleaving
 
 
-def test_fixed_push_with_seed_pop_order_is_unsafe() -> None:
+def test_fixed_push_with_original_pop_order_is_unsafe() -> None:
     # Clearing the entry after moving the head lets a producer see room but a set entry.
-    found = explore_ring("fixed", "seed", cap=2, producers=[[1, 3], [2]], pop_attempts=3)
+    found = explore_ring("fixed", "original", cap=2, producers=[[1, 3], [2]], pop_attempts=3)
     assert found.violation is not None
 
 
-def test_fixed_pop_tolerates_the_seed_push() -> None:
-    # docs/shm.md, fix 1: the loss needs the seed's pop; ours skips the holes it leaves.
-    found = explore_ring("seed", "fixed", cap=2, producers=[[1], [2]], pop_attempts=3)
+def test_fixed_pop_tolerates_the_original_push() -> None:
+    # docs/shm.md, fix 1: the loss needs the original design's pop; ours skips the holes it leaves.
+    found = explore_ring("original", "fixed", cap=2, producers=[[1], [2]], pop_attempts=3)
     assert found.violation is None, (found.violation, found.schedule)
 
 
@@ -60,7 +60,7 @@ def test_fixed_protocol_survives_a_producer_killed_mid_push() -> None:
     assert found.violation is None, (found.violation, found.schedule)
 
 
-def test_seed_free_list_double_allocates() -> None:
+def test_original_free_list_double_allocates() -> None:
     found = explore_free_list(tagged=False)
     assert found.violation is not None
 

@@ -1,4 +1,4 @@
-"""The WPOL submission ring (seed 001): the doc's bytes, many producers, hostile content."""
+"""The WPOL submission ring (docs/shm.md): the doc's bytes, many producers, hostile content."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_doc_example_bytes() -> None:
     assert sub.wait(slot, timeout_s=1).id == 1
 
 
-def test_ring_operations_follow_the_seed_error_table() -> None:
+def test_ring_operations_follow_the_original_error_table() -> None:
     buf = make(2)
     ring = SubmissionRing(buf)
     a, b = ring.allocate(), ring.allocate()

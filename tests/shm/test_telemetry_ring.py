@@ -1,4 +1,4 @@
-"""The telemetry ring (seed 000): the doc's bytes, the seed's diagrams, torn reads, locks."""
+"""The telemetry ring (docs/shm.md): the doc's bytes, the design's diagrams, torn reads, locks."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_doc_example_bytes() -> None:
     assert struct.unpack_from("<QQ", raw, 32) == (0, 42)
 
 
-# The seed's diagrams, QUEUE_LEN=5, MSG_SIZE=3, row by row in the seed's notation:
+# The design's diagrams, QUEUE_LEN=5, MSG_SIZE=3, row by row in the design's notation:
 # [HEADER_LOCK START_IDX QUEUE_LEN] then {MSG_LOCK data} per message. A recording ring
 # snapshots the rows at every lock and unlock (before and after), so the test sees each
 # intermediate state; consecutive equal rows collapse, as in "Read MSG_0 data".

@@ -1,4 +1,4 @@
-"""Merging: the seed's rogue-tombstone example, crash at every step of a merge, the policy."""
+"""Merging: the design's rogue-tombstone example, crash at every step of a merge, the policy."""
 
 from __future__ import annotations
 
@@ -24,10 +24,11 @@ def drain(engine: Engine, queue: str) -> dict[int, bytes]:
     raise AssertionError("queue never drained")
 
 
-def test_seed_example_rogue_tombstone_is_kept(
+def test_original_example_rogue_tombstone_is_kept(
     open_engine: Callable[..., Engine], tmp_path: Path
 ) -> None:
-    """Seed 004: A holds "a", B its tombstone; merging B and C keeps the rogue tombstone."""
+    """The storage design's example (docs/merging.md): A holds "a", B its tombstone;
+    merging B and C keeps the rogue tombstone."""
     e = open_engine()
     [a] = e.enqueue("q", [NewItem(b"a")])
     e.freeze("q")  # segment A

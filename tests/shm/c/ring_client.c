@@ -1,5 +1,5 @@
 /*
- * A command-ring client written from seed 002's layout and docs/shm.md alone (no Python).
+ * A command-ring client written from docs/shm.md alone (no Python).
  *
  *   ring_client DATA_DIR QUEUE [nowake]
  *
@@ -7,7 +7,7 @@
  * dequeues it (FIND), releases it (DELETE) and releases it again (must be refused as a
  * stale receipt). Prints one line per step; exits 0 only if every step did what the doc
  * says. With "nowake" it never calls FUTEX_WAKE and says so at attach, like a client that
- * knows only the seed: the server must poll its ring.
+ * knows only the original design: the server must poll its ring.
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* seed 002: header and slot offsets */
+/* docs/shm.md, "Command ring": header and slot offsets */
 #define HEAD 0
 #define TAIL 8
 #define CAPACITY 16
