@@ -233,3 +233,11 @@ def test_a_queue_is_created_off_the_event_loop(tmp_path: Path) -> None:
     loop_thread = threading.current_thread().name
     assert asyncio.run(run()) == 200
     assert synced_on and loop_thread not in synced_on
+
+
+def test_a_connection_that_sends_nothing_is_closed(server: LiveServer) -> None:
+    with _connect(server) as s:
+        s.settimeout(15)
+        t0 = time.monotonic()
+        assert s.recv(1) == b""  # closed by the server, nothing answered
+    assert time.monotonic() - t0 < 14
