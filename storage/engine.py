@@ -12,6 +12,7 @@ own lock; the engine lock only guards the set of queues.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -36,6 +37,7 @@ from dq.storage.errors import (
     InvalidArgument,
     QueueNotFound,
     StorageError,
+    StorageFull,
     TooManyQueues,
     ValueTooLarge,
     WriteStall,
@@ -136,6 +138,14 @@ def _make_data_dir(root: str) -> None:
     fileio.fsync_dir(root)
     if created_root:
         fileio.fsync_dir(os.path.dirname(root))
+
+
+def _creation_error(name: str, exc: OSError) -> StorageError:
+    """What a queue creation that hit an I/O error answers: 507 when the disk is full,
+    else 503 (the caller may retry; nothing of the queue was left behind)."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFull(f"creating the queue failed: {exc}", queue=name)
+    return EngineUnavailable(f"creating the queue failed: {exc}", queue=name)
 
 
 def _system_clock() -> int:
@@ -274,8 +284,10 @@ class Engine(Operations):
                 directory = os.path.join(self.root, "queues", name)
                 try:
                     q = Queue.create(self, name, directory, config)
-                except BaseException:  # all or nothing: no half-made queue stays behind
+                except BaseException as exc:  # all or nothing: no half-made queue stays behind
                     shutil.rmtree(directory, ignore_errors=True)
+                    if isinstance(exc, OSError):  # every engine failure is a StorageError
+                        raise _creation_error(name, exc) from exc
                     raise
                 self._queues[name] = q
                 self.emit("queue_created", name, [])

@@ -329,6 +329,10 @@ class Queue:
             )
         if self.loaded:
             self.wal.discard_buffer()
+            try:  # before anyone hears "refused": a crash now must not bring it back
+                self._cut_log_locked()
+            except Exception as cut_exc:  # tried again when the queue reopens
+                log.error("queue %s: cutting the log back failed: %s", self.name, cut_exc)
         answers: list[Answer] = []
         for batch in reversed(self._waiting):
             if batch.rollback is not None:
@@ -336,6 +340,17 @@ class Queue:
             answers.append((batch.future, None, error))
         self._waiting = []
         return answers
+
+    def _cut_log_locked(self) -> None:
+        """Cut the log back to exactly what was acknowledged — synced bytes in
+        ``always``, written bytes otherwise; what lies beyond belongs to refused
+        batches — and sync it. Once per failure."""
+        if self._log_cut:
+            return
+        wal = self.wal
+        keep = wal.synced_offset if self.engine.config.fsync == "always" else wal.offset
+        wal.cut_back(keep)
+        self._log_cut = True
 
     def recover_if_due(self) -> None:
         """Reopen a failed queue from disk when its retry is due (the restart path)."""
@@ -348,13 +363,8 @@ class Queue:
         if time.monotonic() < self._recover_at or self._merging:
             return
         try:
-            if self.loaded and not self._log_cut:
-                # keep exactly what was acknowledged: synced bytes in ``always``, written
-                # bytes otherwise; what lies beyond belongs to refused batches
-                wal = self.wal
-                keep = wal.synced_offset if self.engine.config.fsync == "always" else wal.offset
-                wal.cut_back(keep)
-                self._log_cut = True
+            if self.loaded:
+                self._cut_log_locked()
             for reader in self.segments:
                 reader.close()
             self.segments = []

@@ -119,29 +119,9 @@ KILL_POINTS = (
     ("merge", "write", "seg.tmp", ("always",)),
 )
 
-_CREATE_RAW = (
-    "creating a queue under an I/O error lets a bare OSError out of Engine.enqueue "
-    "(storage/engine.py _create); every engine failure must be a StorageError (the "
-    "server maps it to 503 only through as_storage_error)"
-)
-_REFUSED_BACK = (
-    "finding 5: a batch refused because its fsync failed stays in the log until the "
-    "queue reopens from disk; a crash before that brings the refused enqueue back"
-)
 #: cases that fail until the engine's fix lands:
 #: (then, mode or "*", phase, step, kind, error) -> why
-KNOWN: dict[tuple[str, ...], str] = {
-    **{
-        (then, "*", *point, err): _CREATE_RAW
-        for point, errors in POINTS.items()
-        if point[0] == "create"
-        for err in errors
-        if err != "ENOSPC" or point[1] == "fsync"  # a write's ENOSPC is a StorageFull
-        for then in ("recover", "crash")
-    },
-    ("crash", "always", "append", "fsync", "log", "ENOSPC"): _REFUSED_BACK,
-    ("crash", "always", "append", "fsync", "log", "EIO"): _REFUSED_BACK,
-}
+KNOWN: dict[tuple[str, ...], str] = {}
 
 
 def _param(then: str, mode: str, point: tuple[str, str, str], err: str) -> Any:
