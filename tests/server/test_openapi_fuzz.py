@@ -19,8 +19,8 @@ from dq.server.settings import Settings
 from tests.server.live import LiveServer, live_server
 
 schema = schemathesis.openapi.from_dict(create_app(Settings()).openapi())
-# The consumer-group routes (server/routers/consumers.py) belong to the pipeline; their
-# status codes are not all documented yet, so they get the no-5xx check only.
+# The consumer-group routes (server/routers/consumers.py) get the no-5xx check here and
+# the full conformance checks against their own server in test_consumer_routes_fuzz.py.
 OTHERS = r"/consumers|/batches"
 
 CHECKS = [
