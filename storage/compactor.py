@@ -29,6 +29,7 @@ from dq.storage.codec import TOMBSTONE, decode_stats, key_id, tombstone_of
 from dq.storage.itemmeta import write_sidecar
 from dq.storage.segment import SegmentReader, iter_entries_keys, segment_name, write_segment
 from dq.storage.wal import RECORD_HEADER, read_wal
+from dq.storage.worker_wire import read_message, write_message
 
 __all__ = [
     "CompactionCancelled",
@@ -196,8 +197,6 @@ class _WorkerProcess:
         )
 
     def _run(self) -> None:
-        from dq.storage.worker import read_message, write_message
-
         proc: subprocess.Popen[bytes] | None = None
         n = 0
         while True:

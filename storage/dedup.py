@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from dq.storage.codec import PENDING_HEADER
 from dq.storage.errors import EngineUnavailable
+from dq.storage.futures import settle
 from dq.storage.itemmeta import Remembered, encode_key_entry
 from dq.storage.types import Enqueued
 
@@ -139,6 +140,4 @@ def after_all(futures: list[Future[Any]], answer: Any) -> Future[Any]:
 
 
 def _settle(fut: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
-    from dq.storage.queue import settle
-
     settle(fut, result, error)

@@ -22,9 +22,9 @@ import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dq.storage import fileio
 from dq.storage.codec import (
@@ -39,7 +39,8 @@ from dq.storage.codec import (
     key_id,
     tombstone_of,
 )
-from dq.storage.compactor import FreezeResult, freeze_log, merge_segments
+from dq.storage.compactor import Compactor, FreezeResult, freeze_log, merge_segments
+from dq.storage.config import EngineConfig
 from dq.storage.dedup import enqueue_keyed
 from dq.storage.errors import (
     CorruptionError,
@@ -50,6 +51,7 @@ from dq.storage.errors import (
     StorageError,
     WriteStall,
 )
+from dq.storage.futures import settle
 from dq.storage.itemmeta import ItemMeta, encode_origin_entry
 from dq.storage.leases import Lease, Leases
 from dq.storage.memseg import MemSegment
@@ -58,6 +60,7 @@ from dq.storage.queue_state import QueueState, load_state
 from dq.storage.rates import Rates
 from dq.storage.recovery import recover_directory
 from dq.storage.segment import SegmentReader, segment_name
+from dq.storage.syncer import FsyncStats, Syncer
 from dq.storage.types import (
     Delivery,
     Enqueued,
@@ -72,31 +75,11 @@ from dq.storage.types import (
 from dq.storage.view import MergedView
 from dq.storage.wal import WalWriter
 
-if TYPE_CHECKING:
-    from dq.storage.engine import Engine
-
-__all__ = ["PendingBatch", "Queue", "WriteStall", "settle"]
+__all__ = ["PendingBatch", "Queue", "QueueHost", "WriteStall"]
 
 log = logging.getLogger(__name__)
 
 CONFIG_FILE = "queue.json"
-
-
-def settle(fut: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
-    """Resolve a caller's future unless the caller gave up on it (cancelled it).
-
-    One sync resolves many futures; one cancelled future must not leave the others
-    of its batch hanging.
-    """
-    if fut.done():
-        return
-    try:
-        if error is not None:
-            fut.set_exception(error)
-        else:
-            fut.set_result(result)
-    except InvalidStateError:  # cancelled between the check and the call
-        pass
 
 
 def save_config(directory: str, config: QueueConfig) -> None:
@@ -109,6 +92,22 @@ def load_config(directory: str) -> QueueConfig:
         raw = json.loads(f.read())
     raw.pop("version", None)
     return QueueConfig(**raw)
+
+
+class QueueHost(Protocol):
+    """What a queue needs from the engine that holds it (and nothing more)."""
+
+    config: EngineConfig
+    syncer: Syncer | None
+    compactor: Compactor
+    fsync_stats: FsyncStats
+    now: Callable[[], int]
+
+    def emit(self, kind: str, queue: str, ids: list[int]) -> None: ...
+
+    def merge_policy_hook(self, q: Queue) -> None: ...
+
+    def dead_letter(self, source: Queue, entries: list[tuple[bytes, bytes, bytes]]) -> None: ...
 
 
 class PendingBatch:
@@ -149,7 +148,7 @@ def _backoff(previous: float) -> float:
 
 
 class Queue:
-    def __init__(self, engine: Engine, name: str, directory: str, config: QueueConfig) -> None:
+    def __init__(self, engine: QueueHost, name: str, directory: str, config: QueueConfig) -> None:
         self.engine = engine
         self.name = name
         self.directory = directory
@@ -204,7 +203,7 @@ class Queue:
     # ------------------------------------------------------------------ opening
 
     @classmethod
-    def create(cls, engine: Engine, name: str, directory: str, config: QueueConfig) -> Queue:
+    def create(cls, engine: QueueHost, name: str, directory: str, config: QueueConfig) -> Queue:
         os.makedirs(directory, exist_ok=True)
         save_config(directory, config)
         q = cls(engine, name, directory, config)
@@ -215,7 +214,7 @@ class Queue:
         return q
 
     @classmethod
-    def open(cls, engine: Engine, name: str, directory: str) -> Queue:
+    def open(cls, engine: QueueHost, name: str, directory: str) -> Queue:
         """Open a queue directory. Damage does not raise: the queue is returned
         quarantined (every operation answers ``QueueDamaged`` naming file and offset),
         so one damaged queue never keeps the others from serving."""

@@ -1,6 +1,7 @@
 """The compaction worker process: runs freeze and merge jobs sent by its parent.
 
-Protocol on stdin/stdout: each message is a 4-byte big-endian length and a pickle.
+Protocol on stdin/stdout (``storage/worker_wire.py``): each message is a 4-byte
+big-endian length and a pickle.
 The parent sends ``(job_id, function_name, args, kwargs)``; the worker answers
 ``(job_id, ok, result_or_exception)``. Only functions in ``JOBS`` can be named.
 
@@ -13,37 +14,18 @@ from __future__ import annotations
 
 import ctypes
 import os
-import pickle
 import signal
-import struct
 import sys
 from collections.abc import Callable
-from typing import IO, Any
+from typing import Any
 
 from dq.storage.compactor import freeze_log, merge_segments
+from dq.storage.worker_wire import read_message, write_message
 
-__all__ = ["JOBS", "read_message", "write_message"]
+__all__ = ["JOBS"]
 
 JOBS: dict[str, Callable[..., Any]] = {"freeze_log": freeze_log, "merge_segments": merge_segments}
-_LEN = struct.Struct(">I")
 PR_SET_PDEATHSIG = 1
-
-
-def read_message(stream: IO[bytes]) -> Any | None:
-    head = stream.read(_LEN.size)
-    if len(head) < _LEN.size:
-        return None
-    (n,) = _LEN.unpack(head)
-    body = stream.read(n)
-    if len(body) < n:
-        return None
-    return pickle.loads(body)
-
-
-def write_message(stream: IO[bytes], message: Any) -> None:
-    body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    stream.write(_LEN.pack(len(body)) + body)
-    stream.flush()
 
 
 def _die_with_parent(parent: int) -> None:
