@@ -19,6 +19,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from dq.server.app import create_app, drain
+from dq.server.descriptors import connection_budget
 from dq.server.protocol import protocol_for
 from dq.server.settings import Settings
 
@@ -44,6 +45,7 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(settings: Settings, *, access_log: bool = False) -> int:
+    settings = settings.replace(max_connections=connection_budget(settings.max_connections))
     app = create_app(settings)
     if not settings.tokens and not settings.loopback:
         logger.warning(

@@ -251,14 +251,24 @@ class CommandHandler:
         return Outcome((int(Status.OK), json.dumps(stats, separators=(",", ":")).encode()))
 
     def _find(self, queue: str, args: codec.FindArgs) -> bytes:
+        """Dequeue, long-polling up to ``wait_ms``; a queue not created yet has nothing due.
+
+        A worker may start before its producer (as over HTTP): while the queue does not
+        exist the wait goes on, checking for it as often as the session checks for a stop.
+        """
         engine = self._engine
+        end = time.monotonic() + min(args.wait_ms, self._max_wait_ms) / 1000
+        while not engine.has_queue(queue):
+            check_queue_name(queue)  # a bad name is an error, not an endless wait
+            left = end - time.monotonic()
+            if left <= 0 or self._stopping.wait(min(left, STOP_POLL_S)):
+                return codec.encode_deliveries([])
         items = engine.dequeue(queue, args.count, args.lease_ms)
         if items or args.wait_ms == 0:
             return codec.encode_deliveries(items)
         published = threading.Event()
         unsubscribe = engine.watch(queue, published.set)
         try:
-            end = time.monotonic() + min(args.wait_ms, self._max_wait_ms) / 1000
             while not items and not self._stopping.is_set():
                 left = end - time.monotonic()
                 if left <= 0:

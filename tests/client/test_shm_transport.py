@@ -148,3 +148,25 @@ def test_a_dequeue_carries_the_releases_of_earlier_deliveries(shm_url: str) -> N
         last = dq.dequeue("one-trip", release=second)
         assert list(last) == [] and [o.ok for o in last.released] == [True]
         assert dq.queue("one-trip").stats.pending == 0
+
+
+def test_a_worker_may_start_before_its_producer(shm_url: str) -> None:
+    """Over the ring as over HTTP: a dequeue of a queue not created yet answers no items,
+    and a long-poll on it waits, then wakes when the producer creates and fills it."""
+    with Client(shm_url) as dq:
+        assert dq.dequeue("not-yet-a", count=1) == []
+
+    async def run() -> list[bytes]:
+        async with AsyncClient(shm_url) as worker:
+            waiter = asyncio.create_task(worker.dequeue("not-yet-b", count=1, wait_ms=8_000))
+            await asyncio.sleep(0.5)
+            assert not waiter.done()
+            async with AsyncClient(shm_url) as producer:
+                await producer.enqueue("not-yet-b", b"first job")
+            items = await asyncio.wait_for(waiter, 15)
+            await worker.release_many("not-yet-b", items)
+            return [i.value for i in items]
+
+    assert asyncio.run(run()) == [b"first job"]
+    with Client(shm_url) as dq, pytest.raises(QueueNotFound):
+        dq.release("not-yet-c", 1, "0.1.1")  # writes to a missing queue stay 404
