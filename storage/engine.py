@@ -46,7 +46,8 @@ from dq.storage.events import Event
 from dq.storage.itemmeta import check_key
 from dq.storage.merge_policy import MergePolicy
 from dq.storage.operations import MAX_DEDUP_WINDOW_MS, Operations, effective_dead_letter_queue
-from dq.storage.queue import Queue, check_lease_ms, resolve_deadline, save_config
+from dq.storage.queue import Queue
+from dq.storage.queue_config import save_config
 from dq.storage.syncer import FsyncStats, Syncer
 from dq.storage.types import (
     Delivery,
@@ -60,6 +61,7 @@ from dq.storage.types import (
     Requeue,
     check_queue_name,
 )
+from dq.storage.validation import check_lease_ms, resolve_deadline
 
 __all__ = ["Engine", "EngineConfig"]
 

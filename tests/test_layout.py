@@ -120,10 +120,11 @@ CLIENT_NEVER_REACHES = (
 )
 
 #: Packages whose modules still import each other in a circle through imports deferred
-#: into functions (none does at module level): storage/queue.py and engine.py (with
-#: browse, dedup, operations, backup) and compactor.py and worker.py are being split
-#: apart right now; client/_client.py and _async_client.py build jobs.Consumer, which
-#: takes a client. Strict: the test fails once a package is clean, so it leaves the list.
+#: into functions or ``if TYPE_CHECKING`` (none does at module level): storage/engine.py
+#: with operations.py and backup.py; storage/queue.py with its parts (queue_*.py and
+#: segment_set.py type ``self`` as ``Queue``) and dedup.py; client/_client.py and
+#: _async_client.py build jobs.Consumer, which takes a client. Strict: the test fails
+#: once a package is clean, so it leaves the list.
 DEFERRED_CIRCLES = {"storage", "client"}
 
 

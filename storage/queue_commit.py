@@ -1,0 +1,178 @@
+"""Group commit: appending a batch's record to the log and answering it once durable.
+
+What this owns: ``PendingBatch`` (one appended record waiting for its sync: what to
+publish, what to undo, whom to answer), ``answer`` (futures are settled outside the
+queue lock), and the queue's ``_submit`` / ``_complete`` / ``sync_round``.
+
+Invariant: a batch is published into the in-memory segment, and its future resolved,
+only once its record is durable per the fsync mode (``always``: after the syncer's
+sync round; otherwise once written). Until then its smallest key is held in
+``_unpublished`` (``_hold``), a barrier dequeue does not pass. A refused batch is
+rolled back and never published.
+"""
+
+# mypy: disable-error-code="misc"
+# The methods take ``self: Queue``: they are ``Queue``'s own, kept here by job. mypy
+# calls that self-type "not a supertype" of the mixin (the "misc" code turned off above).
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from dq.storage.errors import StorageError
+from dq.storage.futures import settle
+from dq.storage.queue_core import QueueCore
+from dq.storage.wal import WalWriter
+
+if TYPE_CHECKING:
+    from dq.storage.queue import Queue
+
+__all__ = ["Answer", "CommitMixin", "PendingBatch", "answer"]
+
+log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever part logs
+
+
+class PendingBatch:
+    """One appended record waiting for its sync (``always`` mode): what to publish once
+    it is durable, what to undo if it is refused, and whom to answer."""
+
+    __slots__ = ("future", "publish", "result", "rollback", "seq", "wal")
+
+    def __init__(
+        self,
+        wal: WalWriter,
+        seq: int,
+        publish: Callable[[], None],
+        rollback: Callable[[], None] | None,
+        future: Future[Any],
+        result: Any,
+    ) -> None:
+        self.wal = wal
+        self.seq = seq
+        self.publish = publish
+        self.rollback = rollback
+        self.future = future
+        self.result = result
+
+
+#: (future, result, error): settled outside the queue lock by ``answer``
+Answer = tuple["Future[Any]", Any, BaseException | None]
+
+
+def answer(answers: list[Answer]) -> None:
+    for fut, result, error in answers:
+        settle(fut, result, error)
+
+
+class CommitMixin(QueueCore):
+    """The queue's write path into its log (group commit)."""
+
+    def _hold(self: Queue, key: bytes) -> int:
+        self._token += 1
+        self._unpublished[self._token] = key
+        return self._token
+
+    def _submit(
+        self: Queue,
+        payload: bytes,
+        publish: Callable[[], None],
+        result: Any,
+        rollback: Callable[[], None] | None = None,
+        meta: bytes = b"",
+    ) -> Future[Any]:
+        """Append one record; resolve with ``result`` once durable per the fsync mode."""
+        fut: Future[Any] = Future()
+        wal = self.wal
+        seq = wal.append(payload, meta)
+        self.last_write = time.monotonic()
+        mode = self.engine.config.fsync
+        answers: list[Answer] = []
+        if mode == "always":
+            self._waiting.append(PendingBatch(wal, seq, publish, rollback, fut, result))
+            assert self.engine.syncer is not None
+            self.engine.syncer.mark_dirty(self)
+        else:
+            data, _seq = wal.take_buffer()
+            try:
+                with wal.io_lock:
+                    wal.write(data)
+            except BaseException as exc:
+                if rollback is not None:
+                    rollback()
+                answer(self._fail_locked(exc, "writing the log"))
+                if isinstance(exc, StorageError):
+                    raise
+                assert self.failed is not None
+                raise self.failed from exc
+            publish()
+            settle(fut, result)
+            if mode == "interval" and self.engine.syncer is not None:
+                self.engine.syncer.mark_dirty(self)
+        if self.fill() >= self.engine.config.memseg_bytes:
+            answers = self._request_rotation()
+        answer(answers)
+        return fut
+
+    def _complete(self: Queue, wal: WalWriter, seq: int) -> list[Answer]:
+        """Publish every waiting batch of ``wal`` up to ``seq``; return the answers."""
+        done: list[Answer] = []
+        keep: list[PendingBatch] = []
+        for batch in self._waiting:
+            if batch.wal is wal and batch.seq <= seq:
+                batch.publish()
+                done.append((batch.future, batch.result, None))
+            else:
+                keep.append(batch)
+        self._waiting = keep
+        return done
+
+    def _notify(self: Queue) -> None:
+        for cb in list(self.watchers):
+            try:
+                cb()
+            except Exception:
+                log.exception("queue watcher failed")
+
+    # ------------------------------------------------------------------ group commit
+
+    def sync_round(self: Queue) -> None:
+        """Called by the syncer: write and sync what is buffered, then publish it.
+
+        The log's ``io_lock`` is taken before the queue lock is let go, so no one can
+        close the log between taking its buffer and writing it. Any write or sync error
+        fails the queue, in every mode (``_fail_locked``).
+        """
+        mode = self.engine.config.fsync
+        with self.lock:
+            if not self.loaded or self.failed is not None or self.closed:
+                return
+            wal = self.wal
+            data, seq = wal.take_buffer()
+            wal.io_lock.acquire()
+        error: BaseException | None = None
+        try:
+            wal.write(data)
+            if mode != "never":
+                t0 = time.perf_counter()
+                wal.sync()
+                self.engine.fsync_stats.observe(time.perf_counter() - t0)
+        except BaseException as exc:
+            error = exc
+        finally:
+            wal.io_lock.release()
+        with self.lock:
+            if error is not None:
+                answers = self._fail_locked(error, "syncing the log")
+            elif mode == "always":
+                answers = self._complete(wal, seq)
+                if self._rotate_requested and not self.closed and self.failed is None:
+                    answers += self._rotate_locked()
+            else:
+                answers = []
+            if any(e is None for _f, _r, e in answers):
+                self._notify()
+        answer(answers)

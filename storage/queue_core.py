@@ -1,0 +1,107 @@
+"""The state of one queue, declared in one place: what ``Queue`` and each of its parts
+(``queue_failure``, ``queue_commit``, ``segment_set``, ``queue_items``, ``queue_reads``)
+read and write, always under ``lock``; and ``QueueHost``, what a queue needs from the
+engine that holds it.
+
+Invariant: ``lock`` guards every field here; the engine is reached only through
+``QueueHost``, never the whole ``Engine``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+from dq.storage.compactor import Compactor
+from dq.storage.config import EngineConfig
+from dq.storage.errors import StorageError
+from dq.storage.itemmeta import ItemMeta
+from dq.storage.leases import Leases
+from dq.storage.memseg import MemSegment
+from dq.storage.queue_state import QueueState
+from dq.storage.rates import Rates
+from dq.storage.segment import SegmentReader
+from dq.storage.syncer import FsyncStats, Syncer
+from dq.storage.types import QueueConfig
+from dq.storage.view import MergedView
+from dq.storage.wal import WalWriter
+
+if TYPE_CHECKING:
+    from dq.storage.queue import Queue
+    from dq.storage.queue_commit import PendingBatch
+
+__all__ = ["QueueCore", "QueueHost"]
+
+
+class QueueHost(Protocol):
+    """What a queue needs from the engine that holds it (and nothing more)."""
+
+    config: EngineConfig
+    syncer: Syncer | None
+    compactor: Compactor
+    fsync_stats: FsyncStats
+    now: Callable[[], int]
+
+    def emit(self, kind: str, queue: str, ids: list[int]) -> None: ...
+
+    def merge_policy_hook(self, q: Queue) -> None: ...
+
+    def dead_letter(self, source: Queue, entries: list[tuple[bytes, bytes, bytes]]) -> None: ...
+
+
+class QueueCore:
+    """The fields of a queue; the methods live in ``Queue`` and its parts."""
+
+    def __init__(self, engine: QueueHost, name: str, directory: str, config: QueueConfig) -> None:
+        self.engine = engine
+        self.name = name
+        self.directory = directory
+        self.config = config
+        self.lock = threading.RLock()
+        self.leases = Leases()
+        self.view = MergedView()
+        self.cursor = b""
+        self.segments: list[SegmentReader] = []
+        self.frozen: list[tuple[str, MemSegment]] = []
+        self.memseg = MemSegment(1)
+        self.wal: WalWriter
+        #: a log is open and the in-memory state mirrors the directory
+        self.loaded = False
+        self.next_id = 1
+        self.closed = False
+        #: why the queue refuses work (an I/O error, or damage found when opening it)
+        self.failed: StorageError | None = None
+        #: damaged on disk: stays failed until an operator repairs it and restarts
+        self.quarantined = False
+        self.watchers: list[Callable[[], None]] = []
+        self._waiting: list[PendingBatch] = []
+        self._unpublished: dict[int, bytes] = {}
+        self._token = 0
+        self._rotate_requested = False
+        self._rotate_delay = 0.0
+        self._rotate_retry_at = 0.0
+        self._merging = False
+        self.merge_error: BaseException | None = None
+        self.last_write = time.monotonic()
+        # operator features (storage/queue_state.py, itemmeta.py, rates.py)
+        self.state = QueueState()
+        self.meta = ItemMeta()
+        self.rates = Rates()
+        self.dead_lettered = 0
+        self.lease_expired = 0
+        #: bumped whenever the queue is reloaded from disk; older job callbacks are ignored
+        self._generation = 0
+        self._freeze_delay: dict[str, float] = {}
+        self._timers: set[threading.Timer] = set()
+        self._recover_delay = 0.0
+        self._recover_at = 0.0
+        self._log_cut = False
+        #: counters shown in ``stats().extra``
+        self.counters = {
+            "io_errors": 0,
+            "freeze_failures": 0,
+            "rotation_failures": 0,
+            "recoveries": 0,
+        }

@@ -1,0 +1,158 @@
+"""A queue's failure and recovery state: failing after an I/O error, quarantine after
+damage, and reopening from disk once the fault clears.
+
+Invariant: after a failed write or sync nothing more is acknowledged: every waiting
+batch is refused and rolled back, and the log is cut back to exactly what was
+acknowledged (and synced) before anyone hears "refused", so a refused operation can
+never come back after a crash. A damaged queue stays quarantined until an operator
+repairs it; a failed one is reopened from disk with a backoff (the restart path).
+"""
+
+# mypy: disable-error-code="misc"
+# The methods take ``self: Queue``: they are ``Queue``'s own, kept here by job. mypy
+# calls that self-type "not a supertype" of the mixin (the "misc" code turned off above).
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from dq.storage.errors import CorruptionError, EngineUnavailable, QueueDamaged, StorageError
+from dq.storage.queue_commit import Answer
+from dq.storage.queue_core import QueueCore
+
+if TYPE_CHECKING:
+    from dq.storage.queue import Queue
+
+__all__ = ["FailureMixin", "backoff"]
+
+log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever part logs
+
+
+def backoff(previous: float) -> float:
+    """The next retry delay: 50 ms, doubling, at most 5 s."""
+    return min(max(previous * 2, 0.05), 5.0)
+
+
+class FailureMixin(QueueCore):
+    """Failing, quarantining and reopening a queue."""
+
+    def _quarantine(self: Queue, exc: CorruptionError) -> None:
+        file = exc.context.get("file", self.directory)
+        offset = exc.context.get("offset")
+        self.quarantined = True
+        self.failed = QueueDamaged(
+            f"queue is damaged at {file} offset {offset}: {exc.message}; "
+            "it is kept as it is (see docs/reliability.md)",
+            queue=self.name,
+            file=file,
+            offset=offset,
+        )
+        log.error(
+            "queue %s quarantined: %s (file %s, offset %s); the other queues serve",
+            self.name,
+            exc.message,
+            file,
+            offset,
+        )
+
+    # ------------------------------------------------------------------ failure
+
+    def _fail_locked(self: Queue, exc: BaseException, what: str) -> list[Answer]:
+        """Fail the queue after a write or sync error (call under the lock).
+
+        After a failed write or fsync the page cache cannot be trusted to say what is
+        on disk, so nothing more is acknowledged: every waiting batch is refused and
+        rolled back, records still buffered are discarded (a refused operation must
+        never happen later), and the queue refuses work until it is reopened from disk.
+        """
+        error: BaseException = (
+            exc
+            if isinstance(exc, StorageError)
+            else EngineUnavailable(f"{what} failed: {exc}", queue=self.name)
+        )
+        if self.failed is None:
+            self.counters["io_errors"] += 1
+            self.failed = EngineUnavailable(
+                f"queue failed: {what}: {exc}; it is reopened from disk once the fault clears",
+                queue=self.name,
+            )
+            self.failed.__cause__ = exc
+            self._recover_delay = 0.0
+            self._recover_at = time.monotonic()
+            log.error(
+                "queue %s: %s failed: %s; the queue refuses work until reopened",
+                self.name,
+                what,
+                exc,
+            )
+        if self.loaded:
+            self.wal.discard_buffer()
+            try:  # before anyone hears "refused": a crash now must not bring it back
+                self._cut_log_locked()
+            except Exception as cut_exc:  # tried again when the queue reopens
+                log.error("queue %s: cutting the log back failed: %s", self.name, cut_exc)
+        answers: list[Answer] = []
+        for batch in reversed(self._waiting):
+            if batch.rollback is not None:
+                batch.rollback()
+            answers.append((batch.future, None, error))
+        self._waiting = []
+        return answers
+
+    def _cut_log_locked(self: Queue) -> None:
+        """Cut the log back to exactly what was acknowledged — synced bytes in
+        ``always``, written bytes otherwise; what lies beyond belongs to refused
+        batches — and sync it. Once per failure."""
+        if self._log_cut:
+            return
+        wal = self.wal
+        keep = wal.synced_offset if self.engine.config.fsync == "always" else wal.offset
+        wal.cut_back(keep)
+        self._log_cut = True
+
+    def recover_if_due(self: Queue) -> None:
+        """Reopen a failed queue from disk when its retry is due (the restart path)."""
+        with self.lock:
+            self._recover_locked()
+
+    def _recover_locked(self: Queue) -> None:
+        if self.failed is None or self.quarantined or self.closed:
+            return
+        if time.monotonic() < self._recover_at or self._merging:
+            return
+        try:
+            if self.loaded:
+                self._cut_log_locked()
+            for reader in self.segments:
+                reader.close()
+            self.segments = []
+            self.loaded = False
+            self._load()
+        except CorruptionError as exc:
+            self._quarantine(exc)
+            return
+        except Exception as exc:
+            self._recover_delay = backoff(self._recover_delay)
+            self._recover_at = time.monotonic() + self._recover_delay
+            log.warning(
+                "queue %s: still failed; reopening from disk failed (%s), next try in %.2f s",
+                self.name,
+                exc,
+                self._recover_delay,
+            )
+            return
+        log.warning("queue %s: reopened from disk after: %s", self.name, self.failed)
+        self.failed = None
+        self.counters["recoveries"] += 1
+
+    # ------------------------------------------------------------------ the open check
+
+    def _check_open(self: Queue) -> None:
+        if self.failed is not None:
+            self._recover_locked()
+        if self.failed is not None:
+            raise self.failed
+        if self.closed:
+            raise EngineUnavailable("queue is closed", queue=self.name)

@@ -1,0 +1,281 @@
+"""Item operations that write: enqueue, release, requeue, extend, lease expiry,
+tombstones (which also carry moves to a dead-letter queue).
+
+Invariant (``storage/queue.py``): every pending entry at or below the cursor is leased
+or cancelled by a tombstone written (or being written); a new or moved entry is placed
+strictly after the cursor (``_place``). A lease taken for a release or requeue is put
+back if its record is refused (``_restore``).
+"""
+
+# mypy: disable-error-code="misc"
+# The methods take ``self: Queue``: they are ``Queue``'s own, kept here by job. mypy
+# calls that self-type "not a supertype" of the mixin (the "misc" code turned off above).
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from dq.storage.codec import PENDING_HEADER, encode_stats, tombstone_of
+from dq.storage.dedup import enqueue_keyed
+from dq.storage.errors import StorageError, WriteStall
+from dq.storage.itemmeta import encode_origin_entry
+from dq.storage.leases import Lease
+from dq.storage.queue_core import QueueCore
+from dq.storage.types import Enqueued, Extend, ItemOutcome, Release, Requeue
+from dq.storage.validation import check_lease_ms, resolve_deadline
+
+if TYPE_CHECKING:
+    from dq.storage.queue import Queue
+
+__all__ = ["ItemsMixin"]
+
+log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever part logs
+
+
+class ItemsMixin(QueueCore):
+    """The write operations on a queue's items."""
+
+    # ------------------------------------------------------------------ writes
+
+    def enqueue(
+        self: Queue,
+        prepared: Sequence[tuple[int, bytes]],
+        stats: tuple[int, int, int] | None = None,
+        keys: Sequence[str | None] | None = None,
+        origin: str | None = None,
+    ) -> Future[list[Enqueued]]:
+        """Enqueue (deadline, value) pairs, already validated. ``stats`` for dead letters
+        and redrives; ``keys`` (idempotency) and ``origin`` (the queue a dead letter came
+        from) travel in the same log record as the items (``storage/itemmeta.py``)."""
+        now = self.engine.now()
+        st = encode_stats(*stats) if stats is not None else encode_stats(now, 0, 0)
+        pack = PENDING_HEADER.pack
+        with self.lock:
+            self._check_open()
+            if self.stalled():
+                self._retry_rotation()
+                raise WriteStall("writes are stalled while segment files are written; retry")
+            window = self.config.dedup_window_ms
+            if keys is not None and window > 0 and any(k is not None for k in keys):
+                return enqueue_keyed(self, prepared, st, keys, now, window)
+            first = self.next_id
+            self.next_id += len(prepared)
+            parts: list[bytes] = []
+            keyed: list[tuple[bytes, bytes]] = []
+            results: list[Enqueued] = []
+            meta: list[bytes] = []
+            for i, (deadline, value) in enumerate(prepared):
+                deadline, key = self._place(deadline, first + i)
+                parts.append(pack(key, st, len(value)))
+                parts.append(value)
+                keyed.append((key, value))
+                results.append(Enqueued(first + i, deadline))
+                if origin is not None:
+                    meta.append(encode_origin_entry(first + i, origin))
+                    self.meta.origins[first + i] = origin
+            self.rates.add("enqueue", len(prepared), now)
+            token = self._hold(min(k for k, _ in keyed))
+            mem = self.memseg
+
+            def publish() -> None:
+                add = mem.add
+                for key, value in keyed:
+                    add(key, st, value)
+                del self._unpublished[token]
+                self._notify()
+
+            def rollback() -> None:
+                self._unpublished.pop(token, None)
+
+            fut = self._submit(b"".join(parts), publish, results, rollback, b"".join(meta))
+        self.engine.emit("enqueued", self.name, [r.id for r in results])
+        return fut
+
+    def _requeue_locked(
+        self: Queue, moves: list[tuple[int, Lease, int]], now: int, outcomes: list[ItemOutcome]
+    ) -> tuple[bytes, list[tuple[bytes, bytes, bytes]], list[bytes]] | None:
+        """Build a record moving leased items to new deadlines (pending + tombstone)."""
+        parts: list[bytes] = []
+        pend: list[tuple[bytes, bytes, bytes]] = []
+        tombs: list[bytes] = []
+        pack = PENDING_HEADER.pack
+        for item_id, lease, deadline in moves:
+            found = self._lookup(lease.key, lease.source)
+            if found is None:
+                log.error("queue %s: value of item %d not found; left pending", self.name, item_id)
+                continue
+            deadline, key = self._place(deadline, item_id)
+            st = encode_stats(lease.enqueue_time, now, lease.dequeue_count)
+            value = found[1]
+            parts.append(pack(key, st, len(value)))
+            parts.append(value)
+            tomb = tombstone_of(lease.key)
+            parts.append(tomb)
+            pend.append((key, st, value))
+            tombs.append(tomb)
+            outcomes.append(ItemOutcome(item_id, deadline=deadline))
+        if not parts:
+            return None
+        return b"".join(parts), pend, tombs
+
+    def _write_moves(
+        self: Queue,
+        built: tuple[bytes, list[tuple[bytes, bytes, bytes]], list[bytes]],
+        result: Any,
+        rollback: Callable[[], None] | None,
+    ) -> Future[Any]:
+        payload, pend, tombs = built
+        token = self._hold(min(k for k, _, _ in pend))
+        mem = self.memseg
+
+        def publish() -> None:
+            for key, st, value in pend:
+                mem.add(key, st, value)
+            for t in tombs:
+                mem.add_tombstone_behind(t)
+            del self._unpublished[token]
+            self._notify()
+
+        def undo() -> None:
+            self._unpublished.pop(token, None)
+            if rollback is not None:
+                rollback()
+
+        return self._submit(payload, publish, result, undo)
+
+    def _restore(self: Queue, taken: list[tuple[int, Lease]]) -> Callable[[], None]:
+        def rollback() -> None:
+            for item_id, lease in taken:
+                if item_id not in self.leases:
+                    self.leases.add(
+                        item_id,
+                        lease.key,
+                        (lease.enqueue_time, lease.requeue_time, lease.dequeue_count),
+                        lease.expires,
+                        lease.source,
+                        lease.since,
+                    )
+
+        return rollback
+
+    def release(self: Queue, items: Sequence[Release]) -> Future[list[ItemOutcome]]:
+        now = self.engine.now()
+        outcomes: list[ItemOutcome] = []
+        with self.lock:
+            self._check_open()
+            taken: list[tuple[int, Lease]] = []
+            for r in items:
+                try:
+                    lease = self.leases.check(r.id, r.receipt, self.next_id, now)
+                except StorageError as exc:
+                    outcomes.append(ItemOutcome(r.id, exc.code, exc.message))
+                    continue
+                self.leases.pop(r.id)
+                taken.append((r.id, lease))
+                outcomes.append(ItemOutcome(r.id))
+            if not taken:
+                done: Future[list[ItemOutcome]] = Future()
+                done.set_result(outcomes)
+                return done
+            keys = [lease.key for _, lease in taken]
+            self.rates.add("release", len(taken), now)
+            fut = self.tombstone_keys(keys, outcomes, self._restore(taken))
+        self.engine.emit("released", self.name, [i for i, _ in taken])
+        return fut
+
+    def requeue(self: Queue, items: Sequence[Requeue]) -> Future[list[ItemOutcome]]:
+        now = self.engine.now()
+        results: dict[int, ItemOutcome] = {}
+        order: list[int] = []
+        with self.lock:
+            self._check_open()
+            moves: list[tuple[int, Lease, int]] = []
+            taken: list[tuple[int, Lease]] = []
+            for r in items:
+                order.append(r.id)
+                try:
+                    deadline = resolve_deadline(r.deadline, r.delay_ms, now)
+                    lease = self.leases.check(r.id, r.receipt, self.next_id, now)
+                except StorageError as exc:
+                    results[r.id] = ItemOutcome(r.id, exc.code, exc.message)
+                    continue
+                self.leases.pop(r.id)
+                taken.append((r.id, lease))
+                moves.append((r.id, lease, deadline))
+            moved: list[ItemOutcome] = []
+            built = self._requeue_locked(moves, now, moved)
+            for o in moved:
+                results[o.id] = o
+            outcomes = [
+                results.get(i, ItemOutcome(i, "item_not_found", "value not found")) for i in order
+            ]
+            if built is None:
+                done: Future[list[ItemOutcome]] = Future()
+                done.set_result(outcomes)
+                return done
+            fut = self._write_moves(built, outcomes, self._restore(taken))
+        self.engine.emit("requeued", self.name, [o.id for o in moved])
+        return fut
+
+    def extend(self: Queue, items: Sequence[Extend]) -> list[ItemOutcome]:
+        now = self.engine.now()
+        out: list[ItemOutcome] = []
+        with self.lock:
+            self._check_open()
+            for e in items:
+                try:
+                    check_lease_ms(e.lease_ms)
+                    lease = self.leases.check(e.id, e.receipt, self.next_id, now)
+                except StorageError as exc:
+                    out.append(ItemOutcome(e.id, exc.code, exc.message))
+                    continue
+                self.leases.extend(e.id, lease, now + e.lease_ms)
+                out.append(
+                    ItemOutcome(
+                        e.id,
+                        receipt=self.leases.receipt(e.id, lease),
+                        lease_expires=now + e.lease_ms,
+                    )
+                )
+        return out
+
+    def expire_leases(self: Queue) -> int:
+        now = self.engine.now()
+        with self.lock:
+            if self.closed or self.failed is not None:
+                return 0
+            n = self._expire_locked(now)
+        return n
+
+    def _expire_locked(self: Queue, now: int) -> int:
+        expired = self.leases.pop_expired(now)
+        if not expired:
+            return 0
+        self.lease_expired += len(expired)
+        moved: list[ItemOutcome] = []
+        built = self._requeue_locked([(i, lease, now) for i, lease in expired], now, moved)
+        if built is not None:
+            self._write_moves(built, moved, None)
+            self.engine.emit("lease_expired", self.name, [o.id for o in moved])
+        return len(expired)
+
+    def tombstone_keys(
+        self: Queue,
+        keys: list[bytes],
+        result: Any = None,
+        rollback: Callable[[], None] | None = None,
+    ) -> Future[Any]:
+        """Cancel delivered pending entries (a release, or a move to a dead-letter queue)."""
+        with self.lock:
+            self._check_open()
+            tombs = [tombstone_of(k) for k in keys]
+            mem = self.memseg
+
+            def publish() -> None:
+                for t in tombs:
+                    mem.add_tombstone_behind(t)
+
+            return self._submit(b"".join(tombs), publish, result, rollback)

@@ -1,0 +1,163 @@
+"""Reads: finding an entry wherever it lives now, dequeue, the next wake-up, stats.
+
+Invariant: dequeue never looks behind the cursor, and never passes the smallest key of
+a batch that is not published yet (the ``_unpublished`` barrier), so the cursor cannot
+overtake an entry that is not visible yet.
+"""
+
+# mypy: disable-error-code="misc"
+# The methods take ``self: Queue``: they are ``Queue``'s own, kept here by job. mypy
+# calls that self-type "not a supertype" of the mixin (the "misc" code turned off above).
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from dq.storage.codec import MAX_ID, TOMBSTONE, decode_stats, encode_key, key_deadline, key_id
+from dq.storage.queue_core import QueueCore
+from dq.storage.segment import SegmentReader
+from dq.storage.types import Delivery, ItemStats, QueueStats
+from dq.storage.validation import check_lease_ms
+
+if TYPE_CHECKING:
+    from dq.storage.queue import Queue
+
+__all__ = ["ReadsMixin", "estimate_between"]
+
+
+class ReadsMixin(QueueCore):
+    """The reads of a queue (and dequeue, which leases what it reads)."""
+
+    # ------------------------------------------------------------------ reads
+
+    def _lookup(self: Queue, key: bytes, hint: object | None) -> tuple[bytes, bytes] | None:
+        """(stats, value) of the pending entry ``key`` wherever it lives now."""
+        for mem in (self.memseg, *(m for _, m in self.frozen)):
+            found = mem.entries.get(key)
+            if found is not None:
+                return found
+        src = hint
+        while src is not None and getattr(src, "replaced_by", None) is not None:
+            src = src.replaced_by  # type: ignore[attr-defined]
+        if isinstance(src, SegmentReader) and not src.closed:
+            hit = src.get(key)
+            if hit is not None:
+                return hit
+        for reader in reversed(self.segments):
+            if reader.first_keys and reader.first_keys[0] <= key <= reader.info.last_key:
+                hit = reader.get(key)
+                if hit is not None:
+                    return hit
+        return None
+
+    def dequeue(self: Queue, count: int, lease_ms: int | None) -> list[Delivery]:
+        now = self.engine.now()
+        lease_ms = self.config.default_lease_ms if lease_ms is None else lease_ms
+        check_lease_ms(lease_ms)
+        out: list[Delivery] = []
+        dead: list[tuple[bytes, bytes, bytes]] = []
+        with self.lock:
+            self._check_open()
+            self._expire_locked(now)
+            if self.state.paused:
+                return out  # a paused queue hands out nothing; lease expiry still runs
+            limit = encode_key(now, MAX_ID, TOMBSTONE)
+            barrier = min(self._unpublished.values()) if self._unpublished else None
+            max_deliveries = self.config.max_deliveries
+            expires = now + lease_ms
+            view, leases = self.view, self.leases
+            after = self.cursor
+            while len(out) < count:
+                after, hit = view.next_live(after, limit, barrier)
+                if hit is None:
+                    break
+                key, stats, value, source = hit
+                enq, req, cnt = decode_stats(stats)
+                item_id = key_id(key)
+                if max_deliveries is not None and cnt >= max_deliveries:
+                    dead.append((key, stats, value))
+                    continue
+                receipt = leases.add(item_id, key, (enq, req, cnt + 1), expires, source, now)
+                out.append(
+                    Delivery(
+                        item_id,
+                        receipt,
+                        value,
+                        key_deadline(key),
+                        ItemStats(enq, req, cnt + 1),
+                        expires,
+                    )
+                )
+            self.cursor = after
+            if out:
+                self.rates.add("dequeue", len(out), now)
+        if dead:
+            self.engine.dead_letter(self, dead)
+        return out
+
+    def next_wakeup(self: Queue) -> int | None:
+        with self.lock:
+            top = None if self.state.paused else self.view.peek(self.cursor)
+            times = [key_deadline(top[0])] if top is not None else []
+            exp = self.leases.next_expiry()
+            if exp is not None:
+                times.append(exp)
+            return min(times) if times else None
+
+    def stats(self: Queue) -> QueueStats:
+        now = self.engine.now()
+        with self.lock:
+            nowkey = encode_key(now, MAX_ID, TOMBSTONE)
+            mems = [self.memseg, *(m for _, m in self.frozen)]
+            pending = sum(m.pending_count - m.tombstone_count for m in mems)
+            pending += sum(r.info.pending_count - r.info.tombstone_count for r in self.segments)
+            due = sum(m.count_between(self.cursor, nowkey) for m in mems)
+            for r in self.segments:
+                due += estimate_between(r, self.cursor, nowkey)
+            leased = len(self.leases)
+            due = max(0, min(due, pending - leased))
+            top = self.view.peek(self.cursor)  # may be a cancelled pair: only if work is due
+            oldest = None
+            if due > 0 and top is not None and key_deadline(top[0]) <= now:
+                oldest = now - key_deadline(top[0])
+            disk = sum(r.file_size for r in self.segments)
+            disk += self.wal.size if self.loaded else 0
+            for path, _m in self.frozen:
+                try:
+                    disk += os.path.getsize(path)
+                except OSError:
+                    pass
+            return QueueStats(
+                name=self.name,
+                config=self.config,
+                pending=max(pending, 0),
+                due=due,
+                delayed=max(pending - leased - due, 0),
+                leased=leased,
+                segments=len(self.segments),
+                bytes_on_disk=disk,
+                oldest_due_age_ms=oldest,
+                next_id=self.next_id,
+                extra={
+                    "frozen": len(self.frozen),
+                    "memseg_entries": len(self.memseg),
+                    "memory_bytes": sum(m.bytes for m in mems),
+                    "failed": int(self.failed is not None),
+                    "damaged": int(self.quarantined),
+                    **self.counters,
+                },
+            )
+
+
+def estimate_between(reader: SegmentReader, after: bytes, upto: bytes) -> int:
+    """Entries of ``reader`` with after < key <= upto, to within one block at each end.
+
+    Exactly 0 when ``after`` is at or past the segment's last key (a segment whose
+    items were all delivered: its last block would otherwise count as due).
+    """
+    if not reader.first_keys or upto < reader.first_keys[0] or after >= reader.info.last_key:
+        return 0
+    lo = reader.block_for(after) if after else 0
+    hi = reader.block_for(upto)
+    return sum(reader.block_entries[lo : hi + 1])
