@@ -26,6 +26,10 @@ The log lives in memory only. Dequeue writes nothing durable, so after a restart
 un-acknowledged item is pending again and is delivered again: at-least-once.
 
 Keyed enqueue batches (the write side of Spark) live in ``server/keyed_batches.py``.
+
+Why ~550 lines in one module: one job, the delivery log's life (open, pull, read,
+commit, ack, requeue, delete, keep-alive), whose steps share one lock and one byte
+account; split across files, the invariants above would have no single home.
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ It validates input (so bad input is refused before anything is written), routes
 operations to queues, owns the group-commit syncer and the compactor, and carries
 items between queues when they are dead-lettered. Thread-safe: each queue has its
 own lock; the engine lock only guards the set of queues.
+
+Why ~500 lines in one module: it is the engine's one public face, and every entry point
+(enqueue, dequeue, release, requeue, extend, queue admin) validates its input here the
+same way before a queue sees it; the operator's operations live apart in
+``storage/operations.py`` and the per-queue work in the ``storage/queue*.py`` modules.
 """
 
 from __future__ import annotations
