@@ -38,6 +38,7 @@ class Load:
         self.released: set[int] = set()
         self.unsure: set[int] = set()  # a release was asked for: either outcome is right
         self.statuses: dict[int, int] = {}
+        self.errors: dict[str, int] = {}  # requests that got no answer, by exception type
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.threads = [threading.Thread(target=self._produce, daemon=True) for _ in range(3)]
@@ -46,6 +47,15 @@ class Load:
     def _count(self, status: int) -> None:
         with self.lock:
             self.statuses[status] = self.statuses.get(status, 0) + 1
+
+    def _count_error(self, exc: httpx.HTTPError) -> None:
+        with self.lock:
+            self.errors[type(exc).__name__] = self.errors.get(type(exc).__name__, 0) + 1
+
+    def describe(self) -> str:
+        """What the load saw, for a failure message."""
+        with self.lock:
+            return f"acked {len(self.acked)}, statuses {self.statuses}, errors {self.errors}"
 
     def refusals(self) -> dict[int, int]:
         """Statuses other than 200, with their counts."""
@@ -64,8 +74,13 @@ class Load:
                 }
                 try:
                     r = http.post(f"/v1/queues/{self.queue}/items", json=body)
-                except httpx.HTTPError:
-                    return  # the server is gone (SIGKILL): unanswered, so not acknowledged
+                except httpx.HTTPError as exc:
+                    # Unanswered, so not acknowledged. The server may be gone (SIGKILL:
+                    # the test sets ``stop``) or the connection was dropped under load:
+                    # keep producing on a new connection until told to stop.
+                    self._count_error(exc)
+                    time.sleep(0.1)
+                    continue
                 self._count(r.status_code)
                 if r.status_code == 200:
                     with self.lock:
@@ -87,8 +102,10 @@ class Load:
                     with self.lock:
                         self.unsure.update(i["id"] for i in items)
                     r = http.post(f"/v1/queues/{self.queue}/release", json={"items": items})
-                except httpx.HTTPError:
-                    return
+                except httpx.HTTPError as exc:
+                    self._count_error(exc)  # a release asked for stays ``unsure``
+                    time.sleep(0.1)
+                    continue
                 self._count(r.status_code)
                 if r.status_code == 200:
                     with self.lock:
@@ -107,10 +124,15 @@ class Load:
             assert not t.is_alive(), "a load thread did not stop"
 
 
-def wait_for(what: str, cond: Callable[[], bool], seconds: float) -> None:
+def wait_for(
+    what: str, cond: Callable[[], bool], seconds: float, seen: Callable[[], str] | None = None
+) -> None:
+    """Wait until ``cond()``; on time-out fail with ``what`` and what ``seen()`` tells."""
     give_up = time.monotonic() + seconds
     while not cond():
-        assert time.monotonic() < give_up, f"{what} did not happen in {seconds} s"
+        if time.monotonic() >= give_up:
+            detail = f"; {seen()}" if seen is not None else ""
+            raise AssertionError(f"{what} did not happen in {seconds} s{detail}")
         time.sleep(0.1)
 
 

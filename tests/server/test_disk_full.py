@@ -75,7 +75,12 @@ def test_disk_full_refuses_cleanly_recovers_and_keeps_every_acknowledgement(
         filler.unlink()
         wait_for("recovery once space is free", lambda: enqueue_ok(server.url, QUEUE), WAIT_S)
         before = len(load.acked)
-        wait_for("acknowledgements after recovery", lambda: len(load.acked) > before, WAIT_S)
+        wait_for(
+            "acknowledgements after recovery",
+            lambda: len(load.acked) > before,
+            WAIT_S,
+            lambda: f"{load.describe()}; server log: {server.log()[-1500:]}",
+        )
         server.kill()
         load.join()
     finally:
