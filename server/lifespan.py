@@ -51,6 +51,7 @@ def open_engine(settings: Settings) -> Engine:
         fsync_interval_ms=settings.fsync_interval_ms,
         max_value_bytes=settings.max_value_bytes,
         max_batch=settings.max_batch,
+        memseg_bytes=settings.memseg_bytes,
     )
     return Engine.open(settings.data_dir, config)
 

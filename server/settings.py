@@ -49,6 +49,9 @@ class Settings:
     #: capped at ``MAX_DEFAULT_BODY``.
     max_body_bytes: int = 0
     max_wait_ms: int = 20_000
+    #: A queue's log is frozen into a segment file when it reaches this size; small values
+    #: make freezes and merges frequent (tests that must see merges under faults).
+    memseg_bytes: int = 16 << 20
     #: Open connections at most; more are answered 503 and closed.
     max_connections: int = 1024
     #: Time a client has to send a request's headers, then its body (408 and close).
@@ -113,6 +116,7 @@ class Settings:
             "port",
             "max_batch",
             "max_value_bytes",
+            "memseg_bytes",
             "expire_interval_ms",
             "history_interval_ms",
             "history_retention_s",

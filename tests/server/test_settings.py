@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from dq.server.lifespan import open_engine
 from dq.server.settings import MAX_DEFAULT_BODY, Settings, SettingsError
 
 
@@ -61,3 +64,12 @@ def test_loopback() -> None:
         assert Settings(host=host).loopback
     for host in ("0.0.0.0", "::", "10.1.2.3"):
         assert not Settings(host=host).loopback
+
+
+def test_memseg_bytes_reaches_the_engine(tmp_path: Path) -> None:
+    settings = Settings.from_env({"DQ_MEMSEG_BYTES": "65536", "DQ_DATA_DIR": str(tmp_path)})
+    with open_engine(settings) as engine:
+        assert engine.config.memseg_bytes == 65536
+    assert Settings().memseg_bytes == 16 << 20
+    with pytest.raises(SettingsError):
+        Settings.from_env({"DQ_MEMSEG_BYTES": "0"})
