@@ -64,6 +64,16 @@ def register(subparsers: Any) -> None:
         "--backup-dir",
         help="allow POST /v1/backup to write backups inside this directory (DQ_BACKUP_DIR)",
     )
+    p.add_argument(
+        "--etcd",
+        help="etcd client URLs, comma-separated: join a replica group (DQ_ETCD; "
+        "docs/replication.md)",
+    )
+    p.add_argument("--node", help="this member's name (DQ_NODE, default the host name)")
+    p.add_argument(
+        "--advertise-url", help="how other members and clients reach this server (DQ_ADVERTISE_URL)"
+    )
+    p.add_argument("--cluster", help="the replica group's name in etcd (DQ_CLUSTER, default dq)")
     p.set_defaults(func=run)
 
 
@@ -96,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
             shm=args.shm,
             log_level=args.log_level,
             backup_dir=args.backup_dir,
+            etcd=args.etcd,
+            node=args.node,
+            advertise_url=args.advertise_url,
+            cluster=args.cluster,
         )
     except SettingsError as exc:
         print(f"dq serve: {exc}", file=sys.stderr)

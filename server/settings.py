@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from dq.server.replication.etcd import parse_endpoints
 from dq.shm.command_ring import DEFAULT_SPIN_US
 from dq.storage.types import FsyncMode
 
@@ -93,6 +95,23 @@ class Settings:
     consumer_max_log_bytes: int = 256 << 20
     keyed_batch_max_keys: int = 100_000
     keyed_batch_max_bytes: int = 64 << 20
+    #: Replication (docs/replication.md): etcd's client URLs, comma-separated ("" : one
+    #: node on its own, no replication), this member's name ("" : the host name), the
+    #: URL the other members and redirected clients reach it at ("" : derived from the
+    #: host name and port), the group's key prefix in etcd (``/dq/<cluster>/``), the
+    #: members that must hold a write before it is acknowledged (the leader counts), the
+    #: leader key's lease, how long a silent sync member stays in the sync set, how long
+    #: a write waits for its commit before it is answered replication_timeout, and the
+    #: bytes of shipped records the leader keeps for followers that are behind.
+    etcd: str = ""
+    node: str = ""
+    advertise_url: str = ""
+    cluster: str = "dq"
+    min_insync: int = 2
+    leader_ttl_s: int = 2
+    replica_timeout_ms: int = 2000
+    commit_timeout_ms: int = 10_000
+    replica_window_bytes: int = 256 << 20
     #: Every other ``DQ_*`` variable, lower-cased without the prefix, for plug-ins.
     extra: Mapping[str, str] = field(default_factory=dict)
 
@@ -147,7 +166,56 @@ class Settings:
             raise SettingsError("tokens must be non-empty, without spaces at either end or commas")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SettingsError("give both tls_cert and tls_key, or neither")
+        self._validate_replication()
         return self
+
+    def _validate_replication(self) -> None:
+        if not self.etcd:
+            return
+        try:
+            parse_endpoints(self.etcd)
+        except ValueError as exc:
+            raise SettingsError(f"etcd: {exc}") from None
+        if self.fsync != "always":
+            raise SettingsError(
+                "replication needs fsync=always: a member acknowledges only what it fsynced"
+            )
+        if "/" in self.node or "/" in self.cluster or not self.cluster:
+            raise SettingsError("node and cluster are names without '/' (cluster non-empty)")
+        if self.min_insync < 1 or self.leader_ttl_s < 1:
+            raise SettingsError("min_insync and leader_ttl_s must be at least 1")
+        if (
+            self.replica_timeout_ms < 1
+            or self.commit_timeout_ms < 1
+            or self.replica_window_bytes < 1 << 20
+        ):
+            raise SettingsError(
+                "replica_timeout_ms and commit_timeout_ms must be positive, "
+                "replica_window_bytes at least 1 MiB"
+            )
+
+    @property
+    def replicated(self) -> bool:
+        """True when this server is a member of a replica group (``DQ_ETCD`` set)."""
+        return bool(self.etcd)
+
+    @property
+    def node_name(self) -> str:
+        """This member's name: ``DQ_NODE``, else the host name."""
+        return self.node or socket.gethostname()
+
+    @property
+    def public_url(self) -> str:
+        """How the other members and redirected clients reach this server."""
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
+        host = self.host
+        if host in ("0.0.0.0", "", "::"):
+            host = socket.gethostname()
+        elif ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        scheme = "https" if self.tls_cert else "http"
+        return f"{scheme}://{host}:{self.port}"
 
     @property
     def loopback(self) -> bool:

@@ -73,3 +73,44 @@ def test_memseg_bytes_reaches_the_engine(tmp_path: Path) -> None:
     assert Settings().memseg_bytes == 16 << 20
     with pytest.raises(SettingsError):
         Settings.from_env({"DQ_MEMSEG_BYTES": "0"})
+
+
+def test_replication_settings() -> None:
+    assert not Settings.from_env({}).replicated
+    s = Settings.from_env(
+        {
+            "DQ_ETCD": "http://127.0.0.1:2379, http://127.0.0.2:2379",
+            "DQ_NODE": "n1",
+            "DQ_ADVERTISE_URL": "http://10.0.0.1:8080/",
+            "DQ_MIN_INSYNC": "3",
+            "DQ_LEADER_TTL_S": "5",
+        }
+    )
+    assert s.replicated and s.node_name == "n1" and s.public_url == "http://10.0.0.1:8080"
+    assert (s.cluster, s.min_insync, s.leader_ttl_s) == ("dq", 3, 5)
+    assert (s.replica_timeout_ms, s.commit_timeout_ms, s.replica_window_bytes) == (
+        2000,
+        10_000,
+        256 << 20,
+    )
+    derived = Settings.from_env({"DQ_ETCD": "http://e:2379", "DQ_PORT": "9001"})
+    assert derived.public_url == "http://127.0.0.1:9001" and derived.node_name
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"DQ_FSYNC": "interval"},  # a member acknowledges only what it fsynced
+        {"DQ_FSYNC": "never"},
+        {"DQ_ETCD": "etcd:2379"},  # not a URL
+        {"DQ_MIN_INSYNC": "0"},
+        {"DQ_LEADER_TTL_S": "0"},
+        {"DQ_NODE": "a/b"},
+        {"DQ_REPLICA_WINDOW_BYTES": "1000"},
+    ],
+)
+def test_bad_replication_settings_are_refused(env: dict[str, str]) -> None:
+    with pytest.raises(SettingsError):
+        Settings.from_env({"DQ_ETCD": "http://127.0.0.1:2379", **env})
+    if "DQ_ETCD" not in env:
+        Settings.from_env(env)  # the same values are fine on a single node
