@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ from dq.storage.merge_policy import MergePolicy
 from dq.storage.operations import MAX_DEDUP_WINDOW_MS, Operations, effective_dead_letter_queue
 from dq.storage.queue import Queue
 from dq.storage.queue_config import save_config
+from dq.storage.replica_engine import SCRATCH_PREFIX, ReplicaEngine
 from dq.storage.syncer import FsyncStats, Syncer
 from dq.storage.types import (
     Delivery,
@@ -121,7 +123,7 @@ def _system_clock() -> int:
     return time.time_ns() // 1_000_000
 
 
-class Engine(Operations):
+class Engine(Operations, ReplicaEngine):
     def __init__(
         self, root: str, config: EngineConfig, clock: Callable[[], int] | None, lock_fd: int
     ) -> None:
@@ -139,6 +141,7 @@ class Engine(Operations):
         self.merge_policy = MergePolicy()
         self._listeners: list[Callable[[Event], None]] = []
         self.closed = False
+        self._init_replica()
         self._stop_maintenance = threading.Event()
         self._maintenance: threading.Thread | None = threading.Thread(
             target=self._maintain, name="dq-maintenance", daemon=True
@@ -166,22 +169,29 @@ class Engine(Operations):
             raise DataDirLocked("another process has this data directory open", path=root) from None
         engine = cls(root, config or EngineConfig(), clock, fd)
         try:
-            qroot = os.path.join(root, "queues")
-            for name in sorted(os.listdir(qroot)):
-                path = os.path.join(qroot, name)
-                if name.startswith(".deleted-"):  # no queue name starts with a dot
-                    shutil.rmtree(path, ignore_errors=True)
-                elif os.path.isfile(os.path.join(path, "queue.json")):
-                    # never raises for one queue's damage: it is quarantined instead
-                    engine._queues[name] = Queue.open(engine, name, path)
-                elif os.path.isdir(path):
-                    log.warning("ignoring %s: no queue.json (creation was interrupted)", path)
+            for name in os.listdir(root):  # a replica copy cut short by a crash
+                if name.startswith(SCRATCH_PREFIX):
+                    shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+            engine._open_queues()
         except BaseException:
             engine.close()
             raise
         if engine._maintenance is not None:
             engine._maintenance.start()
         return engine
+
+    def _open_queues(self) -> None:
+        """Open every queue directory (on start, and after a replica's copy replaced them)."""
+        qroot = os.path.join(self.root, "queues")
+        for name in sorted(os.listdir(qroot)):
+            path = os.path.join(qroot, name)
+            if name.startswith(".deleted-"):  # no queue name starts with a dot
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.isfile(os.path.join(path, "queue.json")):
+                # never raises for one queue's damage: it is quarantined instead
+                self._queues[name] = Queue.open(self, name, path)
+            elif os.path.isdir(path):
+                log.warning("ignoring %s: no queue.json (creation was interrupted)", path)
 
     def _maintain(self) -> None:
         """Background upkeep: reopen failed queues once their fault clears; with
@@ -232,6 +242,7 @@ class Engine(Operations):
         return q
 
     def _queue_for_write(self, name: str) -> Queue:
+        self._check_writable()
         q = self._queues.get(name)
         if q is not None:
             return q
@@ -258,6 +269,8 @@ class Engine(Operations):
                     if isinstance(exc, OSError):  # every engine failure is a StorageError
                         raise _creation_error(name, exc) from exc
                     raise
+                # shipped before any record of the queue can be (ordered by the lock)
+                q.last_lsn = self._ship_control(name, "put_queue", config=asdict(config))
                 self._queues[name] = q
                 self.emit("queue_created", name, [])
             return q
@@ -283,17 +296,22 @@ class Engine(Operations):
 
     def put_queue(self, name: str, config: QueueConfig) -> QueueConfig:
         """Create the queue with ``config``, or replace the config of an existing one."""
+        self._check_writable()
         check_queue_name(name)
         self._validate_config(name, config)
         with self._lock:
             q = self._queues.get(name)
             if q is None:
-                return self._create(name, config).config
+                q = self._create(name, config)
+                self._await_commit(q.last_lsn)
+                return q.config
         with q.lock:
             if q.quarantined and q.failed is not None:
                 raise q.failed
             save_config(q.directory, config)
             q.config = config
+            lsn = self._ship_control(name, "put_queue", config=asdict(config))
+        self._await_commit(lsn)
         return config
 
     def _validate_config(self, name: str, config: QueueConfig) -> None:
@@ -318,6 +336,14 @@ class Engine(Operations):
                 raise ConfigConflict("a queue cannot be its own dead-letter queue", queue=name)
 
     def delete_queue(self, name: str) -> None:
+        self._check_writable()
+        with self._lock:
+            self._queue(name)
+            lsn = self._ship_control(name, "delete_queue")
+            self._delete(name)
+        self._await_commit(lsn)
+
+    def _delete(self, name: str) -> None:
         with self._lock:
             q = self._queue(name)
             del self._queues[name]
@@ -393,10 +419,12 @@ class Engine(Operations):
         if not isinstance(count, int) or count < 1:
             raise InvalidArgument("count must be a positive integer", count=count)
         self._check_batch(count)
+        self._check_writable()
         return self._queue(name).dequeue(count, lease_ms)
 
     def release_nowait(self, name: str, items: Sequence[Release]) -> Future[list[ItemOutcome]]:
         self._check_batch(len(items))
+        self._check_writable()
         return self._queue(name).release(items)
 
     def release(self, name: str, items: Sequence[Release]) -> list[ItemOutcome]:
@@ -404,6 +432,7 @@ class Engine(Operations):
 
     def requeue_nowait(self, name: str, items: Sequence[Requeue]) -> Future[list[ItemOutcome]]:
         self._check_batch(len(items))
+        self._check_writable()
         return self._queue(name).requeue(items)
 
     def requeue(self, name: str, items: Sequence[Requeue]) -> list[ItemOutcome]:
@@ -411,6 +440,7 @@ class Engine(Operations):
 
     def extend(self, name: str, items: Sequence[Extend]) -> list[ItemOutcome]:
         self._check_batch(len(items))
+        self._check_writable()
         return self._queue(name).extend(items)
 
     def expire_leases(self, name: str | None = None) -> int:

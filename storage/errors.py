@@ -24,9 +24,11 @@ file, offset) as attributes and a stable ``code`` string that clients can rely o
     ├── CorruptionError          bad bytes, with file and offset     (500)
     ├── StorageFull              ENOSPC                              (507)
     ├── TooManyQueues            the engine's queue limit is reached  (507)
+    ├── NotLeader            this node follows a replica group's leader (421)
     └── EngineUnavailable        closed, or failed after an I/O error (503)
         ├── QueueDamaged         quarantined at open: names file and offset (503)
-        └── WriteStall           segment files are behind: retry shortly (503)
+        ├── WriteStall           segment files are behind: retry shortly (503)
+        └── ReplicationTimeout   the sync set did not acknowledge in time (503)
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ __all__ = [
     "InvalidReceipt",
     "ItemNotFound",
     "NotADeadLetterQueue",
+    "NotLeader",
     "QueueDamaged",
     "QueueNotFound",
+    "ReplicationTimeout",
     "StaleReceipt",
     "StorageError",
     "StorageFull",
@@ -174,6 +178,27 @@ class WriteStall(EngineUnavailable):
     """The log is far over its limit while segment files are written: retry shortly."""
 
     code = "write_stall"
+
+
+class NotLeader(StorageError):
+    """This node is a follower of a replica group: writes and dequeues go to the
+    leader, whose URL is ``leader`` (None while no leader is known). Nothing was done,
+    so the request may be sent to the leader as it is (``docs/replication.md``)."""
+
+    code = "not_leader"
+    http_status = 421
+
+    def __init__(self, message: str, leader: str | None = None, **context: object) -> None:
+        super().__init__(message, **context)
+        self.leader = leader
+
+
+class ReplicationTimeout(EngineUnavailable):
+    """The write is durable on the leader but the replica group's sync set did not
+    acknowledge it in time: its outcome is unknown (it still becomes visible if the
+    acknowledgements come later). Retrying an enqueue may duplicate it; use a key."""
+
+    code = "replication_timeout"
 
 
 def _codes(cls: type[StorageError]) -> dict[str, int]:

@@ -123,33 +123,44 @@ class Operations:
 
         def _queue(self, name: str) -> Queue: ...
         def _queue_for_write(self, name: str) -> Queue: ...
+        def _check_writable(self) -> None: ...
+        def _ship_control(self, name: str, op: str, **fields: Any) -> int: ...
+        def _await_commit(self, lsn: int) -> None: ...
         def stats(self, name: str) -> QueueStats: ...
 
     # ------------------------------------------------------------------ pause
 
     def pause(self, name: str) -> QueueStats:
         """Stop handing out items (durably); enqueue, release, requeue, extend go on."""
+        self._check_writable()
         q = self._queue(name)
+        lsn = 0
         with q.lock:
             q._check_open()
             if not q.state.paused:
                 state = QueueState(paused_since=self.now())
                 save_state(q.directory, state)
                 q.state = state
+                lsn = self._ship_control(name, "paused", paused=True, since=state.paused_since)
                 log.info("queue %s paused", name)
+        self._await_commit(lsn)
         return self.stats(name)
 
     def resume(self, name: str) -> QueueStats:
         """Hand out items again; long-polls waiting on the queue wake at once."""
+        self._check_writable()
         q = self._queue(name)
+        lsn = 0
         with q.lock:
             q._check_open()
             if q.state.paused:
                 state = QueueState()
                 save_state(q.directory, state)
                 q.state = state
+                lsn = self._ship_control(name, "paused", paused=False)
                 log.info("queue %s resumed", name)
                 q._notify()
+        self._await_commit(lsn)
         return self.stats(name)
 
     # ------------------------------------------------------------------ reading
@@ -198,6 +209,7 @@ class Operations:
 
     def delete_item(self, name: str, item_id: int) -> None:
         """Remove one item without a receipt (a leased one too: its receipt goes stale)."""
+        self._check_writable()
         q = self._queue(name)
         with q.lock:
             _check_id(q, item_id)
@@ -223,6 +235,7 @@ class Operations:
 
     def purge(self, name: str) -> int:
         """Remove every item, leased ones included; returns how many were removed."""
+        self._check_writable()
         q = self._queue(name)
         removed = 0
         with q.lock:
@@ -274,6 +287,7 @@ class Operations:
     ) -> RedriveResult:
         """Move dead letters back to the queue they died in (or ``to``), due now, with
         their delivery count reset and their enqueue time kept. Per item all or nothing."""
+        self._check_writable()
         src = self._queue(dlq)
         if to is not None:
             check_queue_name(to)

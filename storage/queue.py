@@ -23,6 +23,7 @@ entry that is not visible yet.
 - ``segment_set.py``: the logs and segment files (rotation, freezing, installs, merges);
 - ``queue_items.py``: enqueue, release, requeue, extend, lease expiry, tombstones;
 - ``queue_reads.py``: lookup, dequeue, next wake-up, stats;
+- ``queue_replica.py``: a replica group's follower applying records, copies for followers;
 - ``queue_config.py`` (``queue.json``) and ``validation.py`` (deadlines, leases).
 
 This module opens, loads and closes a queue, and places keys after the cursor.
@@ -44,6 +45,7 @@ from dq.storage.queue_core import QueueHost
 from dq.storage.queue_failure import FailureMixin
 from dq.storage.queue_items import ItemsMixin
 from dq.storage.queue_reads import ReadsMixin
+from dq.storage.queue_replica import ReplicaMixin
 from dq.storage.queue_state import load_state
 from dq.storage.recovery import recover_directory
 from dq.storage.segment_set import SegmentSetMixin
@@ -54,7 +56,7 @@ from dq.storage.wal import WalWriter
 __all__ = ["PendingBatch", "Queue", "QueueHost", "WriteStall"]
 
 
-class Queue(FailureMixin, CommitMixin, SegmentSetMixin, ItemsMixin, ReadsMixin):
+class Queue(FailureMixin, CommitMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
     """One queue. Its state is declared in ``QueueCore``; its jobs are mixed in from the
     modules named above, whose methods all run with ``self`` a ``Queue``."""
 

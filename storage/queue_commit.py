@@ -6,7 +6,9 @@ queue lock), and the queue's ``_submit`` / ``_complete`` / ``sync_round``.
 
 Invariant: a batch is published into the in-memory segment, and its future resolved,
 only once its record is durable per the fsync mode (``always``: after the syncer's
-sync round; otherwise once written). Until then its smallest key is held in
+sync round; otherwise once written) and, on a replica group's leader, once the group's
+sync set has it too (``Engine.commit``; ``docs/replication.md``). Batches publish in
+the order they were appended. Until then its smallest key is held in
 ``_unpublished`` (``_hold``), a barrier dequeue does not pass. A refused batch is
 rolled back and never published.
 """
@@ -23,10 +25,10 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from dq.storage.errors import StorageError
+from dq.storage.errors import ReplicationTimeout, StorageError
 from dq.storage.futures import settle
 from dq.storage.queue_core import QueueCore
-from dq.storage.wal import WalWriter
+from dq.storage.wal import WalWriter, record_body
 
 if TYPE_CHECKING:
     from dq.storage.queue import Queue
@@ -38,9 +40,20 @@ log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever
 
 class PendingBatch:
     """One appended record waiting for its sync (``always`` mode): what to publish once
-    it is durable, what to undo if it is refused, and whom to answer."""
+    it is durable, what to undo if it is refused, and whom to answer. On a replica
+    group's leader it also carries its lsn: it publishes once synced *and* committed."""
 
-    __slots__ = ("future", "publish", "result", "rollback", "seq", "wal")
+    __slots__ = (
+        "deadline",
+        "future",
+        "lsn",
+        "publish",
+        "result",
+        "rollback",
+        "seq",
+        "synced",
+        "wal",
+    )
 
     def __init__(
         self,
@@ -50,6 +63,8 @@ class PendingBatch:
         rollback: Callable[[], None] | None,
         future: Future[Any],
         result: Any,
+        lsn: int = 0,
+        deadline: float = 0.0,
     ) -> None:
         self.wal = wal
         self.seq = seq
@@ -57,6 +72,11 @@ class PendingBatch:
         self.rollback = rollback
         self.future = future
         self.result = result
+        #: replication sequence number (0: not replicated)
+        self.lsn = lsn
+        #: when a replicated write stops waiting for its sync set (monotonic seconds)
+        self.deadline = deadline
+        self.synced = False
 
 
 #: (future, result, error): settled outside the queue lock by ``answer``
@@ -88,11 +108,20 @@ class CommitMixin(QueueCore):
         fut: Future[Any] = Future()
         wal = self.wal
         seq = wal.append(payload, meta)
-        self.last_write = time.monotonic()
+        self.last_write = now = time.monotonic()
         mode = self.engine.config.fsync
         answers: list[Answer] = []
+        sink = self.engine.replication
+        lsn = 0
+        deadline = 0.0
+        if sink is not None:  # a leader: the followers get the record as appended
+            kind, body = record_body(payload, meta)
+            lsn = self.last_lsn = sink.ship(self.name, kind, body)
+            deadline = now + sink.commit_timeout_s
         if mode == "always":
-            self._waiting.append(PendingBatch(wal, seq, publish, rollback, fut, result))
+            self._waiting.append(
+                PendingBatch(wal, seq, publish, rollback, fut, result, lsn, deadline)
+            )
             assert self.engine.syncer is not None
             self.engine.syncer.mark_dirty(self)
         else:
@@ -118,17 +147,47 @@ class CommitMixin(QueueCore):
         return fut
 
     def _complete(self: Queue, wal: WalWriter, seq: int) -> list[Answer]:
-        """Publish every waiting batch of ``wal`` up to ``seq``; return the answers."""
-        done: list[Answer] = []
-        keep: list[PendingBatch] = []
+        """``wal`` is synced up to ``seq``: publish what is now ready; return the answers."""
         for batch in self._waiting:
             if batch.wal is wal and batch.seq <= seq:
-                batch.publish()
-                done.append((batch.future, batch.result, None))
-            else:
-                keep.append(batch)
-        self._waiting = keep
+                batch.synced = True
+        return self._publish_ready()
+
+    def _publish_ready(self: Queue) -> list[Answer]:
+        """Publish, in append order, every waiting batch that is synced and committed
+        (``lsn`` 0 is not replicated); stop at the first that is not."""
+        commit = self.engine.commit_lsn
+        waiting = self._waiting
+        done: list[Answer] = []
+        n = 0
+        for batch in waiting:
+            if not batch.synced or batch.lsn > commit:
+                break
+            batch.publish()
+            done.append((batch.future, batch.result, None))
+            n += 1
+        if n:
+            self._waiting = waiting[n:]
         return done
+
+    def _expire_waits(self: Queue, now: float) -> list[Answer]:
+        """Answer ``ReplicationTimeout`` to replicated writes that waited too long for
+        the sync set. They stay waiting: if they commit later they still publish."""
+        out: list[Answer] = []
+        for batch in self._waiting:
+            if batch.lsn and batch.deadline <= now and not batch.future.done():
+                out.append(
+                    (
+                        batch.future,
+                        None,
+                        ReplicationTimeout(
+                            "the replica group's sync set did not acknowledge the write in "
+                            "time; its outcome is unknown (it may still become visible)",
+                            queue=self.name,
+                        ),
+                    )
+                )
+        return out
 
     def _notify(self: Queue) -> None:
         for cb in list(self.watchers):

@@ -31,6 +31,7 @@ from dq.storage.wal import WalWriter
 if TYPE_CHECKING:
     from dq.storage.queue import Queue
     from dq.storage.queue_commit import PendingBatch
+    from dq.storage.replication import ReplicationSink
 
 __all__ = ["QueueCore", "QueueHost"]
 
@@ -43,6 +44,10 @@ class QueueHost(Protocol):
     compactor: Compactor
     fsync_stats: FsyncStats
     now: Callable[[], int]
+    #: a replica group leader's replicator (None: not replicating)
+    replication: ReplicationSink | None
+    #: the highest lsn the sync set holds (``docs/replication.md``)
+    commit_lsn: int
 
     def emit(self, kind: str, queue: str, ids: list[int]) -> None: ...
 
@@ -85,6 +90,8 @@ class QueueCore:
         self._merging = False
         self.merge_error: BaseException | None = None
         self.last_write = time.monotonic()
+        #: the lsn of the last record shipped to followers (a leader's snapshot notes it)
+        self.last_lsn = 0
         # operator features (storage/queue_state.py, itemmeta.py, rates.py)
         self.state = QueueState()
         self.meta = ItemMeta()

@@ -72,6 +72,9 @@ class FailureMixin(QueueCore):
             if isinstance(exc, StorageError)
             else EngineUnavailable(f"{what} failed: {exc}", queue=self.name)
         )
+        if self.failed is None and self.engine.replication is not None:
+            # a leader's log may now hold records its followers do not: step down
+            self.engine.replication.local_failure(self.name, error)
         if self.failed is None:
             self.counters["io_errors"] += 1
             self.failed = EngineUnavailable(

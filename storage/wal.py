@@ -39,7 +39,9 @@ __all__ = [
     "encode_header",
     "frame_record",
     "read_wal",
+    "record_body",
     "recover_wal",
+    "split_meta",
 ]
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,23 @@ _META_LENGTH = struct.Struct(">I")
 def encode_header(segment_no: int, id_floor: int) -> bytes:
     body = HEADER.pack(MAGIC, VERSION, 0, segment_no, id_floor, 0, 0)[:28]
     return body + struct.pack(">I", zlib.crc32(body))
+
+
+def record_body(payload: bytes, meta: bytes = b"") -> tuple[int, bytes]:
+    """A record's type and payload as the log holds them (``meta`` makes it type 2)."""
+    if meta:
+        return RECORD_WITH_META, _META_LENGTH.pack(len(meta)) + meta + payload
+    return RECORD_ENTRIES, payload
+
+
+def split_meta(body: bytes) -> tuple[bytes, bytes]:
+    """A type-2 payload's (metadata, entries)."""
+    if len(body) < _META_LENGTH.size:
+        raise CorruptionError("record with metadata cut short", file="<record>", offset=0)
+    (n,) = _META_LENGTH.unpack_from(body)
+    if _META_LENGTH.size + n > len(body):
+        raise CorruptionError("record metadata runs past its payload", file="<record>", offset=0)
+    return body[_META_LENGTH.size : _META_LENGTH.size + n], body[_META_LENGTH.size + n :]
 
 
 def frame_record(payload: bytes, kind: int = RECORD_ENTRIES) -> bytes:
@@ -246,11 +265,8 @@ class WalWriter:
 
     def append(self, payload: bytes, meta: bytes = b"") -> int:
         """Frame one record (with item metadata if ``meta``); returns its sequence number."""
-        if meta:
-            payload = _META_LENGTH.pack(len(meta)) + meta + payload
-            record = frame_record(payload, RECORD_WITH_META)
-        else:
-            record = frame_record(payload)
+        kind, body = record_body(payload, meta)
+        record = frame_record(body, kind)
         self._buffer += record
         self.size += len(record)
         self.appended_seq += 1
@@ -313,6 +329,19 @@ class WalWriter:
             self.closed = True
             self._buffer.clear()
             os.close(self._fd)
+
+    def copy_to(self, dest: str) -> None:
+        """Write the log as appended so far — its valid bytes and its buffer — to a new
+        file ``dest`` (call under the owner's lock and ``io_lock``): a replica's copy."""
+        with open(self.path, "rb") as src, open(dest, "wb") as out:
+            remaining = self.offset
+            while remaining > 0:
+                chunk = src.read(min(remaining, 1 << 20))
+                if not chunk:
+                    raise CorruptionError("log shorter than written", file=self.path, offset=0)
+                out.write(chunk)
+                remaining -= len(chunk)
+            out.write(self._buffer)
 
     def cut_back(self, keep: int) -> None:
         """Truncate the file to ``keep`` bytes and sync, closing the log.

@@ -16,6 +16,13 @@ from dq.storage.codec import (
     iter_entries,
     tombstone_of,
 )
+from dq.storage.replication import (
+    FRAME_HEADER,
+    KIND_CONTROL,
+    KIND_RECORD,
+    decode_control,
+    decode_frames,
+)
 from dq.storage.segment import FOOTER, HEADER, INDEX_ROW, SegmentReader
 from dq.storage.wal import encode_header, frame_record, read_wal
 
@@ -83,3 +90,16 @@ def test_segment_example_decodes(tmp_path: Path) -> None:
 @pytest.mark.parametrize("name", ["wal-example", "segment-example"])
 def test_examples_start_with_their_magic(name: str) -> None:
     assert example(name)[:4] in (b"DQWL", b"DQSG")
+
+
+def test_frame_example_decodes() -> None:
+    data = example("frame-example")
+    record, control = decode_frames(data)
+    assert (record.lsn, record.queue, record.kind) == (7, "jobs", KIND_RECORD)
+    [(key, stats, value, _)] = list(iter_entries(record.payload))
+    assert decode_key(key) == (D, 1, 0)
+    assert decode_stats(stats) == (D, 0, 0)
+    assert value == b"hello"
+    assert (control.lsn, control.kind) == (8, KIND_CONTROL)
+    assert decode_control(control) == {"op": "paused", "paused": True, "since": D}
+    assert FRAME_HEADER.size == 18

@@ -1,0 +1,243 @@
+"""The engine's part in a replica group (``docs/replication.md``).
+
+A node is a leader, a follower, or alone (no replication: exactly the single-node
+engine). The server's replication package decides which and calls these methods; the
+engine itself never talks to another machine.
+
+- **Role** (``set_role``): a follower refuses every client write and dequeue with
+  ``NotLeader`` naming the leader, so nothing reaches its logs but the leader's records.
+- **Leader** (``set_replication``, ``commit``): every record a queue appends, and
+  every queue-level change, is shipped to the sink under the queue's lock, in log
+  order; a write publishes and is answered only once it is synced locally *and*
+  ``commit`` says the sync set has it. Queue-level changes (create, config, pause,
+  delete) wait for their own commit before they return.
+- **Follower** (``apply``, ``replace_queues``): the leader's records are appended to the
+  follower's own logs; a follower that (re)joins first replaces all its queues with a
+  copy of the leader's (``snapshot`` on the leader).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
+
+from dq.storage import fileio
+from dq.storage.dedup import after_all
+from dq.storage.errors import InvalidArgument, NotLeader, ReplicationTimeout
+from dq.storage.queue_commit import answer
+from dq.storage.queue_config import save_config
+from dq.storage.queue_state import QueueState, save_state
+from dq.storage.replication import (
+    KIND_CONTROL,
+    Frame,
+    ReplicationSink,
+    control_frame_payload,
+    decode_control,
+)
+from dq.storage.types import QueueConfig
+
+if TYPE_CHECKING:
+    from dq.storage.engine import EngineConfig
+    from dq.storage.queue import Queue
+
+__all__ = ["SCRATCH_PREFIX", "ReplicaEngine"]
+
+log = logging.getLogger("dq.storage.replication")
+
+#: names in the data directory the replica layer may use for scratch space (copies in
+#: flight); the engine deletes whatever is left of them when it opens
+SCRATCH_PREFIX = ".replica-"
+
+
+class ReplicaEngine:
+    """The replica-group calls of ``Engine``; see the module docstring."""
+
+    if TYPE_CHECKING:
+        root: str
+        config: EngineConfig
+        _lock: threading.RLock
+        _queues: dict[str, Queue]
+
+        def _create(self, name: str, config: QueueConfig) -> Queue: ...
+        def _delete(self, name: str) -> None: ...
+        def _open_queues(self) -> None: ...
+
+    def _init_replica(self) -> None:
+        #: the leader's replicator, or None
+        self.replication: ReplicationSink | None = None
+        #: the highest lsn the sync set holds
+        self.commit_lsn = 0
+        #: False on a follower: client writes and dequeues answer ``NotLeader``
+        self.writable = True
+        #: the leader's URL as a follower knows it (None while unknown)
+        self.leader_url: str | None = None
+        self._committed = threading.Condition()
+
+    # ------------------------------------------------------------------ role
+
+    def set_role(self, writable: bool, leader: str | None = None) -> None:
+        """Make this node take client writes (a leader, or alone) or refuse them with
+        ``NotLeader(leader)`` (a follower)."""
+        self.leader_url = leader
+        self.writable = writable
+
+    def _check_writable(self) -> None:
+        if not self.writable:
+            raise NotLeader(
+                "this node follows the replica group's leader: send writes and dequeues there",
+                leader=self.leader_url,
+            )
+
+    # ------------------------------------------------------------------ leader
+
+    def set_replication(self, sink: ReplicationSink | None) -> None:
+        """Start (or stop, with None) shipping every record to ``sink``; lsns start
+        again from the sink's numbering, so call it when nothing is waiting."""
+        if sink is not None and self.config.fsync != "always":
+            raise InvalidArgument("replication needs fsync 'always'", fsync=self.config.fsync)
+        with self._lock:
+            queues = list(self._queues.values())
+            for q in queues:
+                q.lock.acquire()
+            try:
+                self.replication = sink
+                with self._committed:
+                    self.commit_lsn = 0
+                for q in queues:
+                    q.last_lsn = 0
+            finally:
+                for q in queues:
+                    q.lock.release()
+
+    def commit(self, lsn: int) -> None:
+        """The sync set holds every record up to ``lsn``: publish and answer what was
+        waiting for it. Also answers ``ReplicationTimeout`` to writes that waited too
+        long, so the replicator calls it on a tick even when nothing advances."""
+        if lsn > self.commit_lsn:
+            with self._committed:
+                self.commit_lsn = lsn
+                self._committed.notify_all()
+        now = time.monotonic()
+        for q in list(self._queues.values()):
+            if not q._waiting:
+                continue
+            with q.lock:
+                answers = q._publish_ready()
+                if answers:
+                    q._notify()
+                answers += q._expire_waits(now)
+            answer(answers)
+
+    def _ship_control(self, name: str, op: str, **fields: Any) -> int:
+        """Ship a queue-level change (call under the lock that orders it); its lsn."""
+        sink = self.replication
+        if sink is None:
+            return 0
+        return sink.ship(name, KIND_CONTROL, control_frame_payload(op, **fields))
+
+    def _await_commit(self, lsn: int) -> None:
+        """Block until the sync set holds ``lsn`` (never call this on an event loop)."""
+        sink = self.replication
+        if lsn == 0 or sink is None:
+            return
+        deadline = time.monotonic() + sink.commit_timeout_s
+        with self._committed:
+            while self.commit_lsn < lsn:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.replication is not sink:
+                    raise ReplicationTimeout(
+                        "the replica group's sync set did not acknowledge the change in "
+                        "time; its outcome is unknown"
+                    )
+                self._committed.wait(min(left, 0.1))
+
+    def snapshot(self, dest: str) -> dict[str, int]:
+        """Copy every queue into ``dest/queues/<queue>/`` (``dest`` inside the data
+        directory, so immutable files are hard links); return ``{queue: lsn of the last
+        record its copy holds}``. Each queue's copy is taken under its lock."""
+        out: dict[str, int] = {}
+        qdest = os.path.join(dest, "queues")
+        os.makedirs(qdest, exist_ok=True)
+        for name, q in sorted(self._queues.items()):
+            target = os.path.join(qdest, name)
+            for attempt in range(5):
+                shutil.rmtree(target, ignore_errors=True)
+                os.makedirs(target)
+                try:
+                    out[name] = q.snapshot_into(target)
+                    break
+                except FileNotFoundError:  # a merge removed an input meanwhile: again
+                    if attempt == 4:
+                        raise
+        return out
+
+    # ------------------------------------------------------------------ follower
+
+    def apply(self, frames: list[Frame]) -> Future[None]:
+        """Append the leader's frames (in lsn order) to this node's logs; the future
+        resolves once every record is durable. Queue-level changes apply at once."""
+        waits: list[Future[Any]] = []
+        for frame in frames:
+            if frame.kind == KIND_CONTROL:
+                self._apply_control(frame)
+                continue
+            q = self._queues.get(frame.queue)
+            if q is None:
+                q = self._create(frame.queue, QueueConfig())
+            waits.append(q.apply_record(frame.kind, frame.payload))
+        return after_all(waits, None)
+
+    def _apply_control(self, frame: Frame) -> None:
+        op = decode_control(frame)
+        name = frame.queue
+        kind = op["op"]
+        if kind == "put_queue":
+            config = QueueConfig(**op["config"])
+            q = self._queues.get(name)
+            if q is None:
+                self._create(name, config)
+            else:
+                with q.lock:
+                    save_config(q.directory, config)
+                    q.config = config
+        elif kind == "delete_queue":
+            if name in self._queues:
+                self._delete(name)
+        elif kind == "paused":
+            q = self._queues.get(name)
+            if q is None:
+                q = self._create(name, QueueConfig())
+            with q.lock:
+                paused = bool(op["paused"])
+                if paused != q.state.paused:
+                    state = (
+                        QueueState(paused_since=int(op.get("since") or 1))
+                        if paused
+                        else QueueState()
+                    )
+                    save_state(q.directory, state)
+                    q.state = state
+        else:
+            log.warning("ignoring unknown replicated change %r of queue %s", kind, name)
+
+    def replace_queues(self, src: str) -> None:
+        """Replace every queue with the copy in ``src/queues`` (a follower joining a
+        leader): close them all, swap the directories, open the copy as on a start."""
+        with self._lock:
+            queues = list(self._queues.values())
+            self._queues = {}
+        for q in queues:
+            q.close()
+        qroot = os.path.join(self.root, "queues")
+        old = os.path.join(self.root, f"{SCRATCH_PREFIX}old-{time.time_ns()}")
+        fileio.rename(qroot, old)
+        fileio.rename(os.path.join(src, "queues"), qroot)
+        fileio.fsync_dir(self.root)
+        shutil.rmtree(old, ignore_errors=True)
+        with self._lock:
+            self._open_queues()

@@ -1,0 +1,301 @@
+"""The engine's part in a replica group, driven in one process: a leader engine ships
+to a list, follower engines apply what it shipped (or a copy of it), and both must then
+hold the same queues, items, configs and pause states — before and after a restart.
+
+The network side (pulls, acknowledgements, etcd) is tested in ``tests/replication``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dq.storage import Engine, EngineConfig, NewItem, QueueConfig, Release, Requeue
+from dq.storage.errors import CorruptionError, InvalidArgument, NotLeader, ReplicationTimeout
+from dq.storage.replication import (
+    KIND_CONTROL,
+    KIND_RECORD,
+    Frame,
+    decode_frames,
+    encode_frame,
+)
+
+
+class ListSink:
+    """A replicator that keeps every shipped frame in a list (the tests play follower)."""
+
+    def __init__(self, commit_timeout_s: float = 10.0) -> None:
+        self.commit_timeout_s = commit_timeout_s
+        self.frames: list[Frame] = []
+        self.failures: list[str] = []
+        self._lock = threading.Lock()
+
+    def ship(self, queue: str, kind: int, payload: bytes) -> int:
+        with self._lock:
+            lsn = len(self.frames) + 1
+            self.frames.append(Frame(lsn, queue, kind, payload))
+            return lsn
+
+    def local_failure(self, queue: str, error: BaseException) -> None:
+        self.failures.append(queue)
+
+    @property
+    def last(self) -> int:
+        return len(self.frames)
+
+
+def _engine(path: Path, clock: Any, **overrides: Any) -> Engine:
+    cfg = EngineConfig(
+        **{"fsync": "always", "compaction": "inline", "auto_merge": False, **overrides}
+    )
+    return Engine.open(path, cfg, clock=clock)
+
+
+@pytest.fixture
+def engines(tmp_path: Path, clock: Any):
+    opened: list[Engine] = []
+
+    def factory(name: str, **overrides: Any) -> Engine:
+        e = _engine(tmp_path / name, clock, **overrides)
+        opened.append(e)
+        return e
+
+    yield factory
+    for e in opened:
+        e.close()
+
+
+class AutoCommit:
+    """Commits every shipped frame at once from a thread (a follower that always acks)."""
+
+    def __init__(self, engine: Engine, sink: ListSink) -> None:
+        self.engine, self.sink = engine, sink
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(0.002):
+            self.engine.commit(self.sink.last)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+def _items(engine: Engine, name: str) -> list[tuple[int, int, bytes]]:
+    """(id, deadline, value) of every item in the queue, leased or not."""
+    out = []
+    after = None
+    for _ in range(1000):
+        page = engine.browse(name, "all", after=after, limit=500, with_values=True)
+        out += [(i.id, i.deadline, i.value) for i in page.items]
+        if page.next is None:
+            return out
+        after = page.next
+    raise AssertionError("browse did not end")
+
+
+def _state(engine: Engine) -> dict[str, Any]:
+    return {
+        name: (
+            engine.get_queue(name),
+            engine.queue(name).state.paused,
+            _items(engine, name),
+        )
+        for name in engine.list_queues()
+    }
+
+
+# ---------------------------------------------------------------------- frames
+
+
+def test_frames_round_trip_and_damage_is_refused() -> None:
+    frames = [
+        Frame(1, "jobs", KIND_RECORD, b"\x00" * 16),
+        Frame(2, "jobs", KIND_CONTROL, b'{"op":"delete_queue"}'),
+    ]
+    data = b"".join(encode_frame(f) for f in frames)
+    assert decode_frames(data) == frames
+    bad = bytearray(data)
+    bad[30] ^= 0xFF
+    with pytest.raises(CorruptionError, match="checksum"):
+        decode_frames(bytes(bad))
+    with pytest.raises(CorruptionError):
+        decode_frames(data[:-1])
+    unknown = bytearray(encode_frame(Frame(3, "q", 9, b"")))
+    import zlib
+
+    unknown[4:8] = zlib.crc32(bytes(unknown[8:])).to_bytes(4, "big")
+    with pytest.raises(CorruptionError, match="kind"):
+        decode_frames(bytes(unknown))
+
+
+# ---------------------------------------------------------------------- leader
+
+
+def test_leader_answers_and_publishes_only_once_committed(engines: Any) -> None:
+    leader = engines("leader")
+    sink = ListSink()
+    leader.set_replication(sink)
+    fut = leader.enqueue_nowait("jobs", [NewItem(b"a", 0)])
+    time.sleep(0.2)  # long enough for the local fsync
+    assert not fut.done()
+    assert leader.dequeue("jobs", 10) == []  # not committed: not visible
+    leader.commit(sink.last - 1)  # the queue's creation only
+    assert not fut.done()
+    leader.commit(sink.last)
+    [got] = fut.result(timeout=5)
+    [d] = leader.dequeue("jobs", 10)
+    assert (d.id, d.value) == (got.id, b"a")
+
+
+def test_commit_timeout_answers_unknown_and_the_write_still_lands(engines: Any) -> None:
+    leader = engines("leader")
+    sink = ListSink(commit_timeout_s=0.1)
+    leader.set_replication(sink)
+    auto = AutoCommit(leader, sink)
+    leader.ensure_queue("jobs")
+    auto.close()
+    fut = leader.enqueue_nowait("jobs", [NewItem(b"late", 0)])
+    deadline = time.monotonic() + 5
+    while not fut.done() and time.monotonic() < deadline:
+        leader.commit(0)  # the replicator's tick
+        time.sleep(0.02)
+    with pytest.raises(ReplicationTimeout):
+        fut.result(timeout=0)
+    assert leader.dequeue("jobs", 10) == []
+    leader.commit(sink.last)  # the acknowledgements arrive after all
+    [d] = leader.dequeue("jobs", 10)
+    assert d.value == b"late"
+
+
+def test_replication_needs_fsync_always(engines: Any) -> None:
+    e = engines("interval", fsync="interval")
+    with pytest.raises(InvalidArgument, match="always"):
+        e.set_replication(ListSink())
+
+
+def test_local_failure_is_reported_to_the_sink(engines: Any) -> None:
+    leader = engines("leader")
+    sink = ListSink()
+    leader.set_replication(sink)
+    auto = AutoCommit(leader, sink)
+    try:
+        leader.enqueue("jobs", [NewItem(b"x", 0)])
+        q = leader.queue("jobs")
+        with q.lock:
+            q._fail_locked(OSError(5, "Input/output error"), "syncing the log")
+    finally:
+        auto.close()
+    assert sink.failures == ["jobs"]
+
+
+# ---------------------------------------------------------------------- follower
+
+
+def _busy_leader(leader: Engine, sink: ListSink, clock: Any) -> None:
+    """Every kind of write a follower must reproduce."""
+    now = clock()
+    leader.put_queue("mail", QueueConfig(default_lease_ms=5000, dedup_window_ms=60_000))
+    leader.enqueue("mail", [NewItem(b"m%d" % i, now - 100 + i) for i in range(50)])
+    leader.enqueue("mail", [NewItem(b"keyed", now, key="k-1")])
+    got = leader.dequeue("mail", 5, 1000)
+    leader.release("mail", [Release(d.id, d.receipt) for d in got[:2]])
+    leader.requeue("mail", [Requeue(got[2].id, got[2].receipt, deadline=now + 10_000)])
+    leader.enqueue("jobs", [NewItem(b"j", 0)])
+    leader.pause("jobs")
+    leader.put_queue("gone", QueueConfig())
+    leader.enqueue("gone", [NewItem(b"g", 0)])
+    leader.delete_queue("gone")
+    leader.purge("jobs")
+    leader.enqueue("jobs", [NewItem(b"after purge", 0)])
+
+
+def test_a_follower_applying_the_stream_holds_what_the_leader_holds(
+    engines: Any, clock: Any, tmp_path: Path
+) -> None:
+    leader = engines("leader")
+    sink = ListSink()
+    leader.set_replication(sink)
+    auto = AutoCommit(leader, sink)
+    try:
+        _busy_leader(leader, sink, clock)
+    finally:
+        auto.close()
+    follower = engines("follower")
+    follower.set_role(False, "http://leader:1")
+    follower.apply(sink.frames).result(timeout=10)
+    assert _state(follower) == _state(leader)
+    assert {f.kind for f in sink.frames} >= {KIND_RECORD, KIND_CONTROL}
+
+    # the follower's copy survives a restart (it is in its logs, not just in memory)
+    follower.close()
+    again = engines("follower")
+    assert _state(again) == _state(leader)
+    # promoted, it keeps dedup keys and never reuses an id
+    dup = again.enqueue("mail", [NewItem(b"other", 0, key="k-1")])
+    assert dup[0].id == [i for i, _d, v in _items(leader, "mail") if v == b"keyed"][0]
+    [new] = again.enqueue("mail", [NewItem(b"new", 0)])
+    assert new.id > max(i for i, _d, _v in _items(leader, "mail"))
+
+
+def test_a_follower_refuses_client_writes_but_reads(engines: Any) -> None:
+    e = engines("follower")
+    e.enqueue("jobs", [NewItem(b"x", 0)])
+    e.set_role(False, "http://leader:8080")
+    for call in (
+        lambda: e.enqueue_nowait("jobs", [NewItem(b"y", 0)]),
+        lambda: e.dequeue("jobs", 1),
+        lambda: e.release_nowait("jobs", [Release(1, "r")]),
+        lambda: e.put_queue("jobs", QueueConfig()),
+        lambda: e.delete_queue("jobs"),
+        lambda: e.pause("jobs"),
+        lambda: e.purge("jobs"),
+        lambda: e.ensure_queue("new"),
+    ):
+        with pytest.raises(NotLeader) as err:
+            call()
+        assert err.value.leader == "http://leader:8080"
+        assert err.value.http_status == 421
+    assert e.stats("jobs").pending == 1
+    assert [v for _i, _d, v in _items(e, "jobs")] == [b"x"]
+    e.set_role(True)
+    e.enqueue("jobs", [NewItem(b"z", 0)])
+
+
+def test_snapshot_then_stream_converges_while_writes_go_on(
+    engines: Any, clock: Any, tmp_path: Path
+) -> None:
+    # small logs, so the copy holds segment files, closed logs and a live log
+    leader = engines("leader", memseg_bytes=8 << 10)
+    sink = ListSink()
+    leader.set_replication(sink)
+    auto = AutoCommit(leader, sink)
+    try:
+        _busy_leader(leader, sink, clock)
+        for i in range(20):
+            leader.enqueue("bulk", [NewItem(os.urandom(200), clock() + i) for _ in range(20)])
+        start = sink.last
+        dest = os.path.join(leader.root, ".replica-test")
+        lsns = leader.snapshot(dest)
+        # writes go on while the copy travels
+        leader.enqueue("bulk", [NewItem(b"during", 0)])
+        leader.put_queue("fresh", QueueConfig())
+        leader.enqueue("fresh", [NewItem(b"f", 0)])
+    finally:
+        auto.close()
+    assert any(n.endswith(".seg") for n in os.listdir(os.path.join(dest, "queues", "bulk")))
+    follower = engines("follower")
+    follower.set_role(False, None)
+    follower.replace_queues(dest)
+    todo = [f for f in sink.frames if f.lsn > lsns.get(f.queue, start)]
+    follower.apply(todo).result(timeout=10)
+    assert _state(follower) == _state(leader)
+    follower.close()
+    assert _state(engines("follower")) == _state(leader)
