@@ -240,7 +240,7 @@ def test_a_follower_applying_the_stream_holds_what_the_leader_holds(
     assert _state(again) == _state(leader)
     # promoted, it keeps dedup keys and never reuses an id
     dup = again.enqueue("mail", [NewItem(b"other", 0, key="k-1")])
-    assert dup[0].id == [i for i, _d, v in _items(leader, "mail") if v == b"keyed"][0]
+    assert dup[0].id == next(i for i, _d, v in _items(leader, "mail") if v == b"keyed")
     [new] = again.enqueue("mail", [NewItem(b"new", 0)])
     assert new.id > max(i for i, _d, _v in _items(leader, "mail"))
 
