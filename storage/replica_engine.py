@@ -86,6 +86,11 @@ class ReplicaEngine:
         self.leader_url = leader
         self.writable = writable
 
+    def check_writable(self) -> None:
+        """Raise ``NotLeader`` on a follower: for server-side state kept beside the
+        engine (consumer groups) that must refuse exactly when the engine does."""
+        self._check_writable()
+
     def _check_writable(self) -> None:
         if not self.writable:
             raise NotLeader(
