@@ -170,6 +170,22 @@ class CommitMixin(QueueCore):
             self._waiting = waiting[n:]
         return done
 
+    def _drop_replicated(self: Queue, error: BaseException) -> list[Answer]:
+        """Forget every waiting replicated batch (the sink that numbered it is gone):
+        undo what it held in memory and answer ``error``. Its record stays in the
+        log; a node that stops leading replaces its queues with the leader's copy."""
+        keep: list[PendingBatch] = []
+        out: list[Answer] = []
+        for batch in self._waiting:
+            if batch.lsn == 0:
+                keep.append(batch)
+                continue
+            if batch.rollback is not None:
+                batch.rollback()
+            out.append((batch.future, None, error))
+        self._waiting = keep
+        return out
+
     def _expire_waits(self: Queue, now: float) -> list[Answer]:
         """Answer ``ReplicationTimeout`` to replicated writes that waited too long for
         the sync set. They stay waiting: if they commit later they still publish."""

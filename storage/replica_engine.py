@@ -102,9 +102,21 @@ class ReplicaEngine:
 
     def set_replication(self, sink: ReplicationSink | None) -> None:
         """Start (or stop, with None) shipping every record to ``sink``; lsns start
-        again from the sink's numbering, so call it when nothing is waiting."""
+        again from the sink's numbering.
+
+        Writes still waiting for the previous sink's commit are answered
+        ``ReplicationTimeout`` (their outcome is unknown: their records are in this
+        node's log, which a node that lost its leadership replaces with the new
+        leader's copy) and dropped, so an lsn of one epoch is never compared with the
+        commits of another.
+        """
         if sink is not None and self.config.fsync != "always":
             raise InvalidArgument("replication needs fsync 'always'", fsync=self.config.fsync)
+        lost = ReplicationTimeout(
+            "this node stopped leading before the replica group acknowledged the write; "
+            "its outcome is unknown"
+        )
+        answers = []
         with self._lock:
             queues = list(self._queues.values())
             for q in queues:
@@ -113,11 +125,14 @@ class ReplicaEngine:
                 self.replication = sink
                 with self._committed:
                     self.commit_lsn = 0
+                    self._committed.notify_all()
                 for q in queues:
                     q.last_lsn = 0
+                    answers += q._drop_replicated(lost)
             finally:
                 for q in queues:
                     q.lock.release()
+        answer(answers)
 
     def commit(self, lsn: int) -> None:
         """The sync set holds every record up to ``lsn``: publish and answer what was

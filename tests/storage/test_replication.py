@@ -175,6 +175,22 @@ def test_commit_timeout_answers_unknown_and_the_write_still_lands(engines: Any) 
     assert d.value == b"late"
 
 
+def test_stopping_to_lead_answers_waiting_writes_unknown(engines: Any) -> None:
+    leader = engines("leader")
+    sink = ListSink()
+    leader.set_replication(sink)
+    auto = AutoCommit(leader, sink)
+    leader.enqueue("jobs", [NewItem(b"committed", 0)])
+    auto.close()
+    fut = leader.enqueue_nowait("jobs", [NewItem(b"in doubt", 0)])
+    leader.set_replication(None)  # leadership lost before the sync set answered
+    with pytest.raises(ReplicationTimeout, match="unknown"):
+        fut.result(timeout=5)
+    leader.set_replication(ListSink())  # a new epoch numbers from 1 again
+    leader.commit(10)
+    assert [d.value for d in leader.dequeue("jobs", 10)] == [b"committed"]
+
+
 def test_replication_needs_fsync_always(engines: Any) -> None:
     e = engines("interval", fsync="interval")
     with pytest.raises(InvalidArgument, match="always"):
