@@ -183,7 +183,9 @@ class ReplicaEngine:
         out: dict[str, int] = {}
         qdest = os.path.join(dest, "queues")
         os.makedirs(qdest, exist_ok=True)
-        for name, q in sorted(self._queues.items()):
+        with self._lock:  # a creation ships and joins ``_queues`` under this lock
+            queues = sorted(self._queues.items())
+        for name, q in queues:
             target = os.path.join(qdest, name)
             for attempt in range(5):
                 shutil.rmtree(target, ignore_errors=True)
