@@ -1,0 +1,206 @@
+"""The nemesis: one fault at a time, every few seconds, each healed before the next.
+
+Faults (``FAULTS``), each aimed at the node the monitor last saw leading:
+  - ``kill_leader``: SIGKILL the leader's ``dq serve`` (and its compaction worker),
+    restart it after a while;
+  - ``partition_leader_followers``: iptables drops dq traffic between the leader and
+    both followers (etcd traffic still flows: the leader keeps its lease);
+  - ``partition_leader_etcd``: iptables drops etcd traffic (client and peer ports)
+    between the leader's node and the others: its etcd member is cut off, its lease
+    runs out, but followers and clients still reach its dq;
+  - ``pause_leader``: SIGSTOP the leader past its lease TTL, then SIGCONT: it wakes up
+    believing it leads (the fencing test);
+  - ``slow_network``: delay and loss on every node's link (``netns.Network.slow``);
+  - ``kill_follower_merging``: SIGKILL a follower while a segment file is being
+    written in its data directory (a freeze or a merge; small ``DQ_MEMSEG_BYTES``),
+    then restart it.
+Each start and heal is a ``nemesis`` event in the history; after each heal the nemesis
+waits (bounded) for a leader and records how long that took (``recovered``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.jepsen.cluster import DQ_PORT, ETCD_CLIENT, ETCD_PEER, LEADER_TTL_S, Cluster, Monitor
+from tests.jepsen.history import History
+from tests.jepsen.netns import Network
+
+__all__ = ["FAULTS", "Nemesis"]
+
+log = logging.getLogger(__name__)
+
+FAULTS = (
+    "kill_leader",
+    "partition_leader_followers",
+    "partition_leader_etcd",
+    "pause_leader",
+    "slow_network",
+    "kill_follower_merging",
+)
+
+
+def _segment_in_progress(root: Path, *, merges_only: bool) -> str | None:
+    """A segment file being written under ``root`` (``<lo>-<hi>.seg.tmp``; a merge when
+    lo != hi, a freeze otherwise), or None."""
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            if not f.endswith(".seg.tmp"):
+                continue
+            lo, _, hi = f[: -len(".seg.tmp")].partition("-")
+            if lo != hi or not merges_only:
+                return os.path.join(dirpath, f)
+    return None
+
+
+class Nemesis:
+    def __init__(
+        self,
+        cluster: Cluster,
+        monitor: Monitor,
+        history: History,
+        *,
+        faults: tuple[str, ...] = FAULTS,
+        hold_s: float = 3.0,
+        gap_s: float = 1.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.net: Network = cluster.net
+        self.monitor = monitor
+        self.history = history
+        self.faults = faults
+        self.hold_s = hold_s
+        self.gap_s = gap_s
+        self.rng = rng or random.Random()
+        self.stopping = threading.Event()
+        self.applied: list[dict[str, object]] = []
+
+    def run(self, seconds: float) -> None:
+        """Faults in shuffled cycles (every kind once before any repeats) until
+        ``seconds`` have passed, and at least one whole cycle; each is healed before
+        the next."""
+        end = time.monotonic() + seconds
+        first = True
+        while not self.stopping.is_set():
+            order = list(self.faults)
+            self.rng.shuffle(order)
+            for fault in order:
+                if (not first and time.monotonic() >= end) or self.stopping.is_set():
+                    return
+                self.apply(fault)
+                self.stopping.wait(self.gap_s)
+            first = False
+            if time.monotonic() >= end:
+                return
+
+    def _sleep(self, seconds: float) -> None:
+        self.stopping.wait(seconds)
+
+    def apply(self, fault: str) -> None:
+        leader = self.monitor.leader()
+        if leader is None:
+            try:
+                leader = self.monitor.wait_leader(15)
+            except TimeoutError:
+                self.history.note("nemesis", fault=fault, phase="skipped", detail="no leader")
+                self.applied.append({"fault": fault, "skipped": "no leader"})
+                return
+        action: Callable[[int], str] = getattr(self, "_" + fault)
+        started = time.monotonic()
+        try:
+            detail = action(leader)
+        finally:
+            self.heal()
+            self.history.note("nemesis", fault=fault, phase="healed")
+        recovered = self._recovery()
+        self.applied.append(
+            {"fault": fault, "leader": leader, "detail": detail,
+             "held_s": round(time.monotonic() - started, 1), "leader_after_s": recovered}
+        )  # fmt: skip
+
+    def heal(self) -> None:
+        """Undo every fault: rules and qdiscs removed, paused processes continued, dead
+        dq processes started again."""
+        self.net.heal()
+        for proc in self.cluster.dq.values():
+            if proc.paused:
+                proc.cont()
+        for node, proc in self.cluster.dq.items():
+            if not proc.alive():
+                self.cluster.restart_dq(node)
+
+    def _recovery(self, timeout: float = 20.0) -> float | None:
+        start = time.monotonic()
+        try:
+            self.monitor.wait_leader(timeout)
+        except TimeoutError:
+            self.history.note("nemesis", fault="recovery", phase="no_leader", detail=f"{timeout}s")
+            return None
+        took = round(time.monotonic() - start, 2)
+        self.history.note("nemesis", fault="recovery", phase="leader", detail=f"{took}s")
+        return took
+
+    def _start(self, fault: str, detail: str) -> str:
+        log.info("nemesis %s: %s", fault, detail)
+        self.history.note("nemesis", fault=fault, phase="start", detail=detail)
+        return detail
+
+    # the faults ---------------------------------------------------------------------
+    def _followers(self, leader: int) -> list[int]:
+        return [i for i in self.net.nodes if i != leader]
+
+    def _kill_leader(self, leader: int) -> str:
+        detail = self._start("kill_leader", f"SIGKILL dq n{leader}")
+        self.cluster.dq[leader].kill()
+        self._sleep(self.hold_s / 2)
+        return detail
+
+    def _partition_leader_followers(self, leader: int) -> str:
+        self._start("partition_leader_followers", f"n{leader} x followers, dq port")
+        detail = self.net.drop(leader, self._followers(leader), ports=[DQ_PORT])
+        self._sleep(self.hold_s)
+        return detail
+
+    def _partition_leader_etcd(self, leader: int) -> str:
+        self._start("partition_leader_etcd", f"n{leader} x other etcd members")
+        detail = self.net.drop(leader, self._followers(leader), ports=[ETCD_CLIENT, ETCD_PEER])
+        self._sleep(max(self.hold_s, 2 * LEADER_TTL_S + 1))
+        return detail
+
+    def _pause_leader(self, leader: int) -> str:
+        detail = self._start("pause_leader", f"SIGSTOP dq n{leader} for {2 * LEADER_TTL_S + 1}s")
+        self.cluster.dq[leader].stop()
+        self._sleep(2 * LEADER_TTL_S + 1)
+        return detail
+
+    def _slow_network(self, leader: int) -> str:
+        details = [self.net.slow(i) for i in self.net.nodes]
+        detail = self._start("slow_network", "; ".join(details))
+        self._sleep(self.hold_s)
+        return detail
+
+    def _kill_follower_merging(self, leader: int) -> str:
+        node = self.rng.choice(self._followers(leader) or [leader])
+        root = self.cluster.data_dir(node)
+        start = time.monotonic()
+        caught = None
+        while caught is None and not self.stopping.is_set():
+            waited = time.monotonic() - start
+            if waited > 2 * self.hold_s:
+                break
+            # A merge is the target; past half the window a freeze will do.
+            caught = _segment_in_progress(root, merges_only=waited < self.hold_s)
+            if caught is None:
+                time.sleep(0.002)
+        self.cluster.dq[node].kill()
+        what = f"while writing {Path(caught).name}" if caught else "(no segment write seen)"
+        detail = self._start("kill_follower_merging", f"SIGKILL dq n{node} {what}")
+        self._sleep(1.0)
+        return detail

@@ -1,0 +1,191 @@
+"""The workload: producers enqueue unique values, consumers dequeue and release them,
+and every outcome goes into the history.
+
+Each worker has its own ``Client`` given every node's URL: it follows a 421 to the
+leader and tries the other nodes when one does not answer. An enqueue is ``ok`` only
+when answered with ids; ``fail`` only when the server refused it in a way that says
+nothing was written; anything else (no answer, a replication timeout) is ``unknown``.
+Values carry a random delay (some are due at once, some later) so that early
+deliveries would show; consumers leave some items unreleased so leases run out and
+items come back.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from dq.client import Client
+from dq.client.errors import ClientError, ServerError
+from dq.client.types import NewItem, QueueConfig, Release
+from tests.jepsen.history import History, now_ceil, now_floor
+
+__all__ = ["QUEUE", "Workload", "outcome_of"]
+
+log = logging.getLogger(__name__)
+
+QUEUE = "jepsen"
+LEASE_MS = 2000
+_DELAYS_MS = (0, 0, 0, 300, 1500)
+#: statuses that say the request changed nothing (validation; not the leader)
+_REFUSED = {400, 404, 413, 421, 422}
+_REFUSED_503 = {"no_leader", "not_leader"}
+
+
+def outcome_of(exc: BaseException) -> str:
+    if isinstance(exc, ServerError) and (
+        exc.status in _REFUSED or (exc.status == 503 and exc.code in _REFUSED_503)
+    ):
+        return "fail"
+    return "unknown"
+
+
+def _error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+class Workload:
+    def __init__(
+        self,
+        urls: Sequence[str],
+        history: History,
+        *,
+        producers: int = 2,
+        consumers: int = 2,
+        timeout_s: float = 8.0,
+        pause_s: float = 0.01,
+    ) -> None:
+        self.urls = list(urls)
+        self.history = history
+        self.timeout_s = timeout_s
+        self.pause_s = pause_s
+        self.producing = threading.Event()
+        self.consuming = threading.Event()
+        self.lock = threading.Lock()
+        self.acked: set[str] = set()
+        self.delivered: set[str] = set()
+        self.last_delivery = 0.0
+        self.counts: dict[str, int] = {}
+        self.threads = [
+            threading.Thread(target=self._produce, args=(f"p{i}",), name=f"p{i}", daemon=True)
+            for i in range(producers)
+        ] + [
+            threading.Thread(target=self._consume, args=(f"c{i}",), name=f"c{i}", daemon=True)
+            for i in range(consumers)
+        ]
+
+    def client(self) -> Client:
+        return Client(",".join(self.urls), timeout=self.timeout_s)
+
+    def create_queue(self) -> None:
+        with self.client() as c:
+            c.put_queue(QUEUE, QueueConfig(default_lease_ms=LEASE_MS))
+
+    def start(self) -> None:
+        self.producing.set()
+        self.consuming.set()
+        for t in self.threads:
+            t.start()
+
+    def stop_producers(self) -> None:
+        self.producing.clear()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.producing.clear()
+        self.consuming.clear()
+        for t in self.threads:
+            t.join(timeout)
+            if t.is_alive():
+                log.error("worker %s did not stop within %.0fs", t.name, timeout)
+
+    def missing(self) -> set[str]:
+        """Acknowledged values not delivered yet."""
+        with self.lock:
+            return self.acked - self.delivered
+
+    def _count(self, key: str, n: int = 1) -> None:
+        with self.lock:
+            self.counts[key] = self.counts.get(key, 0) + n
+
+    # producers ----------------------------------------------------------------------
+    def _produce(self, name: str) -> None:
+        rng = random.Random()
+        seq = 0
+        with self.client() as client:
+            while self.producing.is_set():
+                values = []
+                for _ in range(rng.choice((1, 1, 2, 4))):
+                    seq += 1
+                    values.append(f"{name}-{seq}")
+                delay = rng.choice(_DELAYS_MS)
+                self._enqueue(client, values, delay)
+                time.sleep(self.pause_s)
+
+    def _enqueue(self, client: Client, values: list[str], delay_ms: int) -> None:
+        items = [NewItem(v.encode(), delay_ms=delay_ms or None) for v in values]
+        invoke = now_floor()
+        base: dict[str, Any] = {"type": "enqueue", "invoke": invoke, "delay_ms": delay_ms}
+        try:
+            done = client.enqueue_many(QUEUE, items)
+        except ClientError as exc:
+            outcome = outcome_of(exc)
+            complete = now_ceil()
+            for v in values:
+                self.history.add({**base, "value": v, "complete": complete, "outcome": outcome, "error": _error(exc)})  # fmt: skip
+            self._count(f"enqueue_{outcome}", len(values))
+            return
+        complete = now_ceil()
+        for v, e in zip(values, done, strict=True):
+            self.history.add({**base, "value": v, "complete": complete, "outcome": "ok", "id": e.id, "deadline": e.deadline})  # fmt: skip
+        with self.lock:
+            self.acked.update(values)
+        self._count("enqueue_ok", len(values))
+
+    # consumers ----------------------------------------------------------------------
+    def _consume(self, name: str) -> None:
+        rng = random.Random()
+        with self.client() as client:
+            while self.consuming.is_set():
+                invoke = now_floor()
+                try:
+                    items = client.dequeue(QUEUE, count=5, lease_ms=LEASE_MS, wait_ms=300)
+                except ClientError as exc:
+                    self._count(f"dequeue_{type(exc).__name__}")
+                    time.sleep(0.05)
+                    continue
+                complete = now_ceil()
+                for it in items:
+                    value = it.value.decode()
+                    self.history.add({
+                        "type": "deliver", "value": value, "id": it.id, "deadline": it.deadline,
+                        "receipt": it.receipt, "lease_expires": it.lease_expires,
+                        "invoke": invoke, "complete": complete, "worker": name,
+                    })  # fmt: skip
+                    with self.lock:
+                        self.delivered.add(value)
+                        self.last_delivery = complete / 1000
+                # Some items are left to their lease: they must come back.
+                keep = [it for it in items if rng.random() < 0.9]
+                if keep:
+                    self._release(client, keep, {it.id: it.value.decode() for it in keep})
+
+    def _release(self, client: Client, items: list[Any], values: dict[int, str]) -> None:
+        invoke = now_floor()
+        batch = [Release(it.id, it.receipt) for it in items]
+        try:
+            outcomes = client.release_many(QUEUE, batch)
+        except ClientError as exc:
+            complete, outcome = now_ceil(), outcome_of(exc)
+            for r in batch:
+                self.history.add({"type": "release", "id": r.id, "value": values[r.id], "receipt": r.receipt, "invoke": invoke, "complete": complete, "outcome": outcome, "error": _error(exc)})  # fmt: skip
+            self._count(f"release_{outcome}", len(batch))
+            return
+        complete = now_ceil()
+        for r, o in zip(batch, outcomes, strict=True):
+            outcome = "ok" if o.ok else "fail"
+            self.history.add({"type": "release", "id": r.id, "value": values[r.id], "receipt": r.receipt, "invoke": invoke, "complete": complete, "outcome": outcome, "error": o.error})  # fmt: skip
+            self._count(f"release_{outcome}")
