@@ -7,11 +7,11 @@ single item. For the three hot routes — ``POST /v1/queues/{queue}/items``,
 (``server/protocol.py``) hands the complete body here instead. This module validates
 it with the routes' own pydantic schemas (in Rust, from the raw JSON), runs the same
 steps with the routes' own helpers (``dq.server.routers.items``: limits, metering, JSON
-formatting, long-poll) and answers through a ``Reply`` callback, from the loop and
-without a task when the answer is ready at once or arrives with a group commit.
+formatting, long-poll) and answers through the request's ``Responder``, from the loop
+and without a task when the answer is ready at once or arrives with a group commit.
 
 Anything it does not answer itself — a body that fails validation or a limit, a write
-stall to wait out — it hands back (``fall_back``) to the FastAPI app, which words
+stall to wait out — it hands back (``Responder.fall_back``) to the FastAPI app, which words
 every such answer; storage errors it renders with ``dq.server.errors``, as the routes'
 handler does. Invariant: whichever path serves a request, the answer is the same
 bytes (``tests/server/test_hot_path.py`` compares them).
@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -43,12 +43,28 @@ from dq.storage.types import ItemOutcome
 if TYPE_CHECKING:
     from dq.server.dependencies import Service
 
-__all__ = ["HOT_ROUTES", "HotRoutes", "Reply"]
+__all__ = ["HOT_ROUTES", "HotRoutes", "Responder"]
 
 #: The last path segment of each hot route.
 HOT_ROUTES = frozenset({"items", "dequeue", "release"})
 
-#: ``reply(status, body, retry_after)`` writes the answer; called at most once.
+
+class Responder(Protocol):
+    """How a hot request is answered; the protocol's per-request object
+    (``server/protocol.py``). Exactly one of ``reply`` and ``fall_back`` is called,
+    once."""
+
+    def reply(self, status: int, body: bytes, retry: bool) -> None:
+        """Write the answer (``retry``: with ``Retry-After``)."""
+
+    def fall_back(self) -> None:
+        """Hand the request, unanswered, to the FastAPI app."""
+
+    def gone(self) -> Awaitable[object]:
+        """Completes when the client has disconnected (a long-poll stops waiting)."""
+
+
+#: ``reply(status, body, retry_after)`` of a ``Responder``.
 Reply = Callable[[int, bytes, bool], None]
 
 _ENQUEUE = TypeAdapter(EnqueueRequest)
@@ -69,29 +85,26 @@ class HotRoutes:
         route: str,
         queue: str,
         body: bytes,
-        reply: Reply,
-        fall_back: Callable[[], None],
-        gone: Callable[[], Awaitable[object]],
+        responder: Responder,
     ) -> None:
-        """Answer through ``reply``, or call ``fall_back`` having answered nothing."""
+        """Answer through ``responder``: reply, or fall back having answered nothing."""
+        reply = responder.reply
         if over_batch(body, self.max_batch):
             reply(413, self._too_large, False)
             return
         try:
             if route == "items":
-                self._enqueue(queue, body, reply, fall_back)
+                self._enqueue(queue, body, reply)
             elif route == "release":
-                self._release(queue, body, reply, fall_back)
+                self._release(queue, body, reply)
             else:
-                self._dequeue(queue, body, reply, fall_back, gone)
+                self._dequeue(queue, body, reply, responder.gone)
         except _FallBack:
-            fall_back()
+            responder.fall_back()
 
     # ------------------------------------------------------------------ enqueue
 
-    def _enqueue(
-        self, queue: str, body: bytes, reply: Reply, fall_back: Callable[[], None]
-    ) -> None:
+    def _enqueue(self, queue: str, body: bytes, reply: Reply) -> None:
         try:
             items = _ENQUEUE.validate_json(body).items
             if len(items) > self.max_batch:
@@ -114,9 +127,7 @@ class HotRoutes:
 
     # ------------------------------------------------------------------ release
 
-    def _release(
-        self, queue: str, body: bytes, reply: Reply, fall_back: Callable[[], None]
-    ) -> None:
+    def _release(self, queue: str, body: bytes, reply: Reply) -> None:
         try:
             released = _RELEASE.validate_json(body).items
         except ValidationError:
@@ -149,7 +160,6 @@ class HotRoutes:
         queue: str,
         body: bytes,
         reply: Reply,
-        fall_back: Callable[[], None],
         gone: Callable[[], Awaitable[object]],
     ) -> None:
         try:
@@ -225,11 +235,11 @@ class HotRoutes:
         queue: str,
     ) -> None:
         def done(f: Future[Any]) -> None:
-            exc = f.exception()
-            if exc is not None:
+            try:
+                result = f.result()  # done: one look under the future's lock, not two
+            except BaseException as exc:
                 self._failed(m, exc, reply, queue)
                 return
-            result = f.result()
             m.ok(result)
             payload = answer(result)
             if payload is not None:

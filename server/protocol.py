@@ -11,7 +11,10 @@ would send it.
 
 It also holds the connection-level limits (``docs/http.md``, "Limits"): a cap on open
 connections (over it, a 503 and close), a time limit to send a request's headers and
-one to send its body (a 408 and close), and an idle limit for a fresh connection.
+one to send its body (a 408 and close), and the keep-alive limit: a connection idle
+longer than uvicorn's keep-alive timeout (or one that never sends a request) is closed.
+All three deadlines are plain numbers that one timer per event loop checks each second
+(``_Sweeper``); uvicorn arms and cancels a timer per response instead.
 The body limit (413 from ``Content-Length`` before reading) and the token check (401
 before reading) are answered by the app's outermost middleware for every route; a
 request is only a fast-path candidate if it would pass both.
@@ -24,8 +27,7 @@ uvicorn has queued behind another (pipelining) before that one is answered.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
-from functools import partial
+from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from uvicorn.protocols.http.httptools_impl import (
@@ -87,6 +89,8 @@ class DqHttpProtocol(HttpToolsProtocol):
         #: When the headers or body being read must be complete (0: not reading one).
         self._read_deadline = 0.0
         self._reading = "headers"
+        #: When this connection, idle between requests, is closed (0: not idle).
+        self._idle_deadline = 0.0
 
     # ------------------------------------------------------------ connection limits
 
@@ -97,9 +101,7 @@ class DqHttpProtocol(HttpToolsProtocol):
             self._refuse(503, "too_many_connections", "the server is at its connection limit")
             return
         # A connection that never sends a request is closed like an idle keep-alive one.
-        self.timeout_keep_alive_task = self.loop.call_later(
-            self.timeout_keep_alive, self.timeout_keep_alive_handler
-        )
+        self._idle_deadline = self.loop.time() + self.timeout_keep_alive
 
     def on_message_begin(self) -> None:
         # uvicorn builds the request's scope here; it is built in on_headers_complete
@@ -110,8 +112,13 @@ class DqHttpProtocol(HttpToolsProtocol):
         self._read_deadline = self.loop.time() + self.dq_header_timeout
         self._reading = "headers"
 
-    def read_overdue(self, now: float) -> None:
-        """Called about once a second: refuse a request that is too slow to arrive."""
+    def overdue(self, now: float) -> None:
+        """Called about once a second: close a connection idle for too long, refuse a
+        request that is too slow to arrive."""
+        if self._idle_deadline and now > self._idle_deadline:
+            self._idle_deadline = 0.0
+            self.timeout_keep_alive_handler()
+            return
         if self._read_deadline and now > self._read_deadline:
             self._read_deadline = 0.0
             what = self._reading
@@ -122,14 +129,31 @@ class DqHttpProtocol(HttpToolsProtocol):
                 return
             self._refuse(408, "request_timeout", f"the request {what} took longer than {limit:g} s")
 
+    def _unset_keepalive_if_required(self) -> None:
+        self._idle_deadline = 0.0  # data arrived, or the connection is gone
+
+    def on_response_complete(self) -> None:
+        """uvicorn's, with the keep-alive limit as a deadline for the sweeper."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self.flow.resume_reading()
+        if self.pipeline:
+            self._idle_deadline = 0.0
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        else:
+            self._idle_deadline = self.loop.time() + self.timeout_keep_alive
+
     def _refuse(self, status: int, code: str, message: str) -> None:
         """Answer a connection-level refusal and close (nothing more is read); a request
         the app is reading then sees its client gone."""
         if self.transport.is_closing():
             return
         body = error_json(code, message)
-        head = _head(self.server_state.default_headers, status, len(body), False, False)
-        self.transport.write(head + body)
+        self.transport.write(
+            _message(self.server_state.default_headers, status, body, False, False)
+        )
         self.transport.close()
 
     # ------------------------------------------------------------ request dispatch
@@ -238,19 +262,15 @@ class DqHttpProtocol(HttpToolsProtocol):
         return route, queue
 
     def _dispatch(self, cycle: RequestResponseCycle) -> None:
-        hot: HotRoutes | None = getattr(self.dq_app.state, "hot_routes", None)
+        # Starlette's State keeps its attributes in ``_state``; reading the dict skips a
+        # Python-level ``__getattr__`` per request.
+        hot: HotRoutes | None = self.dq_app.state._state.get("hot_routes")
         if hot is None:  # starting or stopping: the app answers
             self._fall_back(cycle)
             return
         route, queue = self._hot
-        hot.serve(
-            route,
-            queue,
-            bytes(cycle.body),
-            partial(self._reply, cycle),
-            partial(self._fall_back, cycle),
-            partial(_gone, cycle),
-        )
+        responder = cycle if isinstance(cycle, _HotCycle) else _Responder(self, cycle)
+        hot.serve(route, queue, bytes(cycle.body), responder)
 
     def _fall_back(self, cycle: RequestResponseCycle) -> None:
         if self._hot_cycle is cycle:
@@ -300,8 +320,9 @@ class DqHttpProtocol(HttpToolsProtocol):
         cycle.response_started = cycle.response_complete = True
         if cycle.disconnected:
             return
-        head = _head(self.server_state.default_headers, status, len(body), retry, cycle.keep_alive)
-        self.transport.write(head + body)
+        self.transport.write(
+            _message(self.server_state.default_headers, status, body, retry, cycle.keep_alive)
+        )
         if self.access_log:
             self.access_logger.info(
                 '%s - "POST %s HTTP/%s" %d',
@@ -312,12 +333,13 @@ class DqHttpProtocol(HttpToolsProtocol):
             )
         if not cycle.keep_alive:
             self.transport.close()
-        cycle.on_response()
+        self.on_response_complete()
 
 
 class _HotCycle:
     """What uvicorn's protocol keeps of a request the fast path is serving (in place of
-    its ``RequestResponseCycle``: no scope, no event, no task)."""
+    its ``RequestResponseCycle``: no scope, no event, no task), and the ``Responder``
+    the hot routes answer through."""
 
     __slots__ = (
         "_event",
@@ -327,8 +349,8 @@ class _HotCycle:
         "http_version",
         "keep_alive",
         "more_body",
-        "on_response",
         "path",
+        "protocol",
         "response_complete",
         "response_started",
     )
@@ -345,7 +367,7 @@ class _HotCycle:
         self.http_version = http_version
         self.headers = headers
         self.keep_alive = keep_alive
-        self.on_response = protocol.on_response_complete
+        self.protocol = protocol
         self.body = bytearray()
         self.more_body = True
         self.response_started = self.response_complete = self.disconnected = False
@@ -361,6 +383,35 @@ class _HotCycle:
     @property
     def scope(self) -> dict[str, Any]:
         return {"path": self.path, "http_version": self.http_version}
+
+    def reply(self, status: int, body: bytes, retry: bool) -> None:
+        self.protocol._reply(self, status, body, retry)  # type: ignore[arg-type]
+
+    def fall_back(self) -> None:
+        self.protocol._fall_back(self)  # type: ignore[arg-type]
+
+    def gone(self) -> Awaitable[None]:
+        return _gone(self)  # type: ignore[arg-type]
+
+
+class _Responder:
+    """The ``Responder`` for a hot request uvicorn had queued behind another (it has
+    a ``RequestResponseCycle`` of uvicorn's)."""
+
+    __slots__ = ("cycle", "protocol")
+
+    def __init__(self, protocol: DqHttpProtocol, cycle: RequestResponseCycle) -> None:
+        self.protocol = protocol
+        self.cycle = cycle
+
+    def reply(self, status: int, body: bytes, retry: bool) -> None:
+        self.protocol._reply(self.cycle, status, body, retry)
+
+    def fall_back(self) -> None:
+        self.protocol._fall_back(self.cycle)
+
+    def gone(self) -> Awaitable[None]:
+        return _gone(self.cycle)
 
 
 class _Sweeper:
@@ -383,7 +434,7 @@ class _Sweeper:
         now = loop.time()
         for conn in list(connections):
             if isinstance(conn, DqHttpProtocol):
-                conn.read_overdue(now)
+                conn.overdue(now)
         loop.call_later(_SWEEP_S, cls._sweep, loop, connections)
 
 
@@ -394,25 +445,35 @@ async def _gone(cycle: RequestResponseCycle) -> None:
         cycle.message_event.clear()
 
 
-_default_cache: tuple[list[tuple[bytes, bytes]], bytes] = ([], b"")
+#: Per (status, retry, keep_alive): the bytes before and after the content length;
+#: rebuilt when uvicorn replaces its default headers (the ``date`` changes each second).
+_heads: dict[tuple[int, bool, bool], tuple[bytes, bytes]] = {}
+_heads_for: list[tuple[bytes, bytes]] | None = None
 
 
-def _head(
-    defaults: list[tuple[bytes, bytes]], status: int, length: int, retry: bool, keep_alive: bool
+def _message(
+    defaults: list[tuple[bytes, bytes]], status: int, body: bytes, retry: bool, keep_alive: bool
 ) -> bytes:
-    """Status line and headers, in the order uvicorn writes a Starlette ``Response``."""
-    global _default_cache
-    cached, encoded = _default_cache
-    if cached is not defaults:  # uvicorn replaces the list when the date changes
-        encoded = b"".join(b"%s: %s\r\n" % pair for pair in defaults)
-        _default_cache = (defaults, encoded)
-    return b"".join(
-        (
-            STATUS_LINE[status],
-            encoded,
-            b"retry-after: 1\r\n" if retry else b"",
-            b"content-length: %d\r\ncontent-type: application/json\r\n" % length,
-            b"" if keep_alive else b"connection: close\r\n",
-            b"\r\n",
+    """Status line, headers (in the order uvicorn writes a Starlette ``Response``) and
+    ``body``, as one write."""
+    global _heads_for
+    if defaults is not _heads_for:
+        _heads.clear()
+        _heads_for = defaults
+    key = (status, retry, keep_alive)
+    parts = _heads.get(key)
+    if parts is None:
+        parts = _heads[key] = (
+            b"".join(
+                (
+                    STATUS_LINE[status],
+                    *(b"%s: %s\r\n" % pair for pair in defaults),
+                    b"retry-after: 1\r\n" if retry else b"",
+                    b"content-length: ",
+                )
+            ),
+            b"\r\ncontent-type: application/json\r\n"
+            + (b"" if keep_alive else b"connection: close\r\n")
+            + b"\r\n",
         )
-    )
+    return b"%s%d%s%s" % (parts[0], len(body), parts[1], body)

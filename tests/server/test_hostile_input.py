@@ -241,3 +241,26 @@ def test_a_connection_that_sends_nothing_is_closed(server: LiveServer) -> None:
         t0 = time.monotonic()
         assert s.recv(1) == b""  # closed by the server, nothing answered
     assert time.monotonic() - t0 < 14
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/queues/idle/items", b'{"items": [{"value": "a"}]}'),  # the fast path answers
+        ("/v1/queues/idle/items", b'{"items": []}'),  # the framework answers (422)
+    ],
+)
+def test_an_idle_keep_alive_connection_is_closed(
+    server: LiveServer, path: str, body: bytes
+) -> None:
+    """After an answer the connection stays open for the next request, then is closed
+    once idle past the keep-alive timeout (5 s, checked each second)."""
+    with _connect(server) as s:
+        s.sendall(_head(path, len(body)) + body)
+        status, _ = _answer(s)
+        assert status in (200, 422)
+        t0 = time.monotonic()
+        s.settimeout(15)
+        assert s.recv(1) == b""  # closed by the server
+        waited = time.monotonic() - t0
+    assert 4 < waited < 8
