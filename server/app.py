@@ -20,6 +20,7 @@ from dq.server.history import History
 from dq.server.lifespan import make_lifespan
 from dq.server.limits import BodyLimit
 from dq.server.metrics import Metrics
+from dq.server.replication import routes as replication
 from dq.server.routers import consumers, dashboard, items, operate, ops, queues
 from dq.server.routers._common import ERRORS
 from dq.server.settings import Settings
@@ -64,6 +65,10 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.metrics = Metrics()
     app.state.service = None
     app.state.shm = None  # the shared-memory server, while the lifespan runs one
+    # replication (server/replication/): the node's role machine when DQ_ETCD is set,
+    # and this node's Replicator while it leads
+    app.state.node = None
+    app.state.replicator = None
     app.state.history = History(
         settings.history_interval_ms / 1000.0,
         settings.history_retention_s,
@@ -78,6 +83,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(ops.router)
     app.include_router(consumers.router, dependencies=guarded, responses=ERRORS)
     app.include_router(dashboard.router, dependencies=guarded)
+    app.include_router(replication.router, dependencies=guarded)
     install_pages(app)
     # SQS at POST / (its own SigV4 auth with the same tokens): docs/sqs.md
     install_sqs(app)
