@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run lock test lint typecheck typecheck-tree unit bench docker-smoke clean
+.PHONY: run lock test lint typecheck typecheck-tree unit bench docker-smoke docker-smoke-replicated clean
 
 # Each set-up installs exactly the versions of its lock file (requirements/*.txt, made by
 # `make lock`), hash-checked, then the project itself without touching them. `make run`
@@ -60,6 +60,9 @@ test: lint typecheck unit
 
 docker-smoke: $(STAMP)
 	bash docker/smoke.sh
+
+docker-smoke-replicated: $(STAMP)
+	bash docker/smoke-replicated.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .typecheck

@@ -2,10 +2,9 @@
 # make docker-smoke: build the image, bring the compose stack up, enqueue and dequeue through
 # the published port, restart the stack, check the data survived, tear everything down.
 #
-# Engine: Docker with the compose plugin when a Docker daemon answers, else rootful podman
-# with podman-compose (docker/podman-setup.sh installs and configures podman when missing).
-# Base image: DQ_BASE_IMAGE when set, else (no registry reachable here) a local Debian
-# image made once by docker/base-image.sh and reused afterwards.
+# Engine and base image: docker/compose-engine.sh (Docker with the compose plugin when a
+# daemon answers, else rootful podman with podman-compose; DQ_BASE_IMAGE when set, else a
+# local Debian image made once by docker/base-image.sh and reused afterwards).
 # SMOKE_SPARK=1 also builds the Spark image and runs the worked job (profile `spark`).
 # Every wait is bounded; an EXIT trap removes the stack and its volume; images stay cached.
 set -euo pipefail
@@ -24,30 +23,12 @@ log() { printf 'docker-smoke [%3ds] %s\n' "$((SECONDS - t_start))" "$*"; }
 ok() { passed=$((passed + 1)); log "ok: $*"; }
 fail() { log "FAILED: $*"; exit 1; }
 
-# ---- engine -----------------------------------------------------------------------------
-if command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1 \
-    && docker compose version >/dev/null 2>&1; then
-    engine=docker
-    compose=(docker compose)
-else
-    engine=podman
-    bash "$root/docker/podman-setup.sh" >/dev/null
-    if command -v podman-compose >/dev/null 2>&1; then
-        compose=(podman-compose)
-    else
-        [ -x "$root/.venv/bin/podman-compose" ] \
-            || "$root/.venv/bin/python" -m pip install -q 'podman-compose>=1.2'  # extra "deploy"
-        compose=("$root/.venv/bin/podman-compose")
-    fi
-fi
+# ---- engine and base image (docker/compose-engine.sh) --------------------------------------
+source "$root/docker/compose-engine.sh"
 compose+=(-p "$project" -f "$compose_file")
 log "engine: $engine ($("$engine" --version)); compose: ${compose[0]##*/}"
 
 # ---- images -----------------------------------------------------------------------------
-if [ -z "${DQ_BASE_IMAGE:-}" ]; then
-    DQ_BASE_IMAGE="$(CONTAINER_ENGINE="$engine" bash "$root/docker/base-image.sh" | tail -n 1)"
-    export DQ_BASE_IMAGE
-fi
 export DQ_IMAGE="${DQ_IMAGE:-localhost/deadline-queue:smoke}"
 export DQ_SPARK_IMAGE="${DQ_SPARK_IMAGE:-localhost/deadline-queue-spark:smoke}"
 export DQ_PUBLISH_ADDR=127.0.0.1

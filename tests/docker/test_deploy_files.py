@@ -43,3 +43,37 @@ def test_deploy_doc_lists_every_setting() -> None:
     documented = set(re.findall(r"^\| `(DQ_[A-Z_]+)` \|", doc, flags=re.MULTILINE))
     missing = SETTINGS_VARS - documented
     assert not missing, f"docs/deploy.md does not document {sorted(missing)}"
+
+
+def test_replicated_compose_is_three_etcd_and_three_dq_members() -> None:
+    compose = yaml.safe_load((REPO / "docker" / "compose.replicated.yml").read_text())
+    services = compose["services"]
+    etcds = sorted(s for s in services if s.startswith("etcd"))
+    dqs = sorted(s for s in services if s.startswith("dq"))
+    assert (etcds, dqs) == (["etcd1", "etcd2", "etcd3"], ["dq1", "dq2", "dq3"])
+    peers = ",".join(f"{e}=http://{e}:2380" for e in etcds)
+    for name in etcds:
+        env = services[name]["environment"]
+        assert env["ETCD_NAME"] == name
+        assert env["ETCD_INITIAL_CLUSTER"] == peers
+        assert env["ETCD_INITIAL_ADVERTISE_PEER_URLS"] == f"http://{name}:2380"
+        assert env["ETCD_ADVERTISE_CLIENT_URLS"] == f"http://{name}:2379"
+        assert services[name]["volumes"] == [f"{name}-data:/var/lib/etcd"]
+        assert services[name]["healthcheck"]["test"][:2] == ["CMD", "etcdctl"]
+    clients = ",".join(f"http://{e}:2379" for e in etcds)
+    ports = set()
+    for name in dqs:
+        service = services[name]
+        env = service["environment"]
+        assert set(env) <= SETTINGS_VARS, (
+            f"unknown to server/settings.py: {set(env) - SETTINGS_VARS}"
+        )
+        assert env["DQ_FSYNC"] == "always", "replication needs every write fsynced"
+        assert env["DQ_ETCD"] == clients
+        assert env["DQ_NODE"] == name, "the smoke test stops the leader by its node name"
+        assert env["DQ_ADVERTISE_URL"] == f"http://{name}:8080"
+        assert service["volumes"] == [f"{name}-data:/var/lib/dq"]
+        assert set(service["depends_on"]) == set(etcds)
+        ports.add(service["ports"][0])
+    assert len(ports) == 3
+    assert set(compose["volumes"]) == {f"{s}-data" for s in etcds + dqs}

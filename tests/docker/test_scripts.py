@@ -1,12 +1,16 @@
-"""The Python halves of the deploy: ``docker/wait-for-dq.py`` and ``docker/smoke_check.py``.
+"""The Python halves of the deploy: ``docker/wait-for-dq.py``, ``docker/smoke_check.py`` and
+``docker/replicated_check.py``.
 
-Both run here against a real ``dq serve`` on 127.0.0.1 (no container engine needed), so
-``make test`` catches a change to the API that would break ``make docker-smoke``. The
-smoke check runs across a real restart of the server on the same data directory.
+They run here against real ``dq serve`` on 127.0.0.1 (no container engine needed), so
+``make test`` catches a change to the API that would break ``make docker-smoke`` (or
+``make docker-smoke-replicated``). The smoke check runs across a real restart of the
+server on the same data directory; the replicated check across a SIGKILL of the leader
+of three replicating members (etcd started by the test; skipped without etcd).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -21,6 +25,7 @@ from tests.server.live import LiveServer, free_port, live_server
 REPO = Path(__file__).resolve().parents[2]
 WAIT = REPO / "docker" / "wait-for-dq.py"
 CHECK = REPO / "docker" / "smoke_check.py"
+REPLICATED = REPO / "docker" / "replicated_check.py"
 
 
 def run(
@@ -101,3 +106,20 @@ def test_smoke_check_spark_phases(server: LiveServer, tmp_path: Path) -> None:
     assert run(spark_after, {}, stdin=expected).returncode == 0
     wrong = run(spark_after, {}, stdin='{"click": 39, "buy": 10, "_malformed": 1}')
     assert wrong.returncode == 1 and "Parquet" in wrong.stderr
+
+
+def test_replicated_check_fails_without_a_leader(tmp_path: Path) -> None:
+    """Three single nodes (no etcd) never elect a leader: ``before`` gives up, saying so."""
+    with contextlib.ExitStack() as stack:
+        members = []
+        for i in range(3):
+            member = LiveServer(tmp_path / f"n{i}", fsync="always")
+            stack.callback(member.kill)
+            members.append(member.start())
+        urls = ",".join(m.url for m in members)
+        out = run(
+            [str(REPLICATED), "before", urls, str(tmp_path / "state.json")],
+            {"SMOKE_ELECT_S": "2"},
+        )
+    assert out.returncode == 1
+    assert "one leader with a follower in its sync set" in out.stderr
