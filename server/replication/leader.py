@@ -40,13 +40,15 @@ import asyncio
 import bisect
 import contextlib
 import logging
+import struct
 import threading
 import time
+import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from dq.storage.replication import Frame, encode_frame
+from dq.storage.replication import FRAME_HEADER
 
 if TYPE_CHECKING:
     from dq.server.replication.coordinator import Coordinator as EtcdCoordinator
@@ -75,6 +77,21 @@ MAX_PULL_BYTES = 4 << 20
 MAX_WAIT_MS = 1000
 #: The window's list drops its trimmed head in one go once the head is this long.
 _COMPACT_AT = 4096
+
+
+_LENGTH_CRC = struct.Struct(">II")
+_AFTER_CRC = struct.Struct(">QBB")
+assert _LENGTH_CRC.size + _AFTER_CRC.size == FRAME_HEADER.size
+
+
+def _frame(lsn: int, name: bytes, kind: int, payload: bytes) -> bytes:
+    """``encode_frame(Frame(lsn, queue, kind, payload))`` (docs/format.md, "Replication
+    frames") without building a ``Frame``, the payload copied once: ship runs under a
+    queue lock on every write."""
+    after_crc = _AFTER_CRC.pack(lsn, kind, len(name))
+    crc = zlib.crc32(payload, zlib.crc32(name, zlib.crc32(after_crc)))
+    length = len(after_crc) + len(name) + len(payload)
+    return b"".join((_LENGTH_CRC.pack(length, crc), after_crc, name, payload))
 
 
 class Coordinator(Protocol):
@@ -195,6 +212,10 @@ class Replicator:
         self._bytes_before = 0  # absolute bytes shipped before frames[0]
         self._shipped_bytes = 0
         self._followers: dict[str, FollowerState] = {}
+        #: followers with ``in_sync`` set
+        self._counted = 0
+        #: queue name -> its ASCII bytes, for framing
+        self._names: dict[str, bytes] = {}
         self._waiters: set[asyncio.Future[None]] = set()
         self._wake_scheduled = False
         self._closed = False
@@ -242,11 +263,14 @@ class Replicator:
     def ship(self, queue: str, kind: int, payload: bytes) -> int:
         """Give the record its lsn and keep its frame for the followers. Never blocks on
         anything but this replicator's lock, never raises for a well-formed record."""
+        name = self._names.get(queue)
+        if name is None:
+            name = self._names[queue] = queue.encode("ascii")
         with self._lock:
             lsn = self._last_lsn + 1
             self._last_lsn = lsn
             if self._followers:
-                frame = encode_frame(Frame(lsn, queue, kind, payload))
+                frame = _frame(lsn, name, kind, payload)
                 self._frames.append(frame)
                 self._shipped_bytes += len(frame)
                 self._cum.append(self._shipped_bytes)
@@ -258,7 +282,7 @@ class Replicator:
                 if self._frames:
                     self._frames.clear()
                     self._cum.clear()
-            advanced = self.min_insync <= 1 and not any(f.in_sync for f in self._followers.values())
+            advanced = self.min_insync <= 1 and not self._counted
             if advanced:
                 self._commit_lsn = lsn
             wake = bool(self._waiters) and not self._wake_scheduled
@@ -542,6 +566,7 @@ class Replicator:
             if f is None or not self._caught_up(f):
                 return
             f.in_sync = True  # counted first: commits from now on wait for it
+            self._counted += 1
             self._recompute_locked()
         try:
             added = await self.coordinator.add_member(node)
@@ -606,6 +631,8 @@ class Replicator:
             f = self._followers.get(node)
             if f is None:
                 return
+            if f.in_sync:
+                self._counted -= 1
             f.in_sync = False
             f.member = False
             f.pending = ""
@@ -615,7 +642,7 @@ class Replicator:
 
     async def _bound_window(self) -> None:
         """Detach the laggiest followers while the window holds more than its bound."""
-        while True:
+        for _ in range(len(self._followers) + 1):
             with self._lock:
                 if self._window_bytes_locked() <= self.window_bytes or not self._followers:
                     return

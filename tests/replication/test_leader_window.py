@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from dq.server.replication.leader import MAX_PULL_BYTES, Refused, Replicator
-from dq.storage.replication import KIND_RECORD, decode_frames
+from dq.server.replication.leader import MAX_PULL_BYTES, Refused, Replicator, _frame
+from dq.storage.replication import KIND_CONTROL, KIND_RECORD, Frame, decode_frames, encode_frame
 
 T = TypeVar("T")
 
@@ -423,3 +423,19 @@ def test_local_failure_on_a_storage_thread_steps_down_on_the_loop() -> None:
         assert seen[0][1] == threading.get_ident()
 
     run(body, step_down=lambda reason: seen.append((reason, threading.get_ident())))
+
+
+@pytest.mark.parametrize(
+    ("lsn", "queue", "kind", "payload"),
+    [
+        (1, "q", KIND_RECORD, b""),
+        (2**40 + 7, "a" * 128, KIND_CONTROL, b'{"op":"delete_queue"}'),
+        (99, "emails.v2_x-y", KIND_RECORD, bytes(range(256)) * 300),
+    ],
+)
+def test_shipped_frames_are_byte_for_byte_encode_frame(
+    lsn: int, queue: str, kind: int, payload: bytes
+) -> None:
+    assert _frame(lsn, queue.encode(), kind, payload) == encode_frame(
+        Frame(lsn, queue, kind, payload)
+    )
