@@ -16,6 +16,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response
@@ -182,8 +183,11 @@ def delivered(
 
 
 #: One delivered item as JSON (``ItemOut``). Formatting it directly is ~35 % cheaper
-#: than building a dict per item and serializing the lot; strings go through
-#: ``json.dumps`` (escaped, ASCII-only) and everything else is an integer.
+#: than building a dict per item and serializing the lot; strings are quoted as
+#: ``json.dumps`` quotes them (escaped, ASCII-only) and everything else is an integer.
+#: ``json.dumps(text)`` for a ``str``, without its two Python layers (it calls this).
+_quoted = encode_basestring_ascii
+
 _ITEM_JSON = (
     '{"id":%d,"receipt":%s,"value":%s,"encoding":"%s","deadline":%d,'
     '"stats":{"enqueue_time":%d,"requeue_time":%d,"dequeue_count":%d},"lease_expires":%d}'
@@ -195,7 +199,7 @@ def deliveries_json(
     encoding: Encoding | None,
     released: Sequence[ItemOutcome] | None = None,
 ) -> bytes:
-    dumps = json.dumps
+    dumps = _quoted
     parts = []
     for d in got:
         text, enc = encode_value(d.value, encoding)
