@@ -184,29 +184,32 @@ class Monitor:
                 self.history.note("epoch", epoch=epoch, node=f"n{node}")
                 log.info("leader n%d epoch %d", node, epoch)
 
-    def leader(self, fresh_s: float = 1.5) -> int | None:
-        """The node that most recently claimed to lead with the highest epoch."""
+    def leader(self, fresh_s: float = 1.5, since: float = 0.0) -> int | None:
+        """The node that most recently claimed to lead with the highest epoch, among
+        answers of the last ``fresh_s`` seconds given after ``since`` (monotonic)."""
         now = time.monotonic()
         best: tuple[int, int] | None = None
         with self._lock:
             for node, (seen, doc) in self.state.items():
-                if now - seen > fresh_s or doc.get("role") not in ("leader", "single"):
+                if now - seen > fresh_s or seen < since:
+                    continue
+                if doc.get("role") not in ("leader", "single"):
                     continue
                 epoch = int(doc.get("epoch") or 0)
                 if best is None or epoch > best[0]:
                     best = (epoch, node)
         return best[1] if best is not None else None
 
-    def wait_leader(self, timeout: float) -> int:
+    def wait_leader(self, timeout: float, since: float = 0.0) -> int:
         found: list[int] = []
 
         def probe() -> bool:
-            node = self.leader()
+            node = self.leader(since=since)
             if node is not None:
                 found.append(node)
             return node is not None
 
-        wait_until("a leader", probe, timeout, every=0.1)
+        wait_until("a leader", probe, timeout, every=0.05)
         return found[-1]
 
     def describe(self) -> dict[str, Any]:

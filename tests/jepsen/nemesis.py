@@ -137,9 +137,11 @@ class Nemesis:
                 self.cluster.restart_dq(node)
 
     def _recovery(self, timeout: float = 20.0) -> float | None:
+        """Seconds from the heal until a member claims to lead (an answer given after
+        the heal: an earlier claim may be the faulty leader's)."""
         start = time.monotonic()
         try:
-            self.monitor.wait_leader(timeout)
+            self.monitor.wait_leader(timeout, since=start)
         except TimeoutError:
             self.history.note("nemesis", fault="recovery", phase="no_leader", detail=f"{timeout}s")
             return None

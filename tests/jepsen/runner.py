@@ -32,10 +32,11 @@ from typing import Any
 
 from tests.jepsen.checker import check
 from tests.jepsen.cluster import Cluster, Monitor
-from tests.jepsen.history import History
+from tests.jepsen.history import History, load
 from tests.jepsen.nemesis import FAULTS, Nemesis
 from tests.jepsen.netns import Network
 from tests.jepsen.procs import Supervisor
+from tests.jepsen.timeline import outages
 from tests.jepsen.workload import LEASE_MS, Workload
 
 __all__ = ["main"]
@@ -162,11 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         status = 2
     summary["rng"] = args.rng
     try:
-        from tests.jepsen.history import load
-
-        report = check(load(out / "history.jsonl"))
+        events = load(out / "history.jsonl")
+        report = check(events)
         (out / "report.txt").write_text(report.describe() + "\n")
         summary["checker_ok"] = report.ok
+        summary["outages"] = outages(events)
     except (OSError, KeyError, ValueError) as exc:
         summary["checker_error"] = repr(exc)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
