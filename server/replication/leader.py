@@ -487,6 +487,10 @@ class Replicator:
             self._commit_wanted.clear()
             if self._closed:
                 return
+            # Only while the engine ships to this replicator: this epoch's commit lsn
+            # must never publish the next epoch's records (stop() joins this thread).
+            if getattr(self.engine, "replication", self) is not self:
+                continue
             try:
                 self.engine.commit(self._commit_lsn)
             except Exception:

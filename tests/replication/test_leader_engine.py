@@ -18,7 +18,7 @@ import pytest
 
 from dq.server.replication.leader import Refused, Replicator
 from dq.storage import Engine, EngineConfig
-from dq.storage.replication import KIND_CONTROL, ReplicationTimeout, decode_frames
+from dq.storage.replication import KIND_CONTROL, KIND_RECORD, ReplicationTimeout, decode_frames
 from dq.storage.types import NewItem, Release
 
 T = TypeVar("T")
@@ -247,3 +247,29 @@ def test_ship_runs_on_storage_threads_while_pulls_wait_on_the_loop(engine: Engin
         return len(engine.dequeue("q", 1000))
 
     assert lead(engine, body) == 200
+
+
+def test_a_replicator_the_engine_no_longer_ships_to_commits_nothing(engine: Engine) -> None:
+    async def body(rep: Replicator, members: Members) -> None:
+        old = Replicator(
+            engine,
+            node="n1",
+            epoch=2,
+            coordinator=members,
+            step_down=lambda r: None,
+            min_insync=1,
+        )
+        await old.start()
+        try:
+            for _ in range(100):
+                old.ship("q", KIND_RECORD, b"")  # its commit lsn is 100 now
+            assert old.commit_lsn == 100
+            fut = enqueue(engine, b"new epoch")  # lsn 1 of the current replicator
+            await asyncio.sleep(0.3)
+            assert not fut.done()
+            assert engine.commit_lsn == 0
+            assert engine.dequeue("q", 10) == []
+        finally:
+            await old.stop()
+
+    lead(engine, body, commit_timeout_s=5.0)
