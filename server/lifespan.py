@@ -5,10 +5,13 @@ consumer-group log (``server/consumer_groups.py``, its lease keep-alive thread) 
 keyed-batch memory (``server/keyed_batches.py``) → publish the ``Service`` on
 ``app.state`` (routes reach it through ``server/dependencies.py``) → start the periodic
 ``expire_leases`` task and the dashboard's history sampler (``server/history.py``) →
-start the shared-memory server and its rings if ``settings.shm`` (the default;
+join the replica group if ``settings.etcd`` is set (``server/replication/member.py``:
+the engine refuses writes until etcd has made this node leader) → start the
+shared-memory server and its rings if ``settings.shm`` (the default;
 ``shm/server.py``, ``shm/rings_host.py``; a data directory where they cannot run, e.g. a
 path too long for the attach socket, is served over HTTP alone, with a warning).
-Shutdown runs it backwards and closes the engine last (closing syncs). Invariant: an
+Shutdown runs it backwards (a leader resigns first, so a sync member takes over at once)
+and closes the engine last (closing syncs). Invariant: an
 engine handed to ``create_app`` belongs to the caller and is not closed here; one the
 lifespan opened always is.
 """
@@ -146,7 +149,19 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
         history = asyncio.create_task(app.state.history.run(opened), name="dq-history")
         app.state.started_at = time.time()
         shm: Any = None
+        node: Any = None
         try:
+            if settings.replicated:
+                from dq.server.replication.member import open_member
+
+                node = await open_member(app.state, opened, settings)
+                logger.info(
+                    "replica group %s: member %s at %s (etcd %s)",
+                    settings.cluster,
+                    settings.node_name,
+                    settings.public_url,
+                    settings.etcd,
+                )
             if settings.shm:
                 shm = await asyncio.to_thread(_start_shm, opened, settings)
                 app.state.shm = shm
@@ -155,6 +170,10 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
             logger.info("serving data dir %s (fsync=%s)", settings.data_dir, settings.fsync)
             yield
         finally:
+            if node is not None:
+                from dq.server.replication.member import close_member
+
+                await close_member(app.state, node)
             service.longpoll.drain()
             for task in (expiry, history):
                 task.cancel()

@@ -33,7 +33,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
 
 from dq.server.replication.coordinator import ClusterView, Coordinator, LeaderInfo
 from dq.server.replication.etcd import EtcdError
@@ -41,6 +42,8 @@ from dq.server.replication.etcd import EtcdError
 __all__ = ["FollowerRole", "LeaderRole", "Node", "RoleEngine"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: How often the lease deadline is checked while leading, apart from the etcd reads.
 _WATCH_S = 0.05
@@ -68,6 +71,10 @@ class FollowerRole(Protocol):
 
     @property
     def done(self) -> bool: ...
+
+    def describe(self) -> dict[str, Any]:
+        """Figures for ``GET /v1/cluster`` (``lsn``, ``commit_lsn``)."""
+        ...
 
     async def stop(self) -> None: ...
 
@@ -104,17 +111,23 @@ class Node:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
+        self._executor = ThreadPoolExecutor(2, thread_name_prefix="dq-replica-node")
 
     @property
     def name(self) -> str:
         return self.coordinator.node
+
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the node's own threads: never queued behind requests
+        that hold the loop's default threads while they wait for a commit."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     # -- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> Node:
         """Refuse writes until a role is decided, then start deciding."""
         self.engine.set_role(False, None)
-        await asyncio.to_thread(self.coordinator.start)
+        await self.blocking(self.coordinator.start)
         self._task = asyncio.create_task(self._run(), name="dq-replica-node")
         self._watch = asyncio.create_task(self._watch_lease(), name="dq-replica-lease-watch")
         return self
@@ -130,7 +143,8 @@ class Node:
             await self._stop_leading("shutting down", hold=False)
         elif self.role == "follower":
             await self._stop_following()
-        await asyncio.to_thread(self.coordinator.close)
+        await self.blocking(self.coordinator.close)
+        self._executor.shutdown(wait=False)
 
     def step_down(self, reason: str) -> None:
         """Ask the leader to step down (called on the event loop by the replicator)."""
@@ -140,12 +154,15 @@ class Node:
 
     def describe(self) -> dict[str, Any]:
         leader = self.leader
-        return {
+        doc: dict[str, Any] = {
             "node": self.name,
             "role": self.role,
             "epoch": self.epoch,
             "leader": None if leader is None else {"node": leader.node, "url": leader.url},
         }
+        if self.role == "follower" and self.follower is not None:
+            doc.update(self.follower.describe())
+        return doc
 
     # -- the loop ---------------------------------------------------------------------
 
@@ -173,7 +190,7 @@ class Node:
         if self.role == "leader" and self._step_down is not None:
             await self._stop_leading(self._step_down)
         try:
-            view = await asyncio.to_thread(self.coordinator.read)
+            view = await self.blocking(self.coordinator.read)
         except EtcdError as exc:
             if self.role == "leader" and not self.coordinator.lease_alive():
                 await self._stop_leading(f"etcd unreachable: {exc}")
@@ -205,7 +222,7 @@ class Node:
             return
         # no leader, or one naming this node: ours (a campaign whose answer was lost) or
         # our previous process's, whose lease has to expire first
-        epoch = await asyncio.to_thread(self.coordinator.campaign, view)
+        epoch = await self.blocking(self.coordinator.campaign, view)
         if epoch is not None:
             await self._start_leading(epoch)
 
@@ -216,7 +233,7 @@ class Node:
             replicator = await self.make_leader(epoch)
         except Exception:
             logger.exception("could not start leading epoch %d; resigning", epoch)
-            await asyncio.to_thread(self._resign)
+            await self.blocking(self._resign)
             self._hold_until = time.monotonic() + self.coordinator.ttl_s
             return
         self.replicator = replicator
@@ -240,7 +257,7 @@ class Node:
                 await replicator.stop()
             except Exception:
                 logger.exception("stopping the replicator of epoch %d failed", epoch)
-        await asyncio.to_thread(self._resign)
+        await self.blocking(self._resign)
         if hold:  # let another sync member take over before this one tries again
             self._hold_until = time.monotonic() + self.coordinator.ttl_s
 

@@ -76,6 +76,9 @@ class Following:
         self.done = False
         self.stopped = False
 
+    def describe(self) -> dict[str, Any]:
+        return {"lsn": 7, "commit_lsn": 5}
+
     async def stop(self) -> None:
         self.stopped = True
 
@@ -196,6 +199,8 @@ def test_one_leader_the_others_follow_its_epoch(run: Runner) -> None:
                 "role": "follower",
                 "epoch": epoch,
                 "leader": {"node": leader.coordinator.node, "url": leader.coordinator.url},
+                "lsn": 7,
+                "commit_lsn": 5,
             }
         assert leader.node.describe()["role"] == "leader"
         view = leader.coordinator.read()

@@ -1,0 +1,172 @@
+"""Three ``dq serve`` processes and one etcd on 127.0.0.1: the leader is SIGKILLed, a
+sync member takes over, every acknowledged enqueue is delivered by the new leader, and
+the killed node rejoins as a follower after a restart."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+from dq.client import Client
+from dq.client.errors import ClientError
+from dq.server.replication.coordinator import ClusterView, Coordinator
+from dq.server.replication.etcd import EtcdClient, EtcdError
+from tests.replication.etcd_server import EtcdServer
+from tests.server.live import LiveServer, free_port
+
+pytestmark = pytest.mark.timeout(180)
+
+T = TypeVar("T")
+QUEUE = "jobs"
+
+
+def eventually(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
+    """``probe()``'s first result that is not None (exceptions count as None)."""
+    give_up = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < give_up:
+        try:
+            found = probe()
+        except (ClientError, EtcdError, httpx.HTTPError) as exc:
+            found, last = None, exc
+        if found is not None:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not within {timeout} s (last error: {last!r})")
+
+
+class Cluster:
+    def __init__(self, tmp: Path, etcd: EtcdServer, cluster: str) -> None:
+        self.observer = Coordinator(EtcdClient(etcd.url), node="observer", url="-", cluster=cluster)
+        self.servers: dict[str, LiveServer] = {}
+        for name in ("n1", "n2", "n3"):
+            port = free_port()
+            env = {
+                "DQ_ETCD": etcd.url,
+                "DQ_NODE": name,
+                "DQ_CLUSTER": cluster,
+                "DQ_ADVERTISE_URL": f"http://127.0.0.1:{port}",
+                "DQ_LEADER_TTL_S": "1",
+                "DQ_MIN_INSYNC": "2",
+                "DQ_REPLICA_TIMEOUT_MS": "1500",
+                "DQ_COMMIT_TIMEOUT_MS": "5000",
+                "DQ_SHM": "0",
+            }
+            (tmp / name).mkdir()
+            self.servers[name] = LiveServer(tmp / name / "data", fsync="always", env=env, port=port)
+
+    def view(self) -> ClusterView:
+        return self.observer.read()
+
+    def in_sync(self, count: int) -> ClusterView | None:
+        view = self.view()
+        if view.leader is None or view.sync is None or view.sync.leader != view.leader.node:
+            return None
+        return view if len(view.sync.members) >= count else None
+
+    def describe(self, name: str) -> dict[str, Any]:
+        answer = httpx.get(self.servers[name].url + "/v1/cluster", timeout=2)
+        answer.raise_for_status()
+        doc: dict[str, Any] = answer.json()
+        return doc
+
+    def close(self) -> None:
+        for server in self.servers.values():
+            server.kill()
+        self.observer.client.close()
+
+
+@pytest.fixture
+def group(tmp_path: Path, etcd: EtcdServer, cluster: str) -> Iterator[Cluster]:
+    made = Cluster(tmp_path, etcd, cluster)
+    try:
+        with ThreadPoolExecutor(3) as pool:  # in parallel: each start waits for /healthz
+            for started in [pool.submit(s.start) for s in made.servers.values()]:
+                started.result(timeout=60)
+        yield made
+    finally:
+        made.close()
+
+
+def enqueue_all(url: str, values: list[bytes], acked: set[bytes]) -> None:
+    """Enqueue in batches of 10; a batch that got an answer is acknowledged."""
+    with Client(url) as client:
+        for start in range(0, len(values), 10):
+            batch = values[start : start + 10]
+            client.enqueue_many(QUEUE, batch)
+            acked.update(batch)
+
+
+def drain(url: str, expected: set[bytes], timeout: float = 30.0) -> set[bytes]:
+    delivered: set[bytes] = set()
+    give_up = time.monotonic() + timeout
+    with Client(url) as client:
+        while not expected <= delivered and time.monotonic() < give_up:
+            items = client.dequeue(QUEUE, count=100, lease_ms=60_000, wait_ms=200)
+            for item in items:
+                delivered.add(item.value)
+                client.release(QUEUE, item.id, item.receipt)
+    return delivered
+
+
+def test_leader_killed_a_sync_member_takes_over_nothing_acknowledged_is_lost(
+    group: Cluster,
+) -> None:
+    view = eventually("a leader with two followers in sync", lambda: group.in_sync(3))
+    assert view.leader is not None
+    first = view.leader
+    acked: set[bytes] = set()
+    enqueue_all(first.url, [f"before-{i}".encode() for i in range(200)], acked)
+    assert len(acked) == 200
+    # the followers hold the acknowledged items: their lsn reached the commit
+    assert group.describe(first.node)["role"] == "leader"
+
+    group.servers[first.node].kill()
+    killed_at = time.monotonic()
+    successor = eventually(
+        "a new leader",
+        lambda: v.leader if (v := group.view()).leader and v.leader.node != first.node else None,
+    )
+    assert successor.epoch > first.epoch
+
+    def write_once() -> bool | None:
+        with Client(successor.url) as client:
+            client.enqueue(QUEUE, b"after-0")
+        acked.add(b"after-0")
+        return True
+
+    eventually("writes accepted by the new leader", write_once)
+    failover_s = time.monotonic() - killed_at
+    enqueue_all(successor.url, [f"after-{i}".encode() for i in range(1, 50)], acked)
+
+    delivered = drain(successor.url, acked)
+    missing = acked - delivered
+    assert not missing, f"{len(missing)} acknowledged items lost, e.g. {sorted(missing)[:5]}"
+    phantom = {v for v in delivered if not v.startswith((b"before-", b"after-"))}
+    assert not phantom
+    assert failover_s < 20, f"failover took {failover_s:.1f} s"
+
+    # the killed node comes back as a follower of the new epoch and rejoins the sync set
+    group.servers[first.node].start()
+
+    def rejoined() -> bool | None:
+        doc = group.describe(first.node)
+        if doc["role"] != "follower" or doc["epoch"] != successor.epoch:
+            return None
+        current = group.view()
+        sync = current.sync
+        return True if sync is not None and first.node in sync.members else None
+
+    eventually("the killed node following the new leader, in sync", rejoined, timeout=60)
+    refused = httpx.post(
+        group.servers[first.node].url + f"/v1/queues/{QUEUE}/items",
+        json={"items": [{"value": "to-a-follower"}]},
+        timeout=5,
+    )
+    assert refused.status_code == 421, refused.text  # a follower sends writers away
