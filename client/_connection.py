@@ -232,6 +232,38 @@ class _Protocol(asyncio.Protocol):
         self.waiter: asyncio.Future[Response] | None = None
         self.parser = ResponseParser()
         self.closed = False
+        #: When the request in flight times out (0: none in flight), and its timeout.
+        self.deadline = 0.0
+        self.timeout_s = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def arm(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        """The request in flight fails with ``Lost`` after ``timeout`` s. One timer per
+        connection, armed again only when it would fire too late: a timer made and
+        cancelled per request costs more than the request's own parsing."""
+        deadline = loop.time() + timeout
+        self.deadline = deadline
+        self.timeout_s = timeout
+        timer = self._timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(deadline, self._check_deadline, loop)
+
+    def _check_deadline(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        waiter = self.waiter
+        if waiter is None or waiter.done() or not self.deadline:
+            return  # idle: the next request arms it again
+        if loop.time() >= self.deadline:
+            waiter.set_exception(Lost(f"no answer within {self.timeout_s:g} s"))
+        else:  # a later request's deadline
+            self._timer = loop.call_at(self.deadline, self._check_deadline, loop)
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -260,6 +292,7 @@ class _Protocol(asyncio.Protocol):
 
     def _ended(self) -> None:
         self.closed = True
+        self.disarm()
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             try:
@@ -271,11 +304,6 @@ class _Protocol(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
-
-
-def _expire(waiter: asyncio.Future[Response], timeout: float) -> None:
-    if not waiter.done():
-        waiter.set_exception(Lost(f"no answer within {timeout:g} s"))
 
 
 class AsyncConnection:
@@ -323,14 +351,14 @@ class AsyncConnection:
         protocol.parser = ResponseParser()
         protocol.waiter = waiter
         transport.write(data)
-        timer = loop.call_later(timeout, _expire, waiter, timeout)
+        protocol.arm(loop, timeout)
         try:
             response = await waiter
         except BaseException:
             self.close()  # a cancelled or failed request leaves the stream mid-answer
             raise
         finally:
-            timer.cancel()
+            protocol.deadline = 0.0
             protocol.waiter = None
         if response.close:
             self.close()
@@ -339,5 +367,6 @@ class AsyncConnection:
     def close(self) -> None:
         protocol = self._protocol
         protocol.closed = True
+        protocol.disarm()
         if protocol.transport is not None:
             protocol.transport.close()

@@ -80,6 +80,11 @@ class Call:
     params: dict[str, Any] | None = None  # the query string
 
 
+#: What ``json.dumps(body, separators=(",", ":"))`` uses, made once: ``dumps`` builds a
+#: new encoder per call when given any option.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
+
 @lru_cache(maxsize=4096)
 def queue_path(queue: str) -> str:
     return "/v1/queues/" + quote(queue, safe="")
@@ -133,7 +138,7 @@ class _Base:
             if call.method in ("GET", "DELETE"):
                 return line + self._headers + b"\r\n"
             return line + self._headers + b"Content-Length: 0\r\n\r\n"
-        body = json.dumps(call.body, separators=(",", ":")).encode()
+        body = _COMPACT.encode(call.body).encode()
         return b"%s%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
             line,
             self._headers,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from typing import Any
 
 import pytest
@@ -165,3 +166,22 @@ def test_async_lost_and_timed_out_enqueues_are_not_resent() -> None:
         with scripted(step) as server:
             asyncio.run(run(server.url))
         assert len(server.seen) == 1
+
+
+def test_async_timeout_after_a_longer_one_on_the_same_connection() -> None:
+    """A long-poll's long timeout armed the connection's timer first; the next request's
+    shorter timeout still ends it on time (the timer is armed again, earlier)."""
+
+    async def run(url: str) -> float:
+        async with AsyncClient(url, timeout=0.3) as dq:
+            got = await dq.dequeue("q", wait_ms=5000)  # timeout 5.3 s, answered at once
+            assert list(got) == []
+            t0 = time.monotonic()
+            with pytest.raises(TransportError):
+                await dq.enqueue("q", b"x")  # never answered
+            return time.monotonic() - t0
+
+    with scripted(Answer(200, {"items": []}), HANG) as server:
+        waited = asyncio.run(run(server.url))
+    assert waited < 2.0
+    assert server.connections == 1
