@@ -7,7 +7,7 @@ called from any other thread: it shuts the socket down so a blocked read returns
 once (how a follower stops promptly). Every read has a timeout.
 
 Errors: a non-2xx answer raises ``LeaderRefused`` carrying the status and the error
-``code`` of dq's error body; a network failure raises ``OSError`` or
+code of dq's error body (``{"error": code, "message": text}``); a network failure raises ``OSError`` or
 ``http.client.HTTPException``, as ``http.client`` does.
 """
 
@@ -62,13 +62,16 @@ def _int_header(response: http.client.HTTPResponse, name: str) -> int | None:
 
 
 def _refusal(response: http.client.HTTPResponse) -> LeaderRefused:
+    """dq's error body, ``{"error": code, "message": text}`` (``server/errors.py``)."""
     raw = response.read(64 * 1024)
     code, message, leader = "http_error", raw.decode("utf-8", "replace")[:500], None
-    with contextlib.suppress(ValueError, AttributeError, TypeError):
-        error = json.loads(raw)["error"]
-        code = str(error.get("code", code))
-        message = str(error.get("message", ""))
-        leader = error.get("leader")
+    with contextlib.suppress(ValueError):
+        doc = json.loads(raw)
+        if isinstance(doc, dict) and isinstance(doc.get("error"), str):
+            code = doc["error"]
+            message = str(doc.get("message", ""))
+            named = doc.get("leader")
+            leader = named if isinstance(named, str) else None
     leader = leader or response.getheader("X-DQ-Leader")
     return LeaderRefused(response.status, code, message, leader)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from dq.server.errors import error_json
 from dq.storage.replication import Frame, encode_frame
 
 __all__ = ["FakeLeader", "Request"]
@@ -123,7 +124,7 @@ class FakeLeader:
             )
             if self.refusals:  # looked at last: a held pull gets what was scripted meanwhile
                 status, code = self.refusals.pop(0)
-                error = json.dumps({"error": {"code": code, "message": "scripted"}}).encode()
+                error = error_json(code, "scripted")  # the bytes the server sends
                 return status, {"Content-Type": "application/json"}, error
             data = b"".join(encode_frame(f) for f in self.frames if f.lsn > after)
             if self.corrupt_next and data:

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from dq.server.replication.leader import Replicator
 from dq.server.settings import Settings
 from dq.storage import Engine, EngineConfig, NewItem, Release, Requeue
 from dq.storage.errors import NotLeader, ReplicationTimeout
-from dq.storage.replication import decode_frames
+from dq.storage.replication import Frame, decode_frames
 from dq.storage.types import QueueConfig
 from tests.replication.fake_leader import FakeLeader
 from tests.replication.inproc import InProcessServer, in_process_server
@@ -92,7 +93,7 @@ class Leader:
 
 
 @contextlib.contextmanager
-def leading(tmp_path: Path, min_insync: int) -> Iterator[Leader]:
+def leading(tmp_path: Path, min_insync: int, window_bytes: int = 256 << 20) -> Iterator[Leader]:
     data = tmp_path / "leader"
     engine = Engine.open(data, EngineConfig(fsync="always"))
     settings = Settings(
@@ -111,6 +112,7 @@ def leading(tmp_path: Path, min_insync: int) -> Iterator[Leader]:
                 min_insync=min_insync,
                 replica_timeout_s=0.5,
                 commit_timeout_s=10.0,
+                window_bytes=window_bytes,
             )
             server.call(rep.start)
             engine.set_replication(rep)
@@ -140,17 +142,47 @@ class InProcessFollower:
     data: Path
     reports: list[tuple[str, str]]
 
+    @property
+    def disk(self) -> SlowDisk:
+        disk = self.follower._engine
+        assert isinstance(disk, SlowDisk)
+        return disk
+
     def stop(self) -> None:
         self.follower.stop(timeout=20)
         self.engine.close()
 
 
+class SlowDisk:
+    """The follower's engine, with applies that wait while ``gate`` is closed."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.gate = threading.Event()
+        self.gate.set()
+        self.waiting = threading.Event()
+
+    def set_role(self, writable: bool, leader: str | None) -> None:
+        self.engine.set_role(writable, leader)
+
+    def replace_queues(self, src_dir: str) -> None:
+        self.engine.replace_queues(src_dir)
+
+    def apply(self, frames: list[Frame]) -> Future[None]:
+        if not self.gate.is_set():
+            self.waiting.set()
+            assert self.gate.wait(60)
+        return self.engine.apply(frames)
+
+
 @contextlib.contextmanager
-def following(leader: Leader, data: Path, node: str = "f1") -> Iterator[InProcessFollower]:
+def following(
+    leader: Leader, data: Path, node: str = "f1", slow: bool = False
+) -> Iterator[InProcessFollower]:
     engine = Engine.open(data, EngineConfig(fsync="always"))
     reports: list[tuple[str, str]] = []
     follower = Follower(
-        engine,
+        SlowDisk(engine) if slow else engine,
         str(data),
         node,
         token=TOKEN,
@@ -364,6 +396,30 @@ def test_a_late_follower_resyncs_from_a_snapshot_while_writes_go_on(
         writer.stop()
     assert not writer.errors and writer.unknown == 0
     assert reopened(tmp_path / "f1") == contents(leader.engine)
+
+
+def test_a_follower_left_behind_by_the_window_is_told_to_resync_and_does(tmp_path: Path) -> None:
+    """A 409 resync_needed in the middle of a stream: a follower whose disk stalled while
+    the leader's window overflowed is detached, and starts over from a new snapshot."""
+    with (
+        leading(tmp_path, min_insync=1, window_bytes=64 << 10) as leader,
+        following(leader, tmp_path / "f1", slow=True) as f,
+    ):
+        leader.engine.enqueue("q", [NewItem(b"first")])
+        wait_for(lambda: "f1" in leader.sync.members and caught_up(leader))
+        f.disk.gate.clear()
+        leader.engine.enqueue("q", [NewItem(b"stalls the follower")])
+        assert f.disk.waiting.wait(10)
+        # silent: out of the sync set, then the window outgrows its bytes and drops it
+        for i in range(40):
+            leader.engine.enqueue("q", [NewItem(b"%d" % i + b"x" * 4096)])
+        wait_for(lambda: "f1" not in leader.rep.followers(), what="f1 to be detached")
+        f.disk.gate.set()
+        wait_for(lambda: f.follower.status().resyncs == 2, what="the second snapshot")
+        wait_for(lambda: caught_up(leader), what="the follower to catch up")
+        assert f.reports == []  # asked for by the leader: no trouble
+        assert contents(f.engine) == contents(leader.engine)
+        assert f.engine.stats("q").pending == 42
 
 
 @pytest.mark.parametrize("leader", [1], indirect=True)
