@@ -4,6 +4,7 @@ the killed node rejoins as a follower after a restart."""
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,7 @@ import pytest
 
 from dq.client import Client
 from dq.client.errors import ClientError
-from dq.server.replication.coordinator import ClusterView, Coordinator
+from dq.server.replication.coordinator import ClusterView, Coordinator, LeaderInfo
 from dq.server.replication.etcd import EtcdClient, EtcdError
 from tests.replication.etcd_server import EtcdServer
 from tests.server.live import LiveServer, free_port
@@ -143,6 +144,7 @@ def test_leader_killed_a_sync_member_takes_over_nothing_acknowledged_is_lost(
 
     eventually("writes accepted by the new leader", write_once)
     failover_s = time.monotonic() - killed_at
+    print(f"leader SIGKILLed: writes accepted again after {failover_s:.2f} s")
     enqueue_all(successor.url, [f"after-{i}".encode() for i in range(1, 50)], acked)
 
     delivered = drain(successor.url, acked)
@@ -170,3 +172,65 @@ def test_leader_killed_a_sync_member_takes_over_nothing_acknowledged_is_lost(
         timeout=5,
     )
     assert refused.status_code == 421, refused.text  # a follower sends writers away
+
+
+def leader_other_than(group: Cluster, node: str) -> Callable[[], LeaderInfo | None]:
+    def probe() -> LeaderInfo | None:
+        leader = group.view().leader
+        return leader if leader is not None and leader.node != node else None
+
+    return probe
+
+
+def test_graceful_handover_then_a_paused_leader_is_fenced(group: Cluster) -> None:
+    view = eventually("a leader with two followers in sync", lambda: group.in_sync(3))
+    assert view.leader is not None
+    first = view.leader
+    acked: set[bytes] = set()
+    enqueue_all(first.url, [f"one-{i}".encode() for i in range(50)], acked)
+
+    # SIGTERM: the leader resigns on its way out, so a sync member leads at once
+    stopped_at = time.monotonic()
+    assert group.servers[first.node].terminate(timeout=30) == 0
+    second = eventually("a new leader after a graceful stop", leader_other_than(group, first.node))
+    handover_s = time.monotonic() - stopped_at
+    assert second.epoch > first.epoch
+    eventually("the new leader with its follower in sync", lambda: group.in_sync(2), timeout=30)
+    enqueue_all(second.url, [f"two-{i}".encode() for i in range(50)], acked)
+
+    # SIGSTOP past the lease: another member leads; the paused one, resumed, must not
+    # acknowledge a write it receives, and ends up following the new leader
+    paused = group.servers[second.node]
+    assert paused.proc is not None
+    paused.proc.send_signal(signal.SIGSTOP)
+    try:
+        third = eventually(
+            "a leader while the old one is paused", leader_other_than(group, second.node)
+        )
+        assert third.epoch > second.epoch
+        with ThreadPoolExecutor(1) as pool:
+            late = pool.submit(
+                httpx.post,
+                paused.url + f"/v1/queues/{QUEUE}/items",
+                json={"items": [{"value": "sent-to-a-paused-leader"}]},
+                timeout=20,
+            )
+            time.sleep(0.3)  # the request is waiting in the paused process's backlog
+            paused.proc.send_signal(signal.SIGCONT)
+            answer = late.result(timeout=30)
+    finally:
+        paused.proc.send_signal(signal.SIGCONT)
+    assert answer.status_code in (421, 503), answer.text
+
+    def follows_third() -> bool | None:
+        doc = group.describe(second.node)
+        return True if doc["role"] == "follower" and doc["epoch"] == third.epoch else None
+
+    eventually("the resumed leader following the new one", follows_third, timeout=60)
+    eventually("writes on the newest leader", lambda: group.in_sync(2), timeout=30)
+    enqueue_all(third.url, [f"three-{i}".encode() for i in range(50)], acked)
+    delivered = drain(third.url, acked)
+    missing = acked - delivered
+    assert not missing, f"{len(missing)} acknowledged items lost, e.g. {sorted(missing)[:5]}"
+    assert b"sent-to-a-paused-leader" not in delivered or answer.status_code == 503
+    print(f"graceful handover {handover_s:.2f} s; paused leader answered {answer.status_code}")
