@@ -33,7 +33,8 @@ def etcd_binary() -> str:
 class EtcdServer:
     """One etcd member; ``url`` is its client URL."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, name: str = "t") -> None:
+        self.name = name
         self.data_dir = data_dir
         self.client_port = free_port()
         self.peer_port = free_port()
@@ -42,14 +43,21 @@ class EtcdServer:
         self.log_path = data_dir.parent / f"etcd-{self.client_port}.log"
 
     def start(self, timeout: float = 20.0) -> EtcdServer:
+        """A single-member cluster, up."""
+        self.launch()
+        self.wait_up(timeout)
+        return self
+
+    def launch(self, initial_cluster: str | None = None) -> None:
+        """Start the process (of a cluster named by ``initial_cluster``, else alone)."""
         peer = f"http://127.0.0.1:{self.peer_port}"
         cmd = [
             etcd_binary(),
-            "--name", "t",
+            "--name", self.name,
             "--data-dir", str(self.data_dir),
             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-            "--initial-cluster", f"t={peer}",
+            "--initial-cluster", initial_cluster or f"{self.name}={peer}",
             # a short election timeout allows leases of 1 s (etcd's floor is 1.5 x it)
             "--heartbeat-interval", "50", "--election-timeout", "500",
             "--log-level", "warn",
@@ -58,6 +66,10 @@ class EtcdServer:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ETCD")}
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
+
+    def wait_up(self, timeout: float = 20.0) -> None:
+        """Wait until a write through this member succeeds (it has a quorum)."""
+        assert self.proc is not None
         client = EtcdClient(self.url, timeout_s=0.5)
         give_up = time.monotonic() + timeout
         try:
@@ -76,7 +88,6 @@ class EtcdServer:
             raise
         finally:
             client.close()
-        return self
 
     def log(self) -> str:
         with contextlib.suppress(OSError):

@@ -193,3 +193,13 @@ def test_unreachable_etcd_steps_down_within_ttl(tmp_path: Path, make: Make) -> N
             own.resume()
         wait_until(lambda: a.lease_alive(), timeout=10)
         assert a.epoch == 0
+
+
+def test_a_campaign_whose_answer_was_lost_is_adopted(make: Make) -> None:
+    a, b = make("a"), make("b")
+    epoch = a.campaign()
+    assert epoch is not None
+    a._epoch = 0  # as if the winning transaction's answer never arrived
+    assert a.campaign() == epoch  # the retry finds the key on a's own lease
+    assert a.epoch == epoch
+    assert b.campaign() is None
