@@ -16,7 +16,14 @@ client is connected and waiting at a barrier, and prints CPU µs per request:
   the next (``"release"`` in the dequeue body), the one-round-trip worker loop
 
 Each line also gives the part spent on the event loop thread (the rest is the engine's
-syncer thread writing and fsyncing the log, and the engine's helpers).
+syncer thread writing and fsyncing the log, and the engine's helpers) and the loop
+thread's context switches per request (``/proc/<pid>/task/<pid>/status``): waits for
+the GIL the syncer holds, and wake-ups, are what a durable request's hand-off costs.
+
+``--split`` runs the server under ``bench/loop_split.py`` (CPU probes on the loop
+thread) and prints, per phase, the loop thread's µs per request in parsing and
+dispatch, durable answers, answer writes and the engine's calls. The probes cost a few
+µs a call, so take the whole-process figures from a run without ``--split``.
 
 ``DQ_FAST_PATH=0`` in the environment measures the FastAPI routes instead of the fast
 path; ``--command`` runs another server command line (e.g. an older checkout's).
@@ -50,6 +57,34 @@ def cpu_seconds(pid: int, thread: int | None = None) -> float:
     path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
     fields = Path(path).read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def switches(pid: int) -> int:
+    """Voluntary + involuntary context switches of thread ``pid`` of ``pid`` so far."""
+    total = 0
+    for line in Path(f"/proc/{pid}/task/{pid}/status").read_text().splitlines():
+        if "ctxt_switches:" in line:
+            total += int(line.split()[-1])
+    return total
+
+
+class Split:
+    """Reads the loop thread's CPU split from a server run under ``bench/loop_split.py``."""
+
+    def __init__(self, pid: int, path: Path) -> None:
+        self.pid = pid
+        self.path = path
+
+    def read(self) -> dict[str, list[float]]:
+        self.path.unlink(missing_ok=True)
+        os.kill(self.pid, signal.SIGUSR1)
+        give_up = time.monotonic() + 10
+        while not self.path.exists():
+            if time.monotonic() > give_up:
+                raise RuntimeError("the server wrote no split (not run under bench.loop_split?)")
+            time.sleep(0.01)
+        table: dict[str, list[float]] = json.loads(self.path.read_text())
+        return table
 
 
 def free_port() -> int:
@@ -102,7 +137,14 @@ def _worker(
 
 
 def run_phase(
-    pid: int, port: int, phase: str, queue: str, n: int, clients: int, receipts: list[Any]
+    pid: int,
+    port: int,
+    phase: str,
+    queue: str,
+    n: int,
+    clients: int,
+    receipts: list[Any],
+    split: Split | None = None,
 ) -> tuple[float, list[Any]]:
     """CPU µs per request of one phase, and the receipts it collected."""
     barrier = mp.Barrier(clients + 1)
@@ -114,10 +156,14 @@ def run_phase(
     ]
     for p in procs:
         p.start()
+    s0 = split.read() if split else {}  # no client sends before the barrier opens
+    x0 = switches(pid)
     barrier.wait()
     t0, c0, l0 = time.perf_counter(), cpu_seconds(pid), cpu_seconds(pid, pid)
     barrier.wait()
     c1, l1, t1 = cpu_seconds(pid), cpu_seconds(pid, pid), time.perf_counter()
+    x1 = switches(pid)
+    s1 = split.read() if split else {}
     got: list[Any] = []
     for _ in procs:
         got += out.get(timeout=60)
@@ -127,9 +173,17 @@ def run_phase(
     print(
         f"{phase:>16}: {(c1 - c0) / requests * 1e6:7.1f} µs CPU/request, "
         f"{(l1 - l0) / requests * 1e6:6.1f} of it on the event loop thread "
-        f"({requests} requests, {requests / (t1 - t0):6.0f} req/s, {clients} clients)",
+        f"({requests} requests, {requests / (t1 - t0):6.0f} req/s, {clients} clients, "
+        f"{(x1 - x0) / requests:.1f} loop-thread context switches a request)",
         flush=True,
     )
+    if split:
+        parts = ", ".join(
+            f"{name} {(s1[name][0] - s0[name][0]) / requests * 1e6:.1f}"
+            for name in s1
+            if s1[name][1] > s0[name][1]
+        )
+        print(f"{'':>18}loop thread, µs a request: {parts}", flush=True)
     return (c1 - c0) / requests * 1e6, got
 
 
@@ -166,6 +220,11 @@ def main() -> int:
     ap.add_argument("--pid", type=int, help="measure a running server (with --port)")
     ap.add_argument("--port", type=int)
     ap.add_argument(
+        "--split",
+        action="store_true",
+        help="probe where the loop thread's CPU goes (bench/loop_split.py)",
+    )
+    ap.add_argument(
         "--no-combined",
         action="store_true",
         help="skip dequeue+release (a server from before releases rode on dequeue)",
@@ -174,19 +233,26 @@ def main() -> int:
 
     data = tempfile.mkdtemp(prefix="dq-cpu-")
     proc = None
+    split = None
     try:
         if args.pid:
             pid, port = args.pid, args.port
         else:
             port = free_port()
             dq = str(Path(sys.executable).parent / "dq")
+            if args.split:
+                dq = f"{sys.executable} -m bench.loop_split"
             default = f"{dq} serve --data-dir {{data}} --port {{port}} --fsync {args.fsync}"
             command = (args.command or default).format(port=port, data=data)
             if args.command is None:
                 command += " --log-level warning"
-            proc = subprocess.Popen(shlex.split(command))
+            env = {**os.environ, "DQ_LOOP_SPLIT": data + "-split.json"}
+            repo = Path(__file__).resolve().parents[1]
+            proc = subprocess.Popen(shlex.split(command), env=env, cwd=repo)
             pid = proc.pid
         _wait_up(port, proc)
+        if args.split:
+            split = Split(pid, Path(data + "-split.json"))
         load = os.getloadavg()
         print(
             f"server pid {pid}, fsync={args.fsync}, fast path "
@@ -195,13 +261,13 @@ def main() -> int:
             flush=True,
         )
         n, c = args.requests, args.clients
-        run_phase(pid, port, "enqueue", "cpu", n, c, [])  # creates the queue, warms up
-        run_phase(pid, port, "enqueue", "cpu", n, c, [])
-        _, got = run_phase(pid, port, "dequeue", "cpu", n, c, [])
-        run_phase(pid, port, "release", "cpu", n, c, got)
+        run_phase(pid, port, "enqueue", "cpu", n, c, [], split)  # creates the queue, warms up
+        run_phase(pid, port, "enqueue", "cpu", n, c, [], split)
+        _, got = run_phase(pid, port, "dequeue", "cpu", n, c, [], split)
+        run_phase(pid, port, "release", "cpu", n, c, got, split)
         if not args.no_combined:
             _fill(port, "cpu", n + c)
-            run_phase(pid, port, "dequeue+release", "cpu", n, c, [])
+            run_phase(pid, port, "dequeue+release", "cpu", n, c, [], split)
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         if proc is not None:
@@ -211,6 +277,7 @@ def main() -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
         shutil.rmtree(data, ignore_errors=True)
+        Path(data + "-split.json").unlink(missing_ok=True)
     return 0
 
 

@@ -250,7 +250,9 @@ class DqHttpProtocol(HttpToolsProtocol):
             if name == b"content-length":
                 length = int(value) if value.isdigit() else -1
             elif name == b"content-type":
-                json_body = value.split(b";", 1)[0].strip().lower() == _JSON_TYPE
+                json_body = (
+                    value == _JSON_TYPE or value.split(b";", 1)[0].strip().lower() == _JSON_TYPE
+                )
             elif name == b"authorization":
                 auth = value
             elif name == b"transfer-encoding":

@@ -49,9 +49,15 @@ class Raw:
         self.buf = b""
 
     def send(
-        self, path: str, body: bytes, *, token: str | None = TOKEN, close: bool = False
+        self,
+        path: str,
+        body: bytes,
+        *,
+        token: str | None = TOKEN,
+        close: bool = False,
+        ctype: str = "application/json",
     ) -> bytes:
-        head = [f"POST {path} HTTP/1.1", "host: x", "content-type: application/json"]
+        head = [f"POST {path} HTTP/1.1", "host: x", f"content-type: {ctype}"]
         head.append(f"content-length: {len(body)}")
         if token is not None:
             head.append(f"authorization: Bearer {token}")
@@ -114,6 +120,8 @@ def _script(conn: Raw) -> Iterator[bytes]:
             }
         ),
     )
+    for ctype in ("application/json; charset=utf-8", "Application/JSON", "text/plain"):
+        yield conn.send(q + "/items", _j({"items": [{"value": ctype}]}), ctype=ctype)
     keyed = _j({"items": [{"value": "once", "key": "order-17"}]})
     yield conn.send(q + "/items", keyed)
     yield conn.send(q + "/items", keyed)  # a duplicate: the first item's id, nothing written
