@@ -25,7 +25,12 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default=os.environ.get("DQ_URL", DEFAULT_URL), help="server (DQ_URL)")
+    p.add_argument(
+        "--url",
+        default=os.environ.get("DQ_URL", DEFAULT_URL),
+        help="server URL; the nodes of a replicated deployment comma-separated, the "
+        "leader is found and followed (DQ_URL)",
+    )
     p.add_argument("--token", default=os.environ.get("DQ_TOKEN"), help="bearer token (DQ_TOKEN)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 

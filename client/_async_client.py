@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -32,12 +32,14 @@ __all__ = ["AsyncClient"]
 
 
 class AsyncClient:
-    """``async with AsyncClient("http://127.0.0.1:8080") as dq: ...``"""
+    """``async with AsyncClient("http://127.0.0.1:8080") as dq: ...``; the nodes of a
+    replicated deployment may be given together, as to ``Client``."""
 
     def __init__(
-        self, url: str, *, transport: AsyncTransport | None = None, **options: Any
+        self, url: str | Sequence[str], *, transport: AsyncTransport | None = None, **options: Any
     ) -> None:
-        self.url = url
+        #: the address(es) given, comma-separated
+        self.url = url if isinstance(url, str) else ",".join(url)
         self.transport = (
             transport if transport is not None else open_async_transport(url, **options)
         )

@@ -6,7 +6,7 @@ Single-item ``release``/``requeue``/``extend`` raise the item's error (``StaleRe
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -37,10 +37,17 @@ __all__ = ["Client"]
 
 
 class Client:
-    """``Client("http://127.0.0.1:8080", token=...)``; also a context manager."""
+    """``Client("http://127.0.0.1:8080", token=...)``; also a context manager.
 
-    def __init__(self, url: str, *, transport: Transport | None = None, **options: Any) -> None:
-        self.url = url
+    The nodes of a replicated deployment may be given together
+    (``Client("http://a:8080,http://b:8080")`` or a list): calls go to the leader and
+    follow it when it moves (``docs/client.md``, "Several servers")."""
+
+    def __init__(
+        self, url: str | Sequence[str], *, transport: Transport | None = None, **options: Any
+    ) -> None:
+        #: the address(es) given, comma-separated
+        self.url = url if isinstance(url, str) else ",".join(url)
         self.transport = transport if transport is not None else open_transport(url, **options)
 
     def __enter__(self) -> Client:
@@ -218,7 +225,8 @@ class Client:
         from dq.shm.subscriber import subscribe
 
         if data_dir is None:
-            if not self.url.startswith("shm://"):
-                raise UnsupportedAddress(f"{self.url}: subscribe needs shm:// or data_dir=")
-            data_dir = self.url.removeprefix("shm://")
+            first = self.url.split(",", 1)[0].strip()
+            if not first.startswith("shm://"):
+                raise UnsupportedAddress(f"{first}: subscribe needs shm:// or data_dir=")
+            data_dir = first.removeprefix("shm://")
         return subscribe(data_dir, queue)

@@ -10,10 +10,15 @@ where safe, by the call's ``idempotent`` flag and the transport's ``RetryPolicy`
     carry a key (the server answers a repeated key with the first item and writes
     nothing), and every call of the consumer-group protocol. Other enqueues, release,
     requeue, dequeue, extend, purge, delete and redrive are never resent once they may
-    have reached the server: that could duplicate or misreport work.
+    have reached the server: that could duplicate or misreport work;
+  - a follower's refusal (421 ``not_leader``, 503 ``no_leader``) is re-sent to the leader
+    for every call: a follower refuses before doing anything.
 
-``HttpTransport`` keeps one keep-alive connection per thread; ``AsyncHttpTransport`` a
-small pool (one connection per request in flight, idle ones kept for reuse).
+A transport may know several nodes of a replicated deployment (``"http://a:1,http://b:2"``
+or a list): ``client/_routing.py`` decides which one each try goes to.
+``HttpTransport`` keeps one keep-alive connection per thread and node;
+``AsyncHttpTransport`` a small pool per node (one connection per request in flight, idle
+ones kept for reuse).
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import quote, urlencode
 
 from dq.client import _wire
 from dq.client._connection import AsyncConnection, Connection, Lost, NotSent, Response
-from dq.client.errors import TransportError
+from dq.client._routing import DEFAULT_FAILOVER_S, Cluster, Endpoint, Walk, split_urls
+from dq.client.errors import NotLeaderError, TransportError
 from dq.client.types import (
     BackupResult,
     BrowsedItem,
@@ -90,6 +96,31 @@ def queue_path(queue: str) -> str:
     return "/v1/queues/" + quote(queue, safe="")
 
 
+def _redirect(response: Response) -> tuple[bool, str | None] | None:
+    """``(True, leader)`` for a follower's 421 (``leader`` may be ``None``), ``(False,
+    None)`` for its ``503 no_leader``, ``None`` for any other answer."""
+    status = response.status
+    if status not in (421, 503):
+        return None
+    try:
+        doc = json.loads(response.body)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        return (True, None) if status == 421 else None
+    if status == 503:
+        return (False, None) if doc.get("error") == "no_leader" else None
+    leader = doc.get("leader")
+    return True, leader if isinstance(leader, str) and leader else None
+
+
+def _not_leader(call: Call, walk: Walk, leader: str | None) -> NotLeaderError:
+    message = f"{call.method} {call.path}: no leader answered: {walk.story()}"
+    error = NotLeaderError(421, "not_leader", message, queue=call.queue)
+    error.leader = leader
+    return error
+
+
 def _result(call: Call, response: Response) -> Any:
     if response.status == 204:
         return None
@@ -105,52 +136,93 @@ def _result(call: Call, response: Response) -> Any:
 class _Base:
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         token: str | None = None,
         timeout: float = _DEFAULT_TIMEOUT,
         retries: int = 3,
         retry: RetryPolicy | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        failover_s: float = DEFAULT_FAILOVER_S,
     ) -> None:
-        self.url = url.rstrip("/")
-        parts = urlsplit(self.url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise TransportError(f"{url}: expected http://host[:port] or https://host[:port]")
-        self.host = parts.hostname
-        https = parts.scheme == "https"
-        self.port = parts.port or (443 if https else 80)
-        self._tls = (ssl_context or ssl.create_default_context()) if https else None
-        self._base_path = parts.path
+        urls = split_urls(url)
+        self.cluster = Cluster(urls, token, ssl_context)
+        self.url = urls[0]
         self.retry = retry if retry is not None else RetryPolicy(retries=retries)
         self.retries = self.retry.retries
+        self.failover_s = failover_s
         self._timeout = timeout
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        headers = f"Host: {host}:{self.port}\r\nUser-Agent: dq-client\r\n"
-        if token:
-            headers += f"Authorization: Bearer {token}\r\n"
-        self._headers = headers.encode("latin-1")
 
-    def _encode(self, call: Call) -> bytes:
+    @property
+    def urls(self) -> list[str]:
+        """Every known node: the URLs given, then those redirects named."""
+        return [ep.url for ep in self.cluster.endpoints]
+
+    @property
+    def leader(self) -> str:
+        """The node the next call starts at (the one that answered last)."""
+        return self.cluster.leader.url
+
+    def prefer(self, url: str) -> None:
+        """Start the next calls at ``url`` (a leader learnt outside this transport)."""
+        self.cluster.prefer(url)
+
+    def _walk(self) -> Walk:
+        return Walk(self.cluster, self.retry, self.failover_s)
+
+    @staticmethod
+    def _encode(call: Call, ep: Endpoint) -> bytes:
         query = "?" + urlencode(call.params) if call.params else ""
-        line = f"{call.method} {self._base_path}{call.path}{query} HTTP/1.1\r\n".encode()
+        line = f"{call.method} {ep.base_path}{call.path}{query} HTTP/1.1\r\n".encode()
         if call.body is None:
             if call.method in ("GET", "DELETE"):
-                return line + self._headers + b"\r\n"
-            return line + self._headers + b"Content-Length: 0\r\n\r\n"
+                return line + ep.head + b"\r\n"
+            return line + ep.head + b"Content-Length: 0\r\n\r\n"
         body = _COMPACT.encode(call.body).encode()
         return b"%s%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
             line,
-            self._headers,
+            ep.head,
             len(body),
             body,
         )
 
+    def _step(self, call: Call, walk: Walk, response: Response) -> tuple[bool, float | None]:
+        """What an answer means for the call: (done, pause before the next try).
+        Done: ``_result`` gives the call's result or error. Raises ``NotLeaderError``
+        when redirects led nowhere."""
+        redirect = _redirect(response)
+        if redirect is not None:
+            named, leader = redirect
+            pause = walk.redirected(leader) if named else walk.no_leader()
+            if pause is not None:
+                return False, pause
+            if not named:
+                return True, None  # the follower's own 503 no_leader
+            raise _not_leader(call, walk, leader)
+        if response.status in self.retry.statuses and call.idempotent:
+            pause = walk.again()
+            return pause is None, pause
+        walk.answered()
+        return True, None
+
+    @staticmethod
+    def _unreachable(call: Call, walk: Walk, exc: NotSent) -> float:
+        pause = walk.unreachable(str(exc))
+        if pause is None:
+            raise TransportError(
+                f"{call.method} {call.path}: no server answered: {walk.story()}"
+            ) from exc
+        return pause
+
+    @staticmethod
+    def _lost(call: Call, walk: Walk, exc: Lost) -> float:
+        pause = walk.again() if call.idempotent else None
+        if pause is None:
+            raise TransportError(f"{call.method} {walk.endpoint.url}{call.path}: {exc}") from exc
+        return pause
+
     def _timeout_of(self, call: Call) -> float:
         return call.timeout if call.timeout is not None else self._timeout
-
-    def _error(self, call: Call, exc: Exception) -> TransportError:
-        return TransportError(f"{call.method} {self.url}{call.path}: {exc}")
 
     @staticmethod
     def _enqueue(queue: str, items: Sequence[NewItem]) -> Call:
@@ -212,47 +284,50 @@ class _Base:
 
 
 class HttpTransport(_Base):
-    """Blocking transport: one keep-alive connection per thread."""
+    """Blocking transport: one keep-alive connection per thread and node."""
 
-    def __init__(self, url: str, **options: Any) -> None:
+    def __init__(self, url: str | Sequence[str], **options: Any) -> None:
         super().__init__(url, **options)
         self._local = threading.local()
         self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         self._lock = threading.Lock()
 
-    def _connection(self, timeout: float) -> Connection:
-        conn: Connection | None = getattr(self._local, "conn", None)
+    def _connection(self, ep: Endpoint, timeout: float) -> Connection:
+        conns: dict[str, Connection] | None = getattr(self._local, "conns", None)
+        if conns is None:
+            conns = self._local.conns = {}
+        conn = conns.get(ep.url)
         if conn is not None and conn.usable():
             return conn
         if conn is not None:
             conn.close()
-        conn = Connection(self.host, self.port, timeout, self._tls)
-        self._local.conn = conn
+        conn = Connection(ep.host, ep.port, timeout, ep.tls)
+        conns[ep.url] = conn
         with self._lock:
             self._connections.add(conn)
         return conn
 
     def call(self, call: Call) -> Any:
-        """Send ``call`` (retrying as the module docstring says); its decoded JSON answer."""
-        data = self._encode(call)
+        """Send ``call`` (retrying and following redirects as the module docstring
+        says); its decoded JSON answer."""
         timeout = self._timeout_of(call)
-        policy = self.retry
-        attempt = 0
+        walk = self._walk()
         while True:
+            ep = walk.endpoint
             try:
-                response = self._connection(timeout).request(data, timeout)
-            except (NotSent, Lost) as exc:
-                if attempt >= policy.retries or not (isinstance(exc, NotSent) or call.idempotent):
-                    raise self._error(call, exc) from exc
+                response = self._connection(ep, timeout).request(self._encode(call, ep), timeout)
+            except NotSent as exc:
+                pause = self._unreachable(call, walk, exc)
+            except Lost as exc:
+                pause = self._lost(call, walk, exc)
             else:
-                if (
-                    response.status not in policy.statuses
-                    or not call.idempotent
-                    or attempt >= policy.retries
-                ):
+                done, next_pause = self._step(call, walk, response)
+                if done:
                     return _result(call, response)
-            attempt += 1
-            time.sleep(policy.delay_s(attempt))
+                assert next_pause is not None
+                pause = next_pause
+            if pause > 0:
+                time.sleep(pause)
 
     def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]:
         return _wire.parse_enqueued(self.call(self._enqueue(queue, items)))
@@ -336,56 +411,58 @@ class HttpTransport(_Base):
 
 
 class AsyncHttpTransport(_Base):
-    """Asyncio transport: a connection per request in flight, idle ones reused."""
+    """Asyncio transport: a connection per request in flight, idle ones reused (per node)."""
 
-    def __init__(self, url: str, *, max_connections: int = 100, **options: Any) -> None:
+    def __init__(
+        self, url: str | Sequence[str], *, max_connections: int = 100, **options: Any
+    ) -> None:
         super().__init__(url, **options)
-        self._idle: list[AsyncConnection] = []
+        self._idle: dict[str, list[AsyncConnection]] = {}
         self._busy: set[AsyncConnection] = set()
         self._slots = asyncio.Semaphore(max_connections)
 
-    async def _request(self, data: bytes, timeout: float) -> Response:
+    async def _request(self, ep: Endpoint, data: bytes, timeout: float) -> Response:
         async with self._slots:
             conn: AsyncConnection | None = None
-            while self._idle:
-                candidate = self._idle.pop()
+            idle = self._idle.setdefault(ep.url, [])
+            while idle:
+                candidate = idle.pop()
                 if candidate.usable():
                     conn = candidate
                     break
                 candidate.close()
             if conn is None:
-                conn = await AsyncConnection.open(self.host, self.port, timeout, self._tls)
+                conn = await AsyncConnection.open(ep.host, ep.port, timeout, ep.tls)
             self._busy.add(conn)
             try:
                 response = await conn.request(data, timeout)
             finally:
                 self._busy.discard(conn)
-            if conn.usable() and len(self._idle) < _MAX_IDLE:
-                self._idle.append(conn)
+            if conn.usable() and len(idle) < _MAX_IDLE:
+                idle.append(conn)
             else:
                 conn.close()
             return response
 
     async def call(self, call: Call) -> Any:
-        data = self._encode(call)
         timeout = self._timeout_of(call)
-        policy = self.retry
-        attempt = 0
+        walk = self._walk()
         while True:
+            ep = walk.endpoint
             try:
-                response = await self._request(data, timeout)
-            except (NotSent, Lost) as exc:
-                if attempt >= policy.retries or not (isinstance(exc, NotSent) or call.idempotent):
-                    raise self._error(call, exc) from exc
+                response = await self._request(ep, self._encode(call, ep), timeout)
+            except NotSent as exc:
+                pause = self._unreachable(call, walk, exc)
+            except Lost as exc:
+                pause = self._lost(call, walk, exc)
             else:
-                if (
-                    response.status not in policy.statuses
-                    or not call.idempotent
-                    or attempt >= policy.retries
-                ):
+                done, next_pause = self._step(call, walk, response)
+                if done:
                     return _result(call, response)
-            attempt += 1
-            await asyncio.sleep(policy.delay_s(attempt))
+                assert next_pause is not None
+                pause = next_pause
+            if pause > 0:
+                await asyncio.sleep(pause)
 
     async def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]:
         return _wire.parse_enqueued(await self.call(self._enqueue(queue, items)))
@@ -464,6 +541,6 @@ class AsyncHttpTransport(_Base):
         return _wire.parse_backup(doc)
 
     async def close(self) -> None:
-        for conn in [*self._idle, *self._busy]:
+        for conn in [*(c for idle in self._idle.values() for c in idle), *self._busy]:
             conn.close()
         self._idle.clear()

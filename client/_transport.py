@@ -3,7 +3,10 @@
 ``Client`` and ``AsyncClient`` only call these methods, so a transport over shared
 memory (``client/shm_transport.py``: ``ShmTransport``/``AsyncShmTransport``) plugs in
 without touching them. ``open_transport(url)`` picks one by the URL's scheme:
-``http(s)://`` → HTTP, ``shm://`` → shared memory. Invariant: transports raise only
+``http(s)://`` → HTTP, ``shm://`` → shared memory. Several comma-separated URLs (or a
+list) are the nodes of one replicated deployment: the HTTP transport follows its leader
+among them; after a ``shm://`` address they are where the shared-memory transport's
+HTTP calls may go when the local server is not the leader. Invariant: transports raise only
 ``ClientError``s, and batch methods return one ``Outcome`` per input, in order (so does
 ``dequeue`` for the releases it carries, in ``Dequeued.released``).
 """
@@ -14,6 +17,7 @@ import importlib
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from dq.client._routing import split_urls
 from dq.client.errors import UnsupportedAddress
 from dq.client.types import (
     BackupResult,
@@ -110,23 +114,40 @@ def _shm_class(name: str, url: str) -> Any:
         ) from exc
 
 
-def open_transport(url: str, **options: Any) -> Transport:
-    if url.startswith(("http://", "https://")):
-        from dq.client._http import HttpTransport
+def _urls(url: str | Sequence[str]) -> tuple[str, list[str]]:
+    """The first address and every address (``"a,b"`` or a list: the nodes of one
+    replicated deployment, ``docs/client.md``)."""
+    urls = split_urls(url)
+    first = urls[0]
+    if not first.startswith(("http://", "https://", "shm://")):
+        raise UnsupportedAddress(f"{first}: expected an http://, https:// or shm:// address")
+    for other in urls[1:]:
+        if not other.startswith(("http://", "https://")):
+            raise UnsupportedAddress(
+                f"{other}: the addresses after the first must be http:// or https://"
+            )
+    return first, urls
 
-        return HttpTransport(url, **options)
-    if url.startswith("shm://"):
-        transport: Transport = _shm_class("ShmTransport", url)(url, **options)
+
+def open_transport(url: str | Sequence[str], **options: Any) -> Transport:
+    first, urls = _urls(url)
+    if first.startswith("shm://"):
+        if len(urls) > 1:
+            options["http_urls"] = urls[1:]
+        transport: Transport = _shm_class("ShmTransport", first)(first, **options)
         return transport
-    raise UnsupportedAddress(f"{url}: expected an http://, https:// or shm:// address")
+    from dq.client._http import HttpTransport
+
+    return HttpTransport(urls, **options)
 
 
-def open_async_transport(url: str, **options: Any) -> AsyncTransport:
-    if url.startswith(("http://", "https://")):
-        from dq.client._http import AsyncHttpTransport
-
-        return AsyncHttpTransport(url, **options)
-    if url.startswith("shm://"):
-        transport: AsyncTransport = _shm_class("AsyncShmTransport", url)(url, **options)
+def open_async_transport(url: str | Sequence[str], **options: Any) -> AsyncTransport:
+    first, urls = _urls(url)
+    if first.startswith("shm://"):
+        if len(urls) > 1:
+            options["http_urls"] = urls[1:]
+        transport: AsyncTransport = _shm_class("AsyncShmTransport", first)(first, **options)
         return transport
-    raise UnsupportedAddress(f"{url}: expected an http://, https:// or shm:// address")
+    from dq.client._http import AsyncHttpTransport
+
+    return AsyncHttpTransport(urls, **options)

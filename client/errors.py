@@ -13,6 +13,7 @@ ClientError
     ├── Conflict              409
     │   └── StaleReceipt      that delivery is over; nothing changed
     ├── TooLarge              413
+    ├── NotLeaderError        421 that could not be followed (``leader``: the last one named)
     ├── Unavailable           503 (retryable)
     └── StorageFull           507
 """
@@ -25,6 +26,7 @@ __all__ = [
     "Conflict",
     "ItemNotFound",
     "NotFound",
+    "NotLeaderError",
     "QueueNotFound",
     "ServerError",
     "StaleReceipt",
@@ -107,6 +109,15 @@ class TooLarge(ServerError):
     pass
 
 
+class NotLeaderError(ServerError):
+    """A replicated deployment's follower answered and no leader could be reached by
+    following its redirects (``docs/client.md``, "Several servers"). The request was
+    not carried out: followers refuse before doing anything."""
+
+    #: the leader the last follower named (``None``: it knew none)
+    leader: str | None = None
+
+
 class Unavailable(ServerError):
     pass
 
@@ -123,6 +134,7 @@ _BY_CODE: dict[str, type[ServerError]] = {
     "unauthorized": Unauthorized,
     "storage_full": StorageFull,
     "unavailable": Unavailable,
+    "not_leader": NotLeaderError,
 }
 _BY_STATUS: dict[int, type[ServerError]] = {
     400: BadRequest,
@@ -130,6 +142,7 @@ _BY_STATUS: dict[int, type[ServerError]] = {
     404: NotFound,
     409: Conflict,
     413: TooLarge,
+    421: NotLeaderError,
     422: ValidationError,
     503: Unavailable,
     507: StorageFull,

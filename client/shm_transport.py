@@ -8,7 +8,11 @@ API as the HTTP transport. Invariants kept:
     transparently: an enqueue batch with a value over 1024 bytes (sent whole, so the batch
     keeps its all-or-nothing validation and id order), and queue administration;
   - one ring per transport, used under its lock; batches are pipelined (up to
-    ``capacity - 1`` commands in flight) so their durable writes share a group commit.
+    ``capacity - 1`` commands in flight) so their durable writes share a group commit;
+  - on a follower of a replicated deployment the ring refuses writes and dequeues
+    (``not_leader``, body: the leader's URL; ``no_leader``) before doing anything: the
+    refused commands are sent again over HTTP, which follows the leader, and so is every
+    call for ``HTTP_SPELL_S``; then the ring is tried again (the local server may lead).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -52,8 +57,11 @@ from dq.shm.command_ring import (
 )
 from dq.shm.errors import ShmError
 
-__all__ = ["AsyncShmTransport", "ShmTransport"]
+__all__ = ["HTTP_SPELL_S", "AsyncShmTransport", "ShmTransport"]
 
+#: how long a transport whose ring said "not the leader" sends its calls over HTTP
+HTTP_SPELL_S = 5.0
+_FOLLOWER = frozenset({Status.NOT_LEADER, Status.NO_LEADER})
 _DEFAULT_TIMEOUT = 30.0
 _MAX_DEADLINE = (1 << 48) - 1
 _ITEM_ERRORS = frozenset({"stale_receipt", "item_not_found", "invalid_receipt"})
@@ -118,9 +126,11 @@ class ShmTransport:
         timeout: float = _DEFAULT_TIMEOUT,
         token: str | None = None,
         http_url: str | None = None,
+        http_urls: Sequence[str] = (),
         capacity: int = 256,
         spin_us: float = DEFAULT_SPIN_US,
         retries: int = 3,
+        failover_s: float | None = None,
     ) -> None:
         if not url.startswith("shm://") or len(url) <= len("shm://"):
             raise TransportError(f"{url}: expected shm:///path/to/data-dir")
@@ -133,10 +143,15 @@ class ShmTransport:
         except ShmError as exc:
             raise TransportError(f"{url}: cannot attach: {exc}") from exc
         self.http_url = http_url or self._attachment.http_url
+        #: the other nodes of a replicated deployment (HTTP), when given
+        self.http_urls = list(http_urls)
         self._http_options: dict[str, Any] = {"timeout": timeout, "retries": retries}
         if token:
             self._http_options["token"] = token
+        if failover_s is not None:
+            self._http_options["failover_s"] = failover_s
         self._http: Any = None
+        self._http_until = 0.0  # calls go over HTTP until then (the ring said: not the leader)
         self._bound: str | None = None
         self._pid = os.getpid()
 
@@ -144,12 +159,30 @@ class ShmTransport:
 
     def _http_transport(self) -> Any:
         if self._http is None:
-            if self.http_url is None:
+            urls = [u for u in (self.http_url, *self.http_urls) if u]
+            if not urls:
                 raise TransportError(f"{self.url}: this needs HTTP and the server has none")
             from dq.client._http import HttpTransport
 
-            self._http = HttpTransport(self.http_url, **self._http_options)
+            self._http = HttpTransport(urls, **self._http_options)
         return self._http
+
+    def _over_http(self) -> bool:
+        """Within a spell of HTTP calls after the ring named another leader."""
+        return self._http_until > 0 and time.monotonic() < self._http_until
+
+    def _refused(self, responses: Sequence[Response]) -> list[int]:
+        """Which commands a follower refused (nothing was done for them); starts a
+        spell of HTTP calls, at the leader the ring named."""
+        refused = [i for i, r in enumerate(responses) if r.status in _FOLLOWER]
+        if refused:
+            http = self._http_transport()
+            for r in responses:
+                if r.status == Status.NOT_LEADER and r.body:
+                    http.prefer(r.body.decode("utf-8", "replace"))
+                    break
+            self._http_until = time.monotonic() + HTTP_SPELL_S
+        return refused
 
     def _run(
         self, queue: str, commands: Sequence[Command], timeout: float | None = None
@@ -195,13 +228,19 @@ class ShmTransport:
         receipts: Sequence[str],
         commands: Callable[[int], Command],
         ok: Callable[[int, bytes], Outcome],
+        over_http: Callable[[list[int]], list[Outcome]],
     ) -> list[Outcome]:
+        """One outcome per item; ``over_http(indexes)``: those items' outcomes over HTTP."""
+        if self._over_http():
+            return over_http(list(range(len(ids))))
         sendable = [i for i, r in enumerate(receipts) if _ascii(r)]
-        responses = dict(
-            zip(sendable, self._run(queue, [commands(i) for i in sendable]), strict=True)
-        )
+        answers = self._run(queue, [commands(i) for i in sendable])
+        refused = [sendable[i] for i in self._refused(answers)]
+        again = dict(zip(refused, over_http(refused), strict=True)) if refused else {}
+        responses = dict(zip(sendable, answers, strict=True))
         return [
-            self._outcome(queue, item_id, responses.get(i), ok) for i, item_id in enumerate(ids)
+            again[i] if i in again else self._outcome(queue, item_id, responses.get(i), ok)
+            for i, item_id in enumerate(ids)
         ]
 
     @staticmethod
@@ -220,14 +259,23 @@ class ShmTransport:
     # ---- the Transport protocol ---------------------------------------------------------------
 
     def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]:
-        if any(len(item.value) > VALUE_MAX for item in items):
+        if self._over_http() or any(len(item.value) > VALUE_MAX for item in items):
             result: list[Enqueued] = self._http_transport().enqueue(queue, items)
             return result
         for item in items:
             _check_item(item)
         commands = [(Op.PUT, codec.encode_put(i.deadline, i.delay_ms), i.value) for i in items]
+        responses = self._run(queue, commands)
+        refused = self._refused(responses)
+        again: list[Enqueued] = (
+            self._http_transport().enqueue(queue, [items[i] for i in refused]) if refused else []
+        )
+        resent = dict(zip(refused, again, strict=True))
         out = []
-        for r in self._run(queue, commands):
+        for i, r in enumerate(responses):
+            if i in resent:
+                out.append(resent[i])
+                continue
             if r.status != Status.OK:
                 _raise(r, queue)
             out.append(Enqueued(*codec.decode_put_ok(r.body)))
@@ -242,22 +290,69 @@ class ShmTransport:
         release: Sequence[Release] = (),
     ) -> Dequeued:
         """The releases go first, pipelined with the FIND in one burst: one wake-up."""
+        if self._over_http():
+            got: Dequeued = self._http_transport().dequeue(queue, count, lease_ms, wait_ms, release)
+            return got
         wait_ms = max(0, min(wait_ms, 0xFFFFFFFF))
         sendable = [r for r in release if _ascii(r.receipt)]
         commands: list[Command] = [
             (Op.DELETE, *codec.encode_item(r.id, r.receipt)) for r in sendable
         ]
         commands.append((Op.FIND, codec.encode_find(count, wait_ms, lease_ms), b""))
-        *released, r = self._run(queue, commands, self._timeout + wait_ms / 1000)
+        responses = self._run(queue, commands, self._timeout + wait_ms / 1000)
+        refused = self._refused(responses)
+        if refused:
+            return self._dequeue_over_http(
+                queue, count, lease_ms, wait_ms, release, sendable, responses, refused
+            )
+        *released, r = responses
         answers = dict(zip([id(x) for x in sendable], released, strict=True))
         outcomes = [self._outcome(queue, x.id, answers.get(id(x)), _released_ok) for x in release]
         if r.status != Status.OK:
             _raise(r, queue)
         return Dequeued([_item(d) for d in codec.decode_deliveries(r.body)], outcomes)
 
+    def _dequeue_over_http(
+        self,
+        queue: str,
+        count: int,
+        lease_ms: int | None,
+        wait_ms: int,
+        release: Sequence[Release],
+        sendable: Sequence[Release],
+        responses: Sequence[Response],
+        refused: Sequence[int],
+    ) -> Dequeued:
+        """The follower refused part of a dequeue: the refused releases, and the FIND if
+        it was refused, go over HTTP; each release keeps one outcome, in order."""
+        http = self._http_transport()
+        *released, find = responses
+        resend = [sendable[i] for i in refused if i < len(sendable)]
+        if find.status in _FOLLOWER:
+            got: Dequeued = http.dequeue(queue, count, lease_ms, wait_ms, resend)
+            items, again = list(got), got.released
+        else:
+            if find.status != Status.OK:
+                _raise(find, queue)
+            items = [_item(d) for d in codec.decode_deliveries(find.body)]
+            again = http.release(queue, resend) if resend else []
+        by_release = dict(zip([id(x) for x in resend], again, strict=True))
+        answers = dict(zip([id(x) for x in sendable], released, strict=True))
+        outcomes = [
+            by_release[id(x)]
+            if id(x) in by_release
+            else self._outcome(queue, x.id, answers.get(id(x)), _released_ok)
+            for x in release
+        ]
+        return Dequeued(items, outcomes)
+
     def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]:
         def command(i: int) -> Command:
             return (Op.DELETE, *codec.encode_item(batch[i].id, batch[i].receipt))
+
+        def over_http(indexes: list[int]) -> list[Outcome]:
+            got: list[Outcome] = self._http_transport().release(queue, [batch[i] for i in indexes])
+            return got
 
         return self._outcomes(
             queue,
@@ -265,6 +360,7 @@ class ShmTransport:
             [b.receipt for b in batch],
             command,
             _released_ok,
+            over_http,
         )
 
     def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]:
@@ -272,12 +368,17 @@ class ShmTransport:
             b = batch[i]
             return (Op.REQUEUE, *codec.encode_requeue(b.id, b.receipt, b.deadline, b.delay_ms))
 
+        def over_http(indexes: list[int]) -> list[Outcome]:
+            got: list[Outcome] = self._http_transport().requeue(queue, [batch[i] for i in indexes])
+            return got
+
         return self._outcomes(
             queue,
             [b.id for b in batch],
             [b.receipt for b in batch],
             command,
             lambda item_id, body: Outcome(item_id, True, deadline=codec.decode_u64(body)),
+            over_http,
         )
 
     def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]:
@@ -289,7 +390,12 @@ class ShmTransport:
             expires, receipt = codec.decode_extend_ok(body)
             return Outcome(item_id, True, receipt=receipt, lease_expires=expires)
 
-        return self._outcomes(queue, [b.id for b in batch], [b.receipt for b in batch], command, ok)
+        def over_http(indexes: list[int]) -> list[Outcome]:
+            got: list[Outcome] = self._http_transport().extend(queue, [batch[i] for i in indexes])
+            return got
+
+        ids, receipts = [b.id for b in batch], [b.receipt for b in batch]
+        return self._outcomes(queue, ids, receipts, command, ok, over_http)
 
     def get_queue(self, queue: str) -> QueueInfo:
         (r,) = self._run(queue, [(Op.STATS, _ZERO_KEY, b"")])

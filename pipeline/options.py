@@ -49,7 +49,10 @@ def _name(options: Mapping[str, str], key: str, default: str | None = None) -> s
 
 @dataclass(frozen=True, slots=True)
 class Connection:
-    """Where the queue is: ``url``, ``queue``, ``consumer`` and an optional bearer ``token``."""
+    """Where the queue is: ``url``, ``queue``, ``consumer`` and an optional bearer ``token``.
+
+    ``url`` may list the nodes of a replicated deployment, comma-separated: it travels
+    whole to the executors, whose clients find and follow the leader among them."""
 
     url: str
     queue: str
@@ -59,11 +62,14 @@ class Connection:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> Connection:
-        url = _str(options, "url")
-        if not url.startswith(("http://", "https://")):
-            raise OptionError(f"option 'url' must be an http(s) URL, not {url!r}")
+        urls = [u.strip() for u in _str(options, "url").split(",") if u.strip()]
+        bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+        if not urls or bad:
+            raise OptionError(
+                f"option 'url' must be http(s) URLs, comma-separated, not {options['url']!r}"
+            )
         return cls(
-            url=url,
+            url=",".join(urls),
             queue=_name(options, "queue"),
             consumer=_name(options, "consumer", "spark"),
             token=options.get("token") or None,

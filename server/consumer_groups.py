@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from dq.storage.errors import QueueNotFound
+from dq.storage.errors import NotLeader, QueueNotFound
 from dq.storage.types import (
     Delivery,
     Extend,
@@ -222,8 +222,22 @@ class ConsumerGroups:
         while not self._stop.wait(interval_s):
             try:
                 self.keep_alive()
+            except NotLeader:
+                self.forget_all()
             except Exception:  # the thread must survive a transient engine error
                 log.exception("consumer keep-alive failed")
+
+    def forget_all(self) -> int:
+        """This node became a follower of a replicated deployment: its leases are void
+        (the new leader gives their items back by expiry, as after a crash) and nothing
+        can be given back from here, so every log is dropped. Returns how many."""
+        with self._lock:
+            dropped = len(self._logs)
+            self._logs.clear()
+            self._bytes = 0
+        if dropped:
+            log.warning("this node follows another now: %d consumer logs dropped", dropped)
+        return dropped
 
     # -- lookup ------------------------------------------------------------------------
 

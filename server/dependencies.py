@@ -65,13 +65,20 @@ def service_of(request: Request) -> Service:
 
 
 async def consumer_groups(request: Request) -> ConsumerGroups:
-    """Every consumer's delivery log (``server/consumer_groups.py``)."""
-    return service_of(request).groups
+    """Every consumer's delivery log (``server/consumer_groups.py``). It lives in this
+    node's memory, beside the engine: a follower refuses every consumer route with
+    ``NotLeader`` (421), reads included, so that a client's log is always the leader's."""
+    service = service_of(request)
+    service.engine.check_writable()
+    return service.groups
 
 
 async def keyed_batches(request: Request) -> IdempotentBatches:
-    """The keyed-batch memory (``server/keyed_batches.py``)."""
-    return service_of(request).batches
+    """The keyed-batch memory (``server/keyed_batches.py``), on the leader only (as
+    ``consumer_groups``)."""
+    service = service_of(request)
+    service.engine.check_writable()
+    return service.batches
 
 
 Groups = Annotated[ConsumerGroups, Depends(consumer_groups)]

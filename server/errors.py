@@ -9,6 +9,12 @@ layer's own refusals (``unauthorized``, ``body_too_large``, ``not_found`` ...) a
 both render through ``storage_error_reply`` and ``error_json``, so an error answer is
 the same bytes whichever path served it. Invariant: bad input never yields a 500 —
 only an unexpected bug does, and it is logged.
+
+A follower of a replicated deployment refuses writes and dequeues before doing anything
+(the engine's ``NotLeader``): ``421 {"error": "not_leader", "message": ..., "leader":
+url}`` with the header ``X-DQ-Leader: url``, or, while no leader is known, ``503
+{"error": "no_leader", ...}`` with ``Retry-After: 1``. Clients re-send such a request to
+the leader whatever it was (``docs/http.md``, "Replication").
 """
 
 from __future__ import annotations
@@ -22,13 +28,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dq.storage.errors import EngineUnavailable, StorageError, status_for_code
+from dq.storage.errors import EngineUnavailable, NotLeader, StorageError, status_for_code
 
 __all__ = [
+    "LEADER_HEADER",
     "ApiError",
     "as_storage_error",
     "error_json",
     "error_response",
+    "header_lines",
     "install_error_handlers",
     "item_status",
     "status_for",
@@ -38,6 +46,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _JSON = "application/json"
+#: the header naming the leader on a follower's 421
+LEADER_HEADER = "X-DQ-Leader"
+_RETRY = {"Retry-After": "1"}
 
 _HTTP_CODES: dict[int, str] = {
     400: "bad_request",
@@ -90,18 +101,35 @@ def as_storage_error(exc: BaseException) -> StorageError:
     raise exc
 
 
-def error_json(code: str, message: str) -> bytes:
+def error_json(code: str, message: str, leader: str | None = None) -> bytes:
     """The error body, byte for byte what ``JSONResponse`` renders for it."""
     doc = {"error": code, "message": message}
+    if leader is not None:
+        doc["leader"] = leader
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def storage_error_reply(exc: StorageError, where: str) -> tuple[int, bytes, bool]:
-    """(status, body, retry_after) for a storage error; 5xx are logged here, once."""
+def storage_error_reply(exc: StorageError, where: str) -> tuple[int, bytes, dict[str, str] | None]:
+    """(status, body, headers) for a storage error; 5xx are logged here, once (a
+    follower's refusal is routine: not logged)."""
+    if isinstance(exc, NotLeader):
+        if exc.leader:
+            return 421, error_json("not_leader", str(exc), exc.leader), {LEADER_HEADER: exc.leader}
+        return 503, error_json("no_leader", str(exc)), _RETRY
     status = exc.http_status
     if status >= 500:
         logger.error("storage error on %s: %s", where, exc)
-    return status, error_json(exc.code, str(exc)), status == 503
+    return status, error_json(exc.code, str(exc)), _RETRY if status == 503 else None
+
+
+def header_lines(headers: dict[str, str] | None) -> bytes:
+    """``headers`` as the lines Starlette writes them (names lower-cased), for the fast
+    path's answers; ``b""`` for none."""
+    if not headers:
+        return b""
+    return b"".join(
+        b"%s: %s\r\n" % (k.lower().encode(), v.encode("latin-1")) for k, v in headers.items()
+    )
 
 
 def error_response(
@@ -115,8 +143,7 @@ def error_response(
 async def _storage_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StorageError)
     where = f"{request.method} {request.url.path}"
-    status, body, retry = storage_error_reply(exc, where)
-    headers = {"Retry-After": "1"} if retry else None
+    status, body, headers = storage_error_reply(exc, where)
     return Response(body, status_code=status, headers=headers, media_type=_JSON)
 
 

@@ -28,7 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from dq.server.batch_limit import batch_too_large_message, over_batch
 from dq.server.calls import Metered, queue_exists
-from dq.server.errors import error_json, storage_error_reply
+from dq.server.errors import error_json, header_lines, storage_error_reply
 from dq.server.routers import items as routes
 from dq.server.schemas import (
     DequeueRequest,
@@ -54,8 +54,9 @@ class Responder(Protocol):
     (``server/protocol.py``). Exactly one of ``reply`` and ``fall_back`` is called,
     once."""
 
-    def reply(self, status: int, body: bytes, retry: bool) -> None:
-        """Write the answer (``retry``: with ``Retry-After``)."""
+    def reply(self, status: int, body: bytes, headers: bytes) -> None:
+        """Write the answer; ``headers``: an error's own header lines, rendered by
+        ``dq.server.errors.header_lines`` (``b""``: none)."""
 
     def fall_back(self) -> None:
         """Hand the request, unanswered, to the FastAPI app."""
@@ -64,8 +65,8 @@ class Responder(Protocol):
         """Completes when the client has disconnected (a long-poll stops waiting)."""
 
 
-#: ``reply(status, body, retry_after)`` of a ``Responder``.
-Reply = Callable[[int, bytes, bool], None]
+#: ``reply(status, body, headers)`` of a ``Responder``.
+Reply = Callable[[int, bytes, bytes], None]
 
 _ENQUEUE = TypeAdapter(EnqueueRequest)
 _RELEASE = TypeAdapter(ReleaseRequest)
@@ -90,7 +91,7 @@ class HotRoutes:
         """Answer through ``responder``: reply, or fall back having answered nothing."""
         reply = responder.reply
         if over_batch(body, self.max_batch):
-            reply(413, self._too_large, False)
+            reply(413, self._too_large, b"")
             return
         try:
             if route == "items":
@@ -197,7 +198,7 @@ class HotRoutes:
             self._failed(m, exc, reply, queue)
             return
         if got or request.wait_ms <= 0:
-            reply(200, routes.delivered(service, m, got, request.encoding, released), False)
+            reply(200, routes.delivered(service, m, got, request.encoding, released), b"")
             return
         # Nothing due and the client will wait: a long-poll, in a task of its own.
         task = asyncio.ensure_future(self._long_poll(queue, request, released, reply, gone))
@@ -222,7 +223,7 @@ class HotRoutes:
         except (StorageError, OSError) as exc:
             self._failed(m, exc, reply, queue)
             return
-        reply(200, routes.delivered(service, m, got, request.encoding, released), False)
+        reply(200, routes.delivered(service, m, got, request.encoding, released), b"")
 
     # ------------------------------------------------------------------ shared
 
@@ -243,14 +244,14 @@ class HotRoutes:
             m.ok(result)
             payload = answer(result)
             if payload is not None:
-                reply(200, payload, False)
+                reply(200, payload, b"")
 
         self.service.completions.when_done(fut, done)
 
     def _failed(self, m: Metered, exc: BaseException, reply: Reply, queue: str) -> None:
         error = m.failed(exc)
-        status, payload, retry = storage_error_reply(error, f"POST /v1/queues/{queue}")
-        reply(status, payload, retry)
+        status, payload, headers = storage_error_reply(error, f"POST /v1/queues/{queue}")
+        reply(status, payload, header_lines(headers))
 
 
 class _FallBack(Exception):

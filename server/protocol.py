@@ -151,9 +151,7 @@ class DqHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         body = error_json(code, message)
-        self.transport.write(
-            _message(self.server_state.default_headers, status, body, False, False)
-        )
+        self.transport.write(_message(self.server_state.default_headers, status, body, b"", False))
         self.transport.close()
 
     # ------------------------------------------------------------ request dispatch
@@ -314,7 +312,7 @@ class DqHttpProtocol(HttpToolsProtocol):
             self.cycle = cycle
         return cycle
 
-    def _reply(self, cycle: RequestResponseCycle, status: int, body: bytes, retry: bool) -> None:
+    def _reply(self, cycle: RequestResponseCycle, status: int, body: bytes, headers: bytes) -> None:
         if self._hot_cycle is cycle:
             self._hot_cycle = None
         if cycle.response_complete:
@@ -323,7 +321,7 @@ class DqHttpProtocol(HttpToolsProtocol):
         if cycle.disconnected:
             return
         self.transport.write(
-            _message(self.server_state.default_headers, status, body, retry, cycle.keep_alive)
+            _message(self.server_state.default_headers, status, body, headers, cycle.keep_alive)
         )
         if self.access_log:
             self.access_logger.info(
@@ -386,8 +384,8 @@ class _HotCycle:
     def scope(self) -> dict[str, Any]:
         return {"path": self.path, "http_version": self.http_version}
 
-    def reply(self, status: int, body: bytes, retry: bool) -> None:
-        self.protocol._reply(self, status, body, retry)  # type: ignore[arg-type]
+    def reply(self, status: int, body: bytes, headers: bytes) -> None:
+        self.protocol._reply(self, status, body, headers)  # type: ignore[arg-type]
 
     def fall_back(self) -> None:
         self.protocol._fall_back(self)  # type: ignore[arg-type]
@@ -406,8 +404,8 @@ class _Responder:
         self.protocol = protocol
         self.cycle = cycle
 
-    def reply(self, status: int, body: bytes, retry: bool) -> None:
-        self.protocol._reply(self.cycle, status, body, retry)
+    def reply(self, status: int, body: bytes, headers: bytes) -> None:
+        self.protocol._reply(self.cycle, status, body, headers)
 
     def fall_back(self) -> None:
         self.protocol._fall_back(self.cycle)
@@ -447,14 +445,15 @@ async def _gone(cycle: RequestResponseCycle) -> None:
         cycle.message_event.clear()
 
 
-#: Per (status, retry, keep_alive): the bytes before and after the content length;
-#: rebuilt when uvicorn replaces its default headers (the ``date`` changes each second).
-_heads: dict[tuple[int, bool, bool], tuple[bytes, bytes]] = {}
+#: Per (status, an error's own header lines, keep_alive): the bytes before and after the
+#: content length; rebuilt when uvicorn replaces its default headers (the ``date``
+#: changes each second).
+_heads: dict[tuple[int, bytes, bool], tuple[bytes, bytes]] = {}
 _heads_for: list[tuple[bytes, bytes]] | None = None
 
 
 def _message(
-    defaults: list[tuple[bytes, bytes]], status: int, body: bytes, retry: bool, keep_alive: bool
+    defaults: list[tuple[bytes, bytes]], status: int, body: bytes, headers: bytes, keep_alive: bool
 ) -> bytes:
     """Status line, headers (in the order uvicorn writes a Starlette ``Response``) and
     ``body``, as one write."""
@@ -462,7 +461,7 @@ def _message(
     if defaults is not _heads_for:
         _heads.clear()
         _heads_for = defaults
-    key = (status, retry, keep_alive)
+    key = (status, headers, keep_alive)
     parts = _heads.get(key)
     if parts is None:
         parts = _heads[key] = (
@@ -470,7 +469,7 @@ def _message(
                 (
                     STATUS_LINE[status],
                     *(b"%s: %s\r\n" % pair for pair in defaults),
-                    b"retry-after: 1\r\n" if retry else b"",
+                    headers,
                     b"content-length: ",
                 )
             ),

@@ -347,6 +347,9 @@ class Health(BaseModel):
 class ErrorBody(BaseModel):
     error: str = Field(description="stable machine-readable code")
     message: str
+    leader: str | None = Field(
+        None, description="not_leader only: the leader's URL, where to send the request"
+    )
 
 
 class BrowsedItemOut(BaseModel):

@@ -39,7 +39,7 @@ from dq.shm.command_ring import (
     encode_response,
 )
 from dq.shm.errors import MalformedSlot
-from dq.storage.errors import StorageError
+from dq.storage.errors import NotLeader, StorageError
 from dq.storage.types import Extend, ItemOutcome, NewItem, Release, Requeue, check_queue_name
 
 __all__ = ["ASYNC_OPS", "CommandHandler", "Outcome"]
@@ -72,6 +72,10 @@ def _status_for(code: str) -> int:
 
 def _error(exc: BaseException) -> Result:
     if isinstance(exc, StorageError):
+        if isinstance(exc, NotLeader):  # a follower: the client goes to the leader over HTTP
+            if exc.leader:
+                return int(Status.NOT_LEADER), exc.leader.encode()
+            return int(Status.NO_LEADER), str(exc).encode()
         return _status_for(exc.code), str(exc).encode()
     if isinstance(exc, MalformedSlot):
         return int(Status.MALFORMED), str(exc).encode()

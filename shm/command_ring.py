@@ -140,6 +140,12 @@ class Status(IntEnum):
     MALFORMED = 15
     INTERNAL = 16
     NO_CONTINUATION = 17
+    #: this server is a follower of a replicated deployment; the body is the leader's URL
+    NOT_LEADER = 18
+    #: this server is a follower and knows no leader now (an election is running)
+    NO_LEADER = 19
+    #: the write may or may not commit: its replicas did not confirm it in time
+    REPLICATION_TIMEOUT = 20
 
     @property
     def code(self) -> str:
@@ -152,6 +158,10 @@ class Status(IntEnum):
         mapping); the ring's own refusals (not bound, unknown op, malformed) are 400."""
         if self is Status.INTERNAL:
             return 500
+        if self is Status.NOT_LEADER:
+            return 421
+        if self in (Status.NO_LEADER, Status.REPLICATION_TIMEOUT):
+            return 503
         status = status_for_code(self.code)
         return 400 if status == 500 else status
 

@@ -25,8 +25,9 @@ _DESCRIPTIONS = {
     404: "Queue or item not found",
     409: "Stale receipt (that delivery is over) or conflicting config",
     413: "Batch, value or body too large",
+    421: "This node follows a replicated deployment's leader: send the request to `leader`",
     422: "Request does not match the schema",
-    503: "Engine unavailable (starting, stopping or failed)",
+    503: "Engine unavailable (starting, stopping or failed), or no leader known yet",
     507: "No space left on the data volume",
 }
 

@@ -15,6 +15,7 @@ from dq.storage.errors import (
     EngineUnavailable,
     InvalidArgument,
     InvalidQueueName,
+    NotLeader,
     QueueNotFound,
     StorageError,
     StorageFull,
@@ -59,14 +60,16 @@ SHAPES: dict[str, tuple[str, int]] = {
 
 
 class SqsError(Exception):
-    """One SQS error: ``shape`` names the exception SDKs raise (a key of ``SHAPES``)."""
+    """One SQS error: ``shape`` names the exception SDKs raise (a key of ``SHAPES``);
+    ``leader``: a follower's leader, answered in the ``X-DQ-Leader`` header too."""
 
-    def __init__(self, shape: str, message: str) -> None:
+    def __init__(self, shape: str, message: str, leader: str | None = None) -> None:
         super().__init__(message)
         if shape not in SHAPES:
             raise ValueError(f"unknown SQS error shape {shape!r}")
         self.shape = shape
         self.message = message
+        self.leader = leader
 
     @property
     def code(self) -> str:
@@ -83,7 +86,19 @@ class SqsError(Exception):
 
 
 def from_storage(exc: StorageError, queue: str | None = None) -> SqsError:
-    """The SQS error for an engine refusal (most specific class first)."""
+    """The SQS error for an engine refusal (most specific class first).
+
+    A follower's refusal is ``ServiceUnavailable`` (503), which AWS SDKs retry: an SDK
+    cannot be sent elsewhere, so the message and the ``X-DQ-Leader`` header name the
+    leader for whoever reads them (``docs/sqs.md``, "Errors")."""
+    if isinstance(exc, NotLeader):
+        if exc.leader:
+            return SqsError(
+                "ServiceUnavailable",
+                f"This node is a follower: send SQS requests to the leader, {exc.leader}.",
+                leader=exc.leader,
+            )
+        return SqsError("ServiceUnavailable", "This node is a follower and no leader is known yet.")
     if isinstance(exc, QueueNotFound):
         return SqsError("QueueDoesNotExist", "The specified queue does not exist.")
     if isinstance(exc, InvalidQueueName):

@@ -21,13 +21,14 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from dq.server.errors import error_response
+from dq.server.errors import LEADER_HEADER, error_response
 from dq.server.routers.items import disconnected
 from dq.server.sqs import admin, receive, send
 from dq.server.sqs.context import Ctx, Limits, SqsState
-from dq.server.sqs.errors import SqsError
+from dq.server.sqs.errors import SqsError, from_storage
 from dq.server.sqs.query import error_xml, params_from_form, result_xml
 from dq.server.sqs.sigv4 import verify
+from dq.storage.errors import NotLeader
 
 __all__ = ["ACTIONS", "router"]
 
@@ -54,15 +55,20 @@ router = APIRouter(include_in_schema=False)
 
 def _error(err: SqsError, request_id: str) -> Response:
     body = {"__type": f"com.amazonaws.sqs#{err.shape}", "message": err.message}
+    headers = {
+        "x-amzn-RequestId": request_id,
+        "x-amzn-query-error": f"{err.code};{'Sender' if err.sender_fault else 'Receiver'}",
+    }
+    if err.leader is not None:
+        headers[LEADER_HEADER] = err.leader
     return Response(
-        json.dumps(body),
-        status_code=err.status,
-        media_type=_CONTENT_TYPE,
-        headers={
-            "x-amzn-RequestId": request_id,
-            "x-amzn-query-error": f"{err.code};{'Sender' if err.sender_fault else 'Receiver'}",
-        },
+        json.dumps(body), status_code=err.status, media_type=_CONTENT_TYPE, headers=headers
     )
+
+
+def _error_xml(err: SqsError, request_id: str) -> Response:
+    headers = {LEADER_HEADER: err.leader} if err.leader is not None else None
+    return Response(error_xml(err, request_id), err.status, headers=headers, media_type="text/xml")
 
 
 def _scope_region(authorization: str | None) -> str | None:
@@ -77,6 +83,10 @@ def _context(request: Request, body: bytes) -> Ctx:
     service = request.app.state.service
     if service is None:
         raise SqsError("ServiceUnavailable", "The server is starting or stopping.")
+    try:  # a follower serves no SQS action: queue attributes and receives are the leader's
+        service.engine.check_writable()
+    except NotLeader as exc:
+        raise from_storage(exc) from None
     settings = service.settings
     headers = request.headers
     sender, region = settings.sqs_account, _scope_region(headers.get("authorization"))
@@ -155,7 +165,7 @@ async def _serve(request: Request, queue_path: str | None) -> Response:
             )
     except SqsError as err:
         if query:
-            return Response(error_xml(err, request_id), err.status, media_type="text/xml")
+            return _error_xml(err, request_id)
         return _error(err, request_id)
     except Exception:
         logger.exception("SQS %s failed", name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -11,7 +12,8 @@ from dq import pipeline
 from dq.client import Client
 from dq.client.groups import ConsumerClient
 from tests.pipeline.conftest import SPARK_WARNINGS
-from tests.server.live import LiveServer
+from tests.server.live import LiveServer, free_port
+from tests.server.threaded import threaded_server
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -189,3 +191,21 @@ def test_server_keeps_short_leases_alive(
     with ConsumerClient(server.url, queue, "short") as c:
         info = c.info()
         assert info is not None and (info.lost, info.in_flight) == (0, 0)
+
+
+def test_a_replicated_deployment_through_its_follower(
+    spark: SparkSession, server: LiveServer, queue: str, tmp_path: Path
+) -> None:
+    """``url`` lists a dead node and a follower: the driver and every executor find the
+    leader (``server``) on their own, reading and releasing there."""
+    with threaded_server(tmp_path / "follower", fsync="never", shm=False) as follower:
+        follower.engine.set_role(False, server.url)
+        urls = f"http://127.0.0.1:{free_port()},{follower.url}"
+        with Client(server.url) as dq:
+            ids = [e.id for e in dq.enqueue_many(queue, [f"f{i}".encode() for i in range(40)])]
+            df = read(spark, urls, queue, "via-follower", maxItems=40, numPartitions=2)
+            assert sorted(r.id for r in df.select("id").collect()) == ids
+            pipeline.release(df, urls, queue, "via-follower")
+            stats = dq.queue(queue).stats
+            assert (stats.pending, stats.leased) == (0, 0)
+        assert follower.engine.list_queues() == []  # nothing was done on the follower

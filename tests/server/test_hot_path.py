@@ -6,7 +6,8 @@ directories; their raw responses must be equal once the parts that depend on the
 or the engine instance (the ``date`` header, 13-digit times, receipt prefixes) are
 masked. The sequence covers successes and errors of the three hot routes, fall-backs
 to the framework (validation, limits, auth) and a keep-alive connection closed by the
-client's ``Connection: close``.
+client's ``Connection: close``. A second pair, made followers of a replicated deployment,
+compares their refusals (421 ``not_leader`` naming the leader, 503 ``no_leader``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.server.live import LiveServer, live_server
+from tests.server.threaded import threaded_server
 
 TOKEN = "t0ken"
 ENV = {
@@ -215,3 +218,78 @@ def test_pipelined_requests_are_answered_in_order(pair: tuple[LiveServer, LiveSe
     assert [int(a.split(b" ", 2)[1]) for a in answers] == [200, 422, 200, 200]
     items = json.loads(answers[3].partition(b"\r\n\r\n")[2])["items"]
     assert [i["value"] for i in items] == ["1", "2"]
+
+
+# ------------------------------------------------------------------ a follower's refusals
+
+LEADER = "http://127.0.0.1:1/leader"  # never contacted: only named in the answers
+
+
+@pytest.fixture(scope="module")
+def followers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
+    """A fast-path server and a framework-only one, in this process so that their
+    engines can be made followers (``Engine.set_role``)."""
+    base: Path = tmp_path_factory.mktemp("dq-hot-follower")
+    settings = {"tokens": (TOKEN,), "max_batch": 5, "max_value_bytes": 64, "shm": False}
+    with (
+        threaded_server(base / "fast", **settings) as fast,
+        threaded_server(base / "slow", fast_path=False, **settings) as slow,
+    ):
+        for server in (fast, slow):  # a queue the fast path serves (it exists)
+            conn = Raw(server.port)
+            try:
+                conn.send("/v1/queues/hot/items", _j({"items": [{"value": "a"}]}))
+            finally:
+                conn.close()
+        yield fast, slow
+
+
+def _follower_script(conn: Raw) -> Iterator[bytes]:
+    q = "/v1/queues/hot"
+    yield conn.send(q + "/items", _j({"items": [{"value": "a"}]}))
+    yield conn.send(q + "/dequeue", _j({"count": 2}))
+    yield conn.send(q + "/dequeue", _j({"count": 1, "wait_ms": 50}))
+    yield conn.send(q + "/release", _j({"items": [{"id": 1, "receipt": "x"}]}))
+    yield conn.send(q + "/dequeue", _j({"count": 1, "release": [{"id": 1, "receipt": "x"}]}))
+    yield conn.send("/v1/queues/nothing-yet/items", _j({"items": [{"value": "a"}]}))
+    yield conn.send(q + "/items", _j({"items": [{"value": "x" * 65}]}))  # bad input first
+    yield conn.send(q + "/items", _j({"items": [{"value": "bye"}]}), close=True)
+
+
+@pytest.mark.parametrize("leader", [LEADER, None], ids=["not_leader", "no_leader"])
+def test_a_followers_refusals_are_the_same_bytes(
+    followers: tuple[Any, Any], leader: str | None
+) -> None:
+    answers = []
+    hot = followers[0].app.state.hot_routes
+    served_hot: list[int] = []
+    failed = hot._failed
+
+    def spy(*args: Any) -> None:  # counts the refusals the fast path itself answers
+        served_hot.append(1)
+        failed(*args)
+
+    hot._failed = spy
+    for server in followers:
+        server.engine.set_role(False, leader)
+        conn = Raw(server.port)
+        try:
+            answers.append([_mask(r) for r in _follower_script(conn)])
+        finally:
+            conn.close()
+            server.engine.set_role(True)
+    del hot._failed
+    assert len(served_hot) >= 5  # not all of them fell back to the framework
+    for n, (a, b) in enumerate(zip(*answers, strict=True)):
+        assert a == b, f"request {n}:\nfast: {a!r}\nslow: {b!r}"
+    statuses = [int(a.split(b" ", 2)[1]) for a in answers[0]]
+    refused = 421 if leader else 503
+    assert statuses == [refused] * 6 + [413, refused]
+    head, _, body = answers[0][0].partition(b"\r\n\r\n")
+    doc = json.loads(body)
+    if leader:
+        assert doc["error"] == "not_leader" and doc["leader"] == LEADER
+        assert f"x-dq-leader: {LEADER}\r\n".encode() in head
+    else:
+        assert doc["error"] == "no_leader" and "leader" not in doc
+        assert b"retry-after: 1\r\n" in head
