@@ -112,3 +112,10 @@ def test_serve_rejects_bad_settings(tmp_path: Path) -> None:
     ]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "max_batch" in r.stderr
+
+
+def test_serve_refuses_replication_without_fsync_always(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "dq.cli.main", "serve", "--data-dir", str(tmp_path)]
+    cmd += ["--etcd", "http://127.0.0.1:2379", "--fsync", "interval"]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "fsync=always" in r.stderr, r.stderr
