@@ -41,7 +41,15 @@ class _Following:
 
     def describe(self) -> dict[str, Any]:
         status = self.follower.status()
-        return {"lsn": status.lsn, "commit_lsn": status.commit_lsn or 0}
+        return {
+            "lsn": status.lsn,
+            "commit_lsn": status.commit_lsn or 0,
+            "replica": {
+                "state": status.state,
+                "resyncs": status.resyncs,
+                "last_error": status.last_error,
+            },
+        }
 
     async def stop(self) -> None:
         await self.node.blocking(self.follower.stop)

@@ -68,6 +68,23 @@ class FollowerDoc(BaseModel):
     in_sync: bool
 
 
+class ReplicaError(BaseModel):
+    code: str = Field(
+        description="stale_leader, not_leader, unreachable, corruption, protocol, "
+        "apply_failed, resync_failed, refused or error"
+    )
+    message: str
+    at: float = Field(description="when, in seconds since the epoch (Unix time)")
+
+
+class ReplicaDoc(BaseModel):
+    state: str = Field(description="resyncing, streaming or stopped")
+    resyncs: int = Field(description="snapshots installed since this node started")
+    last_error: ReplicaError | None = Field(
+        description="the last trouble of the pull loop (it retries by itself)"
+    )
+
+
 class ClusterDoc(BaseModel):
     node: str
     role: str = Field(description="leader, follower, candidate or single")
@@ -77,6 +94,9 @@ class ClusterDoc(BaseModel):
     commit_lsn: int
     sync: list[str]
     followers: dict[str, FollowerDoc]
+    replica: ReplicaDoc | None = Field(
+        default=None, description="on a follower: how its copy keeps up with the leader"
+    )
 
 
 _REFUSALS: dict[int | str, dict[str, Any]] = {

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from dq.server.replication.follower import Follower, StaleEpoch
+from dq.server.replication.member import _Following
+from dq.server.replication.routes import ClusterDoc
 from dq.storage.replication import KIND_CONTROL, KIND_RECORD, Frame
 from tests.replication.fake_leader import FakeLeader, Request
 from tests.server.live import free_port
@@ -318,3 +320,29 @@ def test_following_again_after_stop(follower: Follower, leader: FakeLeader) -> N
     follower.follow(leader.url, 5)
     leader.wait_for(lambda: len(leader.snapshots()) == 2)
     leader.wait_for(lambda: sum(p.body["after"] == 1 for p in leader.pulls()) >= 2)
+
+
+def test_the_cluster_document_shows_the_pull_loop(
+    follower: Follower, leader: FakeLeader, reports: list[tuple[str, str]]
+) -> None:
+    """What a follower adds to GET /v1/cluster, checked against the route's own schema."""
+    leader.refusals = [(500, "internal")]
+    leader.add(rec(1))
+    follower.follow(leader.url, 5, leader_node="n1")
+    leader.wait_for(lambda: any(p.body["after"] == 1 for p in leader.pulls()))
+    figures = _Following(follower, node=None).describe()  # type: ignore[arg-type]
+    doc = ClusterDoc.model_validate(
+        {
+            "node": "f1",
+            "role": "follower",
+            "epoch": 5,
+            "leader": {"node": "n1", "url": leader.url},
+            "sync": [],
+            "followers": {},
+            **figures,
+        }
+    )
+    assert doc.lsn == 1 and doc.commit_lsn == 1
+    assert doc.replica is not None and doc.replica.state == "streaming"
+    assert doc.replica.resyncs == 1
+    assert doc.replica.last_error is not None and doc.replica.last_error.code == "refused"
