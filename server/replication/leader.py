@@ -21,9 +21,11 @@ What the replicator decides:
   every member has every committed record. A follower is added once its acknowledgement
   reaches ``commit_lsn`` (so it holds everything committed so far): the replicator starts
   counting it first, then asks the coordinator to add it, so every record committed from
-  the moment it is a member is on it. A member silent for ``replica_timeout_s`` is removed
-  the other way round: the coordinator removes it first, then the replicator stops
-  waiting for it; never below ``min_insync`` (writes then wait and time out instead).
+  the moment it is a member is on it. A member silent for ``replica_timeout_s``, or
+  taking a snapshot again (its data is being replaced: it must not be able to campaign
+  meanwhile), is removed the other way round: the coordinator removes it first, then the
+  replicator stops waiting for it; never below ``min_insync`` (writes then wait and time
+  out instead).
   A coordinator call that fails without an answer leaves the follower counted and is
   retried: counting a follower that is not a member only delays commits.
 - The window: frames are kept until every attached follower has acknowledged them, and
@@ -39,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import dataclasses
 import logging
 import struct
 import threading
@@ -155,6 +158,8 @@ class FollowerState:
     member: bool | None = False
     #: the coordinator call to retry while ``member`` is None: "add" or "remove"
     pending: str = ""
+    #: attached again by a snapshot and no pull since: its data is being replaced
+    resyncing: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,19 +322,7 @@ class Replicator:
     def followers(self) -> dict[str, FollowerState]:
         """A copy of every attached follower's state."""
         with self._lock:
-            return {
-                n: FollowerState(
-                    f.node,
-                    f.attached_at,
-                    f.acked,
-                    f.position,
-                    f.last_seen,
-                    f.in_sync,
-                    f.member,
-                    f.pending,
-                )
-                for n, f in self._followers.items()
-            }
+            return {n: dataclasses.replace(f) for n, f in self._followers.items()}
 
     def status(self) -> dict[str, object]:
         """``lsn``, ``commit_lsn``, ``sync`` and ``followers`` of ``GET /v1/cluster``."""
@@ -358,8 +351,9 @@ class Replicator:
 
     def attach(self, node: str) -> int:
         """A follower is taking a snapshot: keep every frame after the lsn returned (the
-        snapshot's ``lsn``, read before the snapshot starts). A member stays counted with
-        its old acknowledgement until it pulls from the new position."""
+        snapshot's ``lsn``, read before the snapshot starts). A member taking one again
+        is replacing its data: it leaves the sync set (as a silent one does) and is added
+        again once it has pulled and caught up."""
         if self._closed:
             raise Refused("not_leader", "this node no longer leads")
         now = self._clock()
@@ -372,6 +366,7 @@ class Replicator:
                 f.attached_at = now
                 f.position = start
                 f.last_seen = now
+                f.resyncing = True
         return start
 
     def detach_unless_counted(self, node: str, attached_at: float) -> None:
@@ -425,6 +420,7 @@ class Replicator:
                 raise Refused("resync_needed", f"frames after {after} are no longer held")
             f.last_seen = now
             f.acked = after
+            f.resyncing = False
             moved = after > f.position
             f.position = after
             advanced = self._recompute_locked()
@@ -539,8 +535,8 @@ class Replicator:
             await self._settle(node)
         for node in self._nodes(self._caught_up):
             await self._add(node)
-        for node in self._nodes(self._silent):
-            await self._remove(node, "silent")
+        for node in self._nodes(self._leaving):
+            await self._remove(node, "silent or resyncing")
         await self._bound_window()
 
     def _nodes(self, pick: Callable[[FollowerState], bool]) -> list[str]:
@@ -551,13 +547,16 @@ class Replicator:
         return (
             not f.in_sync
             and f.member is False
+            and not f.resyncing
             and f.acked >= 0
             and f.acked >= self._commit_lsn
             and self._clock() - f.last_seen < self.replica_timeout_s
         )
 
-    def _silent(self, f: FollowerState) -> bool:
-        return f.member is True and self._clock() - f.last_seen >= self.replica_timeout_s
+    def _leaving(self, f: FollowerState) -> bool:
+        """A member silent for the replica timeout, or replacing its data."""
+        silent = self._clock() - f.last_seen >= self.replica_timeout_s
+        return f.member is True and (silent or f.resyncing)
 
     def _removable_locked(self) -> bool:
         """Removing one counted follower keeps the sync set at ``min_insync`` at least."""

@@ -439,3 +439,29 @@ def test_shipped_frames_are_byte_for_byte_encode_frame(
     assert _frame(lsn, queue.encode(), kind, payload) == encode_frame(
         Frame(lsn, queue, kind, payload)
     )
+
+
+def test_a_member_taking_a_snapshot_again_leaves_the_sync_set_until_it_caught_up() -> None:
+    async def body(rep: Replicator, engine: RecordingEngine, coord: FakeCoordinator) -> None:
+        for node in ("f1", "f2"):
+            rep.attach(node)
+            await rep.pull(node, 5, 0, 0)
+        await rep.upkeep()
+        assert [c[:2] for c in coord.calls] == [("add", "f1"), ("add", "f2")]
+        ship(rep, 3)
+        await rep.pull("f1", 5, 3, 0)
+        await rep.pull("f2", 5, 3, 0)
+        assert rep.commit_lsn == 3
+        start = rep.attach("f2")  # f2 restarted: its data is being replaced
+        assert start == 3
+        await rep.upkeep()
+        assert coord.calls[-1] == ("remove", "f2", True)
+        f2 = rep.followers()["f2"]
+        assert (f2.in_sync, f2.member, f2.resyncing) == (False, False, True)
+        await rep.upkeep()  # not added back before it has pulled
+        assert len(coord.calls) == 3
+        await rep.pull("f2", 5, start, 0)
+        await rep.upkeep()
+        assert coord.calls[-1] == ("add", "f2", True)
+
+    run(body, min_insync=2)
