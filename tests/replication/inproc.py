@@ -29,7 +29,8 @@ T = TypeVar("T")
 
 class InProcessServer:
     def __init__(self, settings: Settings, engine: Engine) -> None:
-        self.settings = settings.replace(port=settings.port or free_port())
+        # always a free port: Settings' default (8080) may be taken on a shared machine
+        self.settings = settings.replace(port=free_port())
         self.app = create_app(self.settings, engine)
         self.engine = engine
         self.url = f"http://127.0.0.1:{self.settings.port}"

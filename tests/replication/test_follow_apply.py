@@ -37,7 +37,6 @@ from dq.storage.replication import Frame, decode_frames
 from dq.storage.types import QueueConfig
 from tests.replication.fake_leader import FakeLeader
 from tests.replication.inproc import InProcessServer, in_process_server
-from tests.server.live import free_port
 
 TOKEN = "s3cret"
 EPOCH = 3
@@ -96,9 +95,7 @@ class Leader:
 def leading(tmp_path: Path, min_insync: int, window_bytes: int = 256 << 20) -> Iterator[Leader]:
     data = tmp_path / "leader"
     engine = Engine.open(data, EngineConfig(fsync="always"))
-    settings = Settings(
-        data_dir=str(data), fsync="always", tokens=(TOKEN,), shm=False, port=free_port()
-    )
+    settings = Settings(data_dir=str(data), fsync="always", tokens=(TOKEN,), shm=False)
     try:
         with in_process_server(settings, engine) as server:
             sync = FixedSyncSet()
