@@ -21,6 +21,7 @@ from dq.server.lifespan import make_lifespan
 from dq.server.limits import BodyLimit
 from dq.server.metrics import Metrics
 from dq.server.replication import routes as replication
+from dq.server.replication.metrics import ReplicationCollector
 from dq.server.routers import consumers, dashboard, items, operate, ops, queues
 from dq.server.routers._common import ERRORS
 from dq.server.settings import Settings
@@ -63,6 +64,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.add_middleware(TokenGate, tokens=settings.tokens, read_tokens=settings.read_tokens)
     app.state.settings = settings
     app.state.metrics = Metrics()
+    app.state.metrics.registry.register(
+        ReplicationCollector(lambda: getattr(app.state, "replicator", None))
+    )
     app.state.service = None
     app.state.shm = None  # the shared-memory server, while the lifespan runs one
     # replication (server/replication/): the node's role machine when DQ_ETCD is set,

@@ -176,8 +176,17 @@ def test_snapshot_then_pulls_carry_the_frames_and_acknowledge_them(leader: Leade
         finally:
             writer.join(10)
         assert [a.status_code for a in answered] == [200]
-        status = c.get("/v1/cluster").json()
+        scrape = c.get("/metrics").text
         last = frames[-1].lsn
+        for line in (
+            f"dq_replication_epoch {float(EPOCH)}",
+            f"dq_replication_lsn {float(last)}",
+            f"dq_replication_commit_lsn {float(last)}",
+            'dq_replication_follower_lag{node="f1"} 0.0',
+            'dq_replication_follower_in_sync{node="f1"} 1.0',
+        ):
+            assert line in scrape.splitlines(), line
+        status = c.get("/v1/cluster").json()
         assert status == {
             "node": "n1",
             "role": "leader",
@@ -242,6 +251,7 @@ def test_a_single_node_has_no_replica_routes(leader: Leader) -> None:
     leader.server.app.state.node = None
     with leader.client() as c:
         assert pull(c, 0).status_code == 404
+        assert "dq_replication" not in c.get("/metrics").text
         status = c.get("/v1/cluster").json()
         assert status["role"] == "single"
         assert status["leader"] is None
