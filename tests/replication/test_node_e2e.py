@@ -88,8 +88,8 @@ def group(tmp_path: Path, etcd: EtcdServer, cluster: str) -> Iterator[Cluster]:
     made = Cluster(tmp_path, etcd, cluster)
     try:
         with ThreadPoolExecutor(3) as pool:  # in parallel: each start waits for /healthz
-            for started in [pool.submit(s.start) for s in made.servers.values()]:
-                started.result(timeout=60)
+            for started in [pool.submit(s.start, 90) for s in made.servers.values()]:
+                started.result(timeout=120)
         yield made
     finally:
         made.close()
@@ -155,7 +155,7 @@ def test_leader_killed_a_sync_member_takes_over_nothing_acknowledged_is_lost(
     assert failover_s < 20, f"failover took {failover_s:.1f} s"
 
     # the killed node comes back as a follower of the new epoch and rejoins the sync set
-    group.servers[first.node].start()
+    group.servers[first.node].start(90)
 
     def rejoined() -> bool | None:
         doc = group.describe(first.node)
@@ -172,6 +172,12 @@ def test_leader_killed_a_sync_member_takes_over_nothing_acknowledged_is_lost(
         timeout=5,
     )
     assert refused.status_code == 421, refused.text  # a follower sends writers away
+    assert refused.headers["X-DQ-Leader"] == successor.url
+    # a client given every member finds the leader by itself
+    everyone = ",".join(s.url for s in group.servers.values())
+    late: set[bytes] = set()
+    enqueue_all(everyone, [f"any-{i}".encode() for i in range(20)], late)
+    assert drain(everyone, late) == late
 
 
 def leader_other_than(group: Cluster, node: str) -> Callable[[], LeaderInfo | None]:
