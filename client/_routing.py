@@ -18,7 +18,9 @@ The rules (``docs/client.md``, "Several servers"):
   - with one known URL that is all (as without replication); with several, rounds go
     on until ``failover_s`` has passed since the call began (an election takes a few
     seconds), with pauses of at most ``MAX_PAUSE_S``.
-Nodes named by redirects are added to the known URLs (at most ``MAX_KNOWN``).
+Nodes named by redirects are added to the known URLs (at most ``MAX_KNOWN``). The node
+that answered last is also remembered per list of URLs for the whole process, so that a
+new client of the same deployment (a Spark task, a CLI helper) starts there too.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ DEFAULT_FAILOVER_S = 10.0
 MAX_PAUSE_S = 0.5
 MAX_KNOWN = 16
 _TRAIL = 8  # steps of a call kept for the error message
+_REMEMBERED = 64  # URL lists whose last leader the process remembers
+
+#: the URLs given (as a tuple) → the URL of the node that answered last
+_last_leader: dict[tuple[str, ...], str] = {}
+_last_lock = threading.Lock()
 
 
 def split_urls(url: str | Sequence[str]) -> list[str]:
@@ -104,8 +111,25 @@ class Cluster:
         self._ssl = ssl_context
         self._lock = threading.Lock()
         self.endpoints: list[Endpoint] = [Endpoint(u, token, ssl_context) for u in urls]
+        self._key = tuple(urls)
         #: where the next call starts
         self.leader: Endpoint = self.endpoints[0]
+        if len(urls) > 1:
+            with _last_lock:
+                known = _last_leader.get(self._key)
+            if known is not None:
+                self.prefer(known)
+
+    def answered_by(self, ep: Endpoint) -> None:
+        """``ep`` served a call: the next calls, and new clients of these URLs, start there."""
+        if ep is self.leader:
+            return
+        self.leader = ep
+        with _last_lock:
+            _last_leader.pop(self._key, None)
+            _last_leader[self._key] = ep.url
+            while len(_last_leader) > _REMEMBERED:
+                del _last_leader[next(iter(_last_leader))]
 
     def named(self, url: str) -> Endpoint | None:
         """The node a redirect names, added to the known ones if new; ``None`` if the
@@ -162,7 +186,7 @@ class Walk:
 
     def answered(self) -> None:
         """The node served the call: later calls start there."""
-        self.cluster.leader = self.endpoint
+        self.cluster.answered_by(self.endpoint)
 
     def again(self) -> float | None:
         """A retryable answer or a lost one from the same node (the transport decides

@@ -117,3 +117,16 @@ def test_the_async_client_follows_the_same_way() -> None:
     with scripted(ENQUEUED) as leader, scripted(not_leader(leader.url)) as follower:
         asyncio.run(run(leader, follower))
         assert len(leader.seen) == 2
+
+
+def test_a_new_client_of_the_same_nodes_starts_at_the_last_leader() -> None:
+    with scripted(ENQUEUED) as leader, scripted(not_leader(leader.url)) as follower:
+        urls = [follower.url, leader.url]
+        with Client(urls) as dq:
+            dq.enqueue("q", b"x")
+        with Client(",".join(urls)) as dq:  # the same nodes, written another way
+            assert dq.transport.leader == leader.url  # type: ignore[attr-defined]
+            dq.enqueue("q", b"y")
+        assert len(follower.seen) == 1 and len(leader.seen) == 2
+        with Client(follower.url) as dq:  # one URL: that server first, as always
+            assert dq.transport.leader == follower.url  # type: ignore[attr-defined]
