@@ -254,7 +254,8 @@ class Node:
         self.engine.set_replication(None)
         if replicator is not None:
             try:
-                await replicator.stop()
+                # finishes even if a shutdown cancels this task meanwhile
+                await asyncio.shield(replicator.stop())
             except Exception:
                 logger.exception("stopping the replicator of epoch %d failed", epoch)
         await self.blocking(self._resign)
@@ -289,6 +290,6 @@ class Node:
         self.engine.set_role(False, None)
         if follower is not None:
             try:
-                await follower.stop()
+                await asyncio.shield(follower.stop())
             except Exception:
                 logger.exception("stopping the follower failed")
