@@ -54,7 +54,7 @@ from dq.storage.merge_policy import MergePolicy
 from dq.storage.operations import MAX_DEDUP_WINDOW_MS, Operations, effective_dead_letter_queue
 from dq.storage.queue import Queue
 from dq.storage.queue_config import save_config
-from dq.storage.replica_engine import SCRATCH_PREFIX, ReplicaEngine
+from dq.storage.replica_engine import SCRATCH_PREFIX, ReplicaEngine, restore_replaced_queues
 from dq.storage.syncer import FsyncStats, Syncer
 from dq.storage.types import (
     Delivery,
@@ -103,6 +103,8 @@ def _make_data_dir(root: str) -> None:
     through a power loss only once its parent directory is fsynced."""
     queues = os.path.join(root, "queues")
     if os.path.isdir(queues):
+        return
+    if restore_replaced_queues(root):
         return
     created_root = not os.path.isdir(root)
     os.makedirs(queues, exist_ok=True)

@@ -45,13 +45,33 @@ if TYPE_CHECKING:
     from dq.storage.engine import EngineConfig
     from dq.storage.queue import Queue
 
-__all__ = ["SCRATCH_PREFIX", "ReplicaEngine"]
+__all__ = ["SCRATCH_PREFIX", "ReplicaEngine", "restore_replaced_queues"]
 
 log = logging.getLogger("dq.storage.replication")
 
 #: names in the data directory the replica layer may use for scratch space (copies in
 #: flight); the engine deletes whatever is left of them when it opens
 SCRATCH_PREFIX = ".replica-"
+#: where ``replace_queues`` moves the queues it replaces, until the copy is in place
+_OLD_QUEUES = SCRATCH_PREFIX + "old-"
+
+
+def restore_replaced_queues(root: str) -> bool:
+    """A crash between ``replace_queues``' two renames leaves no ``queues/``: put the
+    replaced queues back (the newest, if several) before anything cleans scratch space
+    up, so a node never comes back empty. True if it did."""
+    if not os.path.isdir(root):
+        return False
+    olds = sorted(
+        (n for n in os.listdir(root) if n.startswith(_OLD_QUEUES)),
+        key=lambda n: int(n[len(_OLD_QUEUES) :]) if n[len(_OLD_QUEUES) :].isdigit() else -1,
+    )
+    if not olds:
+        return False
+    fileio.rename(os.path.join(root, olds[-1]), os.path.join(root, "queues"))
+    fileio.fsync_dir(root)
+    log.warning("put back the queues a replica copy was replacing when the process stopped")
+    return True
 
 
 class ReplicaEngine:
@@ -256,7 +276,7 @@ class ReplicaEngine:
         for q in queues:
             q.close()
         qroot = os.path.join(self.root, "queues")
-        old = os.path.join(self.root, f"{SCRATCH_PREFIX}old-{time.time_ns()}")
+        old = os.path.join(self.root, f"{_OLD_QUEUES}{time.time_ns()}")
         fileio.rename(qroot, old)
         fileio.rename(os.path.join(src, "queues"), qroot)
         fileio.fsync_dir(self.root)

@@ -315,3 +315,18 @@ def test_snapshot_then_stream_converges_while_writes_go_on(
     assert _state(follower) == _state(leader)
     follower.close()
     assert _state(engines("follower")) == _state(leader)
+
+
+def test_a_crash_between_the_renames_of_a_replacement_keeps_the_old_queues(
+    engines: Any, tmp_path: Path, clock: Any
+) -> None:
+    e = engines("node")
+    e.enqueue("jobs", [NewItem(b"kept", 0)])
+    e.close()
+    root = tmp_path / "node"
+    # the state replace_queues leaves if the process dies after its first rename
+    os.rename(root / "queues", root / ".replica-old-1700000000000000000")
+    (root / ".replica-copy-1").mkdir()  # the copy being installed: scratch, removed
+    again = engines("node")
+    assert [v for _i, _d, v in _items(again, "jobs")] == [b"kept"]
+    assert sorted(os.listdir(root)) == ["LOCK", "queues"]
