@@ -570,7 +570,10 @@ class Replicator:
                 return
             f.in_sync = True  # counted first: commits from now on wait for it
             self._counted += 1
-            self._recompute_locked()
+            # it may complete min_insync: what waited for that commits now
+            advanced = self._recompute_locked()
+        if advanced:
+            self._commit_wanted.set()
         try:
             added = await self.coordinator.add_member(node)
         except Exception as exc:

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from dq.server.replication import leader
 from dq.server.replication.leader import MAX_PULL_BYTES, Refused, Replicator, _frame
 from dq.storage.replication import KIND_CONTROL, KIND_RECORD, Frame, decode_frames, encode_frame
 
@@ -463,5 +464,23 @@ def test_a_member_taking_a_snapshot_again_leaves_the_sync_set_until_it_caught_up
         await rep.pull("f2", 5, start, 0)
         await rep.upkeep()
         assert coord.calls[-1] == ("add", "f2", True)
+
+    run(body, min_insync=2)
+
+
+def test_the_follower_that_completes_min_insync_commits_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(leader, "TICK_S", 60.0)  # engine.commit only when told
+
+    async def body(rep: Replicator, engine: RecordingEngine, coord: FakeCoordinator) -> None:
+        rep.attach("f1")
+        ship(rep, 4)
+        await rep.pull("f1", 5, 4, 0)
+        assert rep.commit_lsn == 0  # nobody counted: below min_insync
+        assert engine.commits == []
+        await rep.upkeep()
+        assert rep.commit_lsn == 4
+        await eventually(lambda: engine.last() == 4)
 
     run(body, min_insync=2)
