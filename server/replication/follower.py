@@ -258,16 +258,13 @@ class Follower:
                 continue
             except _Resync as exc:
                 session = None
-                if exc.code == "resync_needed":
-                    continue  # the leader asks for it: no error, no wait
+                if exc.code == "resync_needed" or not self._is_current(target):
+                    continue  # asked for by the leader, or stopping: no trouble, no wait
                 self._trouble(target, exc.code, str(exc))
             except Exception as exc:
                 if not self._is_current(target):
-                    continue
-                code, message = self._classify(exc)
-                if code in ("resync_failed", "apply_failed"):
-                    session = None
-                self._trouble(target, code, message)
+                    continue  # a request cut short by stop() or by a new leader
+                self._trouble(target, *self._classify(exc))
             self._pause(target, backoff)
             backoff = min(backoff * 2, self._backoff_s[1])
 
@@ -305,7 +302,8 @@ class Follower:
 
     def _resync(self, target: _Target) -> _Session:
         with self._cond:
-            self._update(state="resyncing")
+            if self._target is target:
+                self._update(state="resyncing")
         client = self._current(target)
 
         def check() -> None:
@@ -334,7 +332,11 @@ class Follower:
             target.url, info.epoch, info.lsn, len(info.queues),
         )  # fmt: skip
         with self._cond:
-            self._update(state="streaming", lsn=info.lsn, resyncs=self._status.resyncs + 1)
+            resyncs = self._status.resyncs + 1
+            if self._target is target:
+                self._update(state="streaming", lsn=info.lsn, resyncs=resyncs)
+            else:
+                self._update(resyncs=resyncs)
         return _Session(target, info, info.lsn)
 
     def _pull_once(self, session: _Session) -> None:

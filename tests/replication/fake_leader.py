@@ -77,6 +77,8 @@ class FakeLeader:
         #: (status, code) answers for the next pulls, first first
         self.refusals: list[tuple[int, str]] = []
         self.corrupt_next = False
+        #: a snapshot answer stops this long half-way through its body
+        self.snapshot_stall_s = 0.0
         #: how long a pull with nothing new is held (capped by its wait_ms)
         self.hold_s = 0.05
         #: called with each request before it is answered (e.g. to look at the disk)
@@ -169,6 +171,12 @@ class FakeLeader:
                     self.send_header(name, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                if self.path.endswith("/snapshot") and leader.snapshot_stall_s:
+                    half = len(data) // 2
+                    self.wfile.write(data[:half])
+                    self.wfile.flush()
+                    time.sleep(leader.snapshot_stall_s)
+                    data = data[half:]
                 self.wfile.write(data)
 
         return Handler

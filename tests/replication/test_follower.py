@@ -346,3 +346,23 @@ def test_the_cluster_document_shows_the_pull_loop(
     assert doc.replica is not None and doc.replica.state == "streaming"
     assert doc.replica.resyncs == 1
     assert doc.replica.last_error is not None and doc.replica.last_error.code == "refused"
+
+
+def test_stop_during_a_snapshot_leaves_nothing_and_reports_nothing(
+    follower: Follower,
+    leader: FakeLeader,
+    engine: RecordingEngine,
+    data_dir: Path,
+    reports: list[tuple[str, str]],
+) -> None:
+    leader.snapshot_queues = {"a": {"queue.json": b"{}", "00000001.log": b"x" * 200_000}}
+    leader.snapshot_stall_s = 30.0
+    follower.follow(leader.url, 5)
+    leader.wait_for(lambda: len(leader.snapshots()) == 1)
+    wait(lambda: any(n.startswith(".replica-") for n in os.listdir(data_dir)))
+    started = time.monotonic()
+    follower.stop(timeout=10)
+    assert time.monotonic() - started < 2.0
+    assert reports == [] and engine.installed == []
+    assert follower.status().state == "stopped"
+    assert not [n for n in os.listdir(data_dir) if n.startswith(".replica-")]
