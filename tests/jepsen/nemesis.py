@@ -14,8 +14,9 @@ Faults (``FAULTS``), each aimed at the node the monitor last saw leading:
   - ``kill_follower_merging``: SIGKILL a follower while a segment file is being
     written in its data directory (a freeze or a merge; small ``DQ_MEMSEG_BYTES``),
     then restart it.
-Each start and heal is a ``nemesis`` event in the history; after each heal the nemesis
-waits (bounded) for a leader and records how long that took (``recovered``).
+Each start (noted once the fault is in place) and heal is a ``nemesis`` event in the
+history; after each heal the nemesis waits (bounded) for a leader and records how long
+that took (``recovered``).
 """
 
 from __future__ import annotations
@@ -159,26 +160,26 @@ class Nemesis:
         return [i for i in self.net.nodes if i != leader]
 
     def _kill_leader(self, leader: int) -> str:
-        detail = self._start("kill_leader", f"SIGKILL dq n{leader}")
         self.cluster.dq[leader].kill()
+        detail = self._start("kill_leader", f"SIGKILL dq n{leader}")
         self._sleep(self.hold_s / 2)
         return detail
 
     def _partition_leader_followers(self, leader: int) -> str:
-        self._start("partition_leader_followers", f"n{leader} x followers, dq port")
         detail = self.net.drop(leader, self._followers(leader), ports=[DQ_PORT])
+        self._start("partition_leader_followers", detail)
         self._sleep(self.hold_s)
         return detail
 
     def _partition_leader_etcd(self, leader: int) -> str:
-        self._start("partition_leader_etcd", f"n{leader} x other etcd members")
         detail = self.net.drop(leader, self._followers(leader), ports=[ETCD_CLIENT, ETCD_PEER])
+        self._start("partition_leader_etcd", detail)
         self._sleep(max(self.hold_s, 2 * LEADER_TTL_S + 1))
         return detail
 
     def _pause_leader(self, leader: int) -> str:
-        detail = self._start("pause_leader", f"SIGSTOP dq n{leader} for {2 * LEADER_TTL_S + 1}s")
         self.cluster.dq[leader].stop()
+        detail = self._start("pause_leader", f"SIGSTOP dq n{leader} for {2 * LEADER_TTL_S + 1}s")
         self._sleep(2 * LEADER_TTL_S + 1)
         return detail
 

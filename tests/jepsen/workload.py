@@ -56,7 +56,7 @@ class Workload:
         *,
         producers: int = 2,
         consumers: int = 2,
-        timeout_s: float = 8.0,
+        timeout_s: float = 5.0,
         pause_s: float = 0.01,
     ) -> None:
         self.urls = list(urls)
