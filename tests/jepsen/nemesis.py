@@ -33,7 +33,7 @@ from tests.jepsen.cluster import DQ_PORT, ETCD_CLIENT, ETCD_PEER, LEADER_TTL_S, 
 from tests.jepsen.history import History
 from tests.jepsen.netns import Network
 
-__all__ = ["FAULTS", "Nemesis"]
+__all__ = ["EXTRA_FAULTS", "FAULTS", "Nemesis"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,9 @@ FAULTS = (
     "slow_network",
     "kill_follower_merging",
 )
+#: More faults for longer runs (``runner --faults``): every dq killed at once, one
+#: follower cut off from the leader, the leader killed while a follower resyncs.
+EXTRA_FAULTS = ("kill_all", "partition_follower", "kill_leader_during_resync")
 
 
 def _segment_in_progress(root: Path, *, merges_only: bool) -> str | None:
@@ -206,4 +209,35 @@ class Nemesis:
         what = f"while writing {Path(caught).name}" if caught else "(no segment write seen)"
         detail = self._start("kill_follower_merging", f"SIGKILL dq n{node} {what}")
         self._sleep(1.0)
+        return detail
+
+    def _kill_all(self, leader: int) -> str:
+        for proc in self.cluster.dq.values():
+            proc.kill()
+        detail = self._start("kill_all", "SIGKILL every dq")
+        self._sleep(1.0)
+        return detail
+
+    def _partition_follower(self, leader: int) -> str:
+        node = self.rng.choice(self._followers(leader) or [leader])
+        detail = self.net.drop(node, [leader], ports=[DQ_PORT])
+        self._start("partition_follower", detail)
+        self._sleep(self.hold_s)
+        return detail
+
+    def _kill_leader_during_resync(self, leader: int) -> str:
+        """A follower restarts (every join is a full resync); the leader is killed as
+        soon as the follower answers, while it is likely still copying."""
+        node = self.rng.choice(self._followers(leader) or [leader])
+        self.cluster.dq[node].kill()
+        self.cluster.restart_dq(node)
+        try:
+            self.cluster.wait_dq_up(node, timeout=30)
+        except (TimeoutError, RuntimeError) as exc:
+            log.warning("n%d did not come back: %s", node, exc)
+        self.cluster.dq[leader].kill()
+        detail = self._start(
+            "kill_leader_during_resync", f"n{node} restarted, SIGKILL dq n{leader}"
+        )
+        self._sleep(self.hold_s / 2)
         return detail

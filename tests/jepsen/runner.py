@@ -33,7 +33,7 @@ from typing import Any
 from tests.jepsen.checker import check
 from tests.jepsen.cluster import Cluster, Monitor
 from tests.jepsen.history import History, load
-from tests.jepsen.nemesis import FAULTS, Nemesis
+from tests.jepsen.nemesis import EXTRA_FAULTS, FAULTS, Nemesis
 from tests.jepsen.netns import Network
 from tests.jepsen.procs import Supervisor
 from tests.jepsen.timeline import outages
@@ -131,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="artifacts directory")
     p.add_argument("--nodes", type=int, default=3)
     p.add_argument("--no-etcd", action="store_true", help="one unreplicated dq (harness check)")
-    p.add_argument("--faults", default="", help=f"comma-separated subset of {','.join(FAULTS)}")
+    p.add_argument(
+        "--faults",
+        default="",
+        help=f"comma-separated, among {','.join(FAULTS + EXTRA_FAULTS)} (default: the first six)",
+    )
     p.add_argument("--memseg", type=int, default=64 << 10, help="DQ_MEMSEG_BYTES of every node")
     p.add_argument("--drain-seconds", type=float, default=30.0)
     p.add_argument("--rng", type=int, default=None, help="fault order (random when absent)")
