@@ -1,0 +1,55 @@
+"""The Jepsen-style run: three etcd members and three replicated ``dq serve`` in network
+namespaces, a workload, every fault of ``tests/jepsen/nemesis.py``, then the checker.
+
+Needs root (namespaces, iptables, tc) and etcd; skips with the reason otherwise. The
+nemesis runs ``DQ_JEPSEN_SECONDS`` (default 40; for a longer run set it higher), and at
+least one of each fault. A failed run's artifacts (history, checker report, every
+process's log) stay in ``$DQ_JEPSEN_ARTIFACTS`` or ``tests/jepsen/artifacts/<time>-<pid>/``
+and the failure message names the directory; a passing run's are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from tests.jepsen.checker import check
+from tests.jepsen.history import load
+from tests.jepsen.nemesis import FAULTS
+from tests.jepsen.support import REPO, artifacts_dir, runner_argv, runner_env, why_not
+
+SECONDS = float(os.environ.get("DQ_JEPSEN_SECONDS", "40"))
+_SKIP = why_not()
+pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+
+
+@pytest.mark.timeout(SECONDS + 400)
+def test_replicated_queue_survives_the_nemesis() -> None:
+    out = artifacts_dir()
+    where = f"artifacts kept in {out}"
+    run = subprocess.run(
+        runner_argv(out, "--seconds", str(SECONDS)),
+        cwd=REPO,
+        env=runner_env(),
+        capture_output=True,
+        text=True,
+        timeout=SECONDS + 360,
+    )
+    summary_path = out / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    assert run.returncode == 0, (
+        f"the run failed ({where}): {summary.get('error')}\n{run.stderr[-2000:]}"
+    )
+    report = check(load(out / "history.jsonl"))
+    assert report.ok, f"checker failed ({where}):\n{report.describe()}"
+    applied = {f["fault"] for f in summary["faults"] if "skipped" not in f}
+    assert applied == set(FAULTS), f"faults not applied ({where}): {summary['faults']}"
+    no_leader = [f for f in summary["faults"] if f.get("leader_after_s") is None]
+    assert not no_leader, f"no leader after a heal ({where}): {no_leader}"
+    assert summary["missing"] == 0, where
+    assert report.summary["enqueue"].get("ok", 0) >= 100, f"too few acknowledged ({where})"
+    shutil.rmtree(out)
