@@ -94,6 +94,38 @@ class _EndMarked(tarfile.TarInfo):
             raise
 
 
+def _data_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+    """tarfile's ``data`` filter, or where Python lacks it (before 3.11.4 and 3.12:
+    Debian 12's python3 is 3.11.2) the part of it a snapshot's members need: no absolute
+    name, nothing above ``dest``, no set-id or group/other write bits."""
+    if hasattr(tarfile, "data_filter"):
+        try:
+            return tarfile.data_filter(member, dest)
+        except tarfile.FilterError as exc:
+            raise BadSnapshot(f"unsafe member {member.name!r}: {exc}") from exc
+    name = os.path.normpath(member.name)
+    if os.path.isabs(member.name) or name.split(os.sep)[0] == os.pardir:
+        raise BadSnapshot(f"unsafe member {member.name!r}: outside the snapshot")
+    member.mode &= 0o755
+    return member
+
+
+def _extract(
+    tar: tarfile.TarFile,
+    dest: str,
+    member_filter: Callable[[tarfile.TarInfo, str], tarfile.TarInfo | None],
+) -> None:
+    """``extractall`` with ``member_filter``; member by member where ``extractall`` has
+    no ``filter`` argument (the Pythons ``_data_filter`` stands in for)."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter=member_filter)
+        return
+    for member in tar:
+        safe = member_filter(member, dest)
+        if safe is not None:
+            tar.extract(safe, dest)
+
+
 def _safe_member(
     check: Callable[[], None],
 ) -> Callable[[tarfile.TarInfo, str], tarfile.TarInfo | None]:
@@ -105,10 +137,7 @@ def _safe_member(
             return None  # the archive's own root: ``dest`` exists already
         if not (member.isreg() or member.isdir()):
             raise BadSnapshot(f"not a regular file or directory: {member.name!r}")
-        try:
-            safe = tarfile.data_filter(member, dest)  # absolute names, "..", odd modes
-        except tarfile.FilterError as exc:
-            raise BadSnapshot(f"unsafe member {member.name!r}: {exc}") from exc
+        safe = _data_filter(member, dest)  # absolute names, "..", odd modes
         parts = os.path.normpath(safe.name).split(os.sep)
         if parts[0] not in _TOP_LEVEL or (parts[0] == MANIFEST and len(parts) > 1):
             raise BadSnapshot(f"unexpected member {member.name!r}")
@@ -155,7 +184,7 @@ def unpack_snapshot(
     dest = tempfile.mkdtemp(prefix=PREFIX, dir=data_dir)
     try:
         with tarfile.open(fileobj=stream, mode="r|", tarinfo=_EndMarked) as tar:
-            tar.extractall(dest, filter=_safe_member(check))
+            _extract(tar, dest, _safe_member(check))
             if not getattr(tar, _END_SEEN, False):
                 raise BadSnapshot("the snapshot stream ended without the end-of-archive marker")
         # the rest is padding; reading it to the end lets the HTTP framing (chunked or

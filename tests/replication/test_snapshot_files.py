@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import sys
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -65,11 +66,24 @@ def _good() -> list[tuple[tarfile.TarInfo, bytes | None]]:
     ]
 
 
+@pytest.fixture(params=["data_filter", "without data_filter"])
+def tar_filter(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways of unpacking: with tarfile's ``data`` filter, and as on a Python that
+    lacks it (Debian 12's 3.11.2, the container image's)."""
+    if request.param != "data_filter":
+        if sys.version_info >= (3, 12):
+            pytest.skip("Python 3.12 and later always have the data filter")
+        monkeypatch.delattr(tarfile, "data_filter")
+    return str(request.param)
+
+
 def _leftovers(data_dir: Path) -> list[str]:
     return sorted(n for n in os.listdir(data_dir) if n.startswith(PREFIX))
 
 
-def test_a_snapshot_is_unpacked_inside_the_data_dir_and_synced(tmp_path: Path) -> None:
+def test_a_snapshot_is_unpacked_inside_the_data_dir_and_synced(
+    tmp_path: Path, tar_filter: str
+) -> None:
     synced: list[tuple[str, str]] = []
 
     def hook(step: str, path: str) -> None:
@@ -128,7 +142,9 @@ UNSAFE: dict[str, list[tuple[tarfile.TarInfo, bytes | None]]] = {
 
 
 @pytest.mark.parametrize("case", sorted(UNSAFE))
-def test_unsafe_members_are_refused_and_nothing_is_left(tmp_path: Path, case: str) -> None:
+def test_unsafe_members_are_refused_and_nothing_is_left(
+    tmp_path: Path, case: str, tar_filter: str
+) -> None:
     data = tmp_path / "data"
     data.mkdir()
     members = [_file("snapshot.json", MANIFEST), *UNSAFE[case]]
