@@ -268,3 +268,18 @@ def test_a_leader_turned_follower_drops_its_consumer_logs(
         assert groups.consumers(queue) == [] and groups.total_bytes() == 0
     finally:
         a.engine.set_role(True)
+
+
+def test_shm_on_a_follower_without_a_leader_uses_the_other_urls(
+    leader: ThreadedServer, follower: ThreadedServer, queue: str
+) -> None:
+    """The ring says no_leader; the local server knows none either; the URLs given after
+    the shm:// address lead on."""
+    follower.engine.set_role(False, None)
+    with Client(f"shm://{follower.settings.data_dir},{leader.url}") as dq:
+        dq.enqueue_many(queue, [b"a", b"b"])
+        got = dq.dequeue(queue, count=2)
+        assert len(got) == 2
+        assert all(o.ok for o in dq.release_many(queue, got))
+    assert leader.engine.stats(queue).next_id == 3 and pending(leader, queue) == 0
+    assert pending(follower, queue) == 0
