@@ -112,6 +112,9 @@ class Settings:
     replica_timeout_ms: int = 2000
     commit_timeout_ms: int = 10_000
     replica_window_bytes: int = 256 << 20
+    #: PEM file of the CA (or the certificate) a follower checks its leader's HTTPS
+    #: certificate against ("" : the system's CAs), for members serving DQ_TLS_CERT.
+    replica_ca: str = ""
     #: Every other ``DQ_*`` variable, lower-cased without the prefix, for plug-ins.
     extra: Mapping[str, str] = field(default_factory=dict)
 

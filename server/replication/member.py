@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import ssl
 from typing import TYPE_CHECKING, Any
 
 from dq.server.replication.coordinator import Coordinator, LeaderInfo
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from dq.server.settings import Settings
     from dq.storage import Engine
 
-__all__ = ["close_member", "open_member"]
+__all__ = ["close_member", "leader_tls", "open_member"]
 
 
 class _Following:
@@ -55,6 +56,15 @@ class _Following:
         await self.node.blocking(self.follower.stop)
 
 
+def leader_tls(settings: Settings) -> ssl.SSLContext | None:
+    """How a follower checks an HTTPS leader: against ``DQ_REPLICA_CA`` when it is set
+    (members with certificates of a private CA, or self-signed), else the system's CAs.
+    A file that cannot be read stops the server at start, not at the first failover."""
+    if not settings.replica_ca:
+        return None
+    return ssl.create_default_context(cafile=settings.replica_ca)
+
+
 async def open_member(state: Any, engine: Engine, settings: Settings) -> Node:
     """Join the replica group ``settings`` names; ``state`` is ``app.state``."""
     # an etcd call never outlasts half the lease, so a leader sees trouble in time
@@ -73,6 +83,7 @@ async def open_member(state: Any, engine: Engine, settings: Settings) -> Node:
         settings.data_dir,
         settings.node_name,
         token=settings.tokens[0] if settings.tokens else None,
+        ssl_context=leader_tls(settings),
     )
     sync_set = SyncSetInEtcd(coordinator)
     node: Node

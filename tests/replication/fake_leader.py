@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import ssl
 import tarfile
 import threading
 import time
@@ -65,7 +66,7 @@ class _Server(ThreadingHTTPServer):
 
 
 class FakeLeader:
-    def __init__(self, epoch: int) -> None:
+    def __init__(self, epoch: int, tls: tuple[str, str] | None = None) -> None:
         self.epoch = epoch
         self.frames: list[Frame] = []
         self.snapshot_lsn = 0
@@ -85,7 +86,13 @@ class FakeLeader:
         self.on_request: Callable[[Request], None] = lambda r: None
         self.cond = threading.Condition()
         self._server = _Server(("127.0.0.1", 0), self._handler())
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        scheme = "http"
+        if tls is not None:  # (certificate, key) PEM files: serve HTTPS
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def __enter__(self) -> FakeLeader:
