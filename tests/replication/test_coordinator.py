@@ -203,3 +203,21 @@ def test_a_campaign_whose_answer_was_lost_is_adopted(make: Make) -> None:
     assert a.campaign() == epoch  # the retry finds the key on a's own lease
     assert a.epoch == epoch
     assert b.campaign() is None
+
+
+def test_started_before_etcd_is_up(tmp_path: Path, cluster: str) -> None:
+    later = EtcdServer(tmp_path / "later" / "data")
+    (tmp_path / "later").mkdir()
+    coordinator = Coordinator(
+        EtcdClient(later.url, timeout_s=0.3), node="a", url="http://a:1", cluster=cluster, ttl_s=1
+    ).start()  # etcd is not there yet: no lease, retried by the keep-alive thread
+    try:
+        assert not coordinator.lease_alive() and coordinator.campaign() is None
+        later.launch()
+        later.wait_up()
+        wait_until(coordinator.lease_alive)
+        assert coordinator.campaign() is not None
+        assert coordinator.read().members == {"a": "http://a:1"}
+    finally:
+        coordinator.close()
+        later.kill()
