@@ -139,8 +139,9 @@ def before(urls: list[str], state_file: Path) -> None:
     expect(status == 421, "a follower should answer a write with 421", (status, reply))
     expect(error_code(reply) == "not_leader", "the 421 says not_leader", reply)
     leader_advertised = (view.get("leader") or {}).get("url")
-    named = headers.get("X-DQ-Leader") or headers.get("x-dq-leader")
-    expect(named == leader_advertised, "the 421 names the leader's URL", (named, view))
+    named = {k.lower(): v for k, v in headers.items()}.get("x-dq-leader")
+    expect(named == leader_advertised, "the 421's X-DQ-Leader names the leader", (named, view))
+    expect(reply.get("leader") == leader_advertised, "the 421's body names the leader", reply)
 
     acked: list[dict[str, Any]] = []
     for i in range(ITEMS // 2):

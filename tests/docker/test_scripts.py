@@ -108,6 +108,41 @@ def test_smoke_check_spark_phases(server: LiveServer, tmp_path: Path) -> None:
     assert wrong.returncode == 1 and "Parquet" in wrong.stderr
 
 
+def test_replicated_check_across_a_leader_kill(tmp_path: Path) -> None:
+    """``docker/replicated_check.py``'s three phases against three local members and etcd,
+    with the leader SIGKILLed between ``before`` and ``failover`` and started again before
+    ``rejoin``, as ``make docker-smoke-replicated`` does to the leader's container."""
+    from tests.replication.etcd_server import running_etcd
+
+    with running_etcd(tmp_path / "etcd") as etcd, contextlib.ExitStack() as stack:
+        members = []
+        for i in range(3):
+            port = free_port()
+            env = {
+                "DQ_ETCD": etcd.url,
+                "DQ_NODE": f"dq{i + 1}",
+                "DQ_ADVERTISE_URL": f"http://127.0.0.1:{port}",
+                "DQ_CLUSTER": "smoke",
+                "DQ_SHM": "0",
+            }
+            member = LiveServer(tmp_path / f"dq{i + 1}", fsync="always", env=env, port=port)
+            stack.callback(member.kill)
+            members.append(member.start())
+        urls = ",".join(m.url for m in members)
+        state = tmp_path / "state.json"
+        env = {"SMOKE_ELECT_S": "30", "SMOKE_FAILOVER_S": "30", "SMOKE_REJOIN_S": "60"}
+        before = run([str(REPLICATED), "before", urls, str(state)], env, timeout=90)
+        assert before.returncode == 0, before.stderr + "".join(m.log() for m in members)
+        leader = next(m for m in members if m.env["DQ_NODE"] == before.stdout.split()[-1])
+        leader.kill()
+        failover = run([str(REPLICATED), "failover", urls, str(state)], env, timeout=90)
+        assert failover.returncode == 0, failover.stderr + "".join(m.log() for m in members)
+        assert "all 20 acknowledged items delivered" in failover.stdout
+        leader.start()
+        rejoin = run([str(REPLICATED), "rejoin", urls, str(state)], env, timeout=120)
+        assert rejoin.returncode == 0, rejoin.stderr + "".join(m.log() for m in members)
+
+
 def test_replicated_check_fails_without_a_leader(tmp_path: Path) -> None:
     """Three single nodes (no etcd) never elect a leader: ``before`` gives up, saying so."""
     with contextlib.ExitStack() as stack:
