@@ -5,8 +5,8 @@ Checks (each failure names the values, ids and times involved):
   - ``phantom``: a delivered value that no enqueue ever sent; ``refused_delivered``: a
     delivered value whose enqueue was refused (the server said nothing was written).
   - ``id_reused``: one id carried two different values (acks and deliveries together);
-    ``id_changed``: a value acknowledged under one id and delivered under another, or
-    delivered under two ids.
+    ``id_changed``: a value acknowledged or delivered under two ids (a keyed enqueue
+    repeated with its key must be answered with the first item's id, across failovers).
   - ``id_order``: ids must strictly increase across epochs: an enqueue acknowledged
     before another was sent has the smaller id.
   - ``early``: an item handed out before its deadline (its answer arrived before it).
@@ -127,49 +127,55 @@ def check(events: Iterable[Event], *, slack_ms: int = 2000) -> Report:
 
 
 def _check_sets(report: Report, enqueues: list[Event], deliveries: list[Event]) -> None:
+    """A value may be sent more than once (a keyed enqueue retried with its key): it
+    must be delivered if any attempt was acknowledged, and not if every one was refused."""
     delivered = {d["value"] for d in deliveries}
-    outcome: dict[str, str] = {}
+    outcomes: dict[str, set[str]] = defaultdict(set)
+    first_ok: dict[str, Event] = {}
     for e in enqueues:
-        outcome[e["value"]] = e["outcome"]
-        if e["outcome"] == "ok" and e["value"] not in delivered:
+        outcomes[e["value"]].add(e["outcome"])
+        if e["outcome"] == "ok":
+            first_ok.setdefault(e["value"], e)
+    for value, e in first_ok.items():
+        if value not in delivered:
             report.fail(
-                "lost",
-                f"{e['value']!r} id {e['id']} acknowledged at {e['complete']}, never delivered",
+                "lost", f"{value!r} id {e['id']} acknowledged at {e['complete']}, never delivered"
             )
     for value in sorted(delivered):
-        if value not in outcome:
+        if value not in outcomes:
             report.fail("phantom", f"{value!r} delivered, never enqueued")
-        elif outcome[value] == "fail":
+        elif outcomes[value] == {"fail"}:
             report.fail("refused_delivered", f"{value!r} delivered, its enqueue was refused")
 
 
 def _check_ids(report: Report, enqueues: list[Event], deliveries: list[Event]) -> None:
     values_of: dict[int, set[str]] = defaultdict(set)
     ids_of: dict[str, set[int]] = defaultdict(set)
-    acked_id: dict[str, int] = {}
+    acked_ids: dict[str, set[int]] = defaultdict(set)
     for e in enqueues:
         if e["outcome"] == "ok":
             values_of[e["id"]].add(e["value"])
-            acked_id[e["value"]] = e["id"]
+            acked_ids[e["value"]].add(e["id"])
     for d in deliveries:
         values_of[d["id"]].add(d["value"])
         ids_of[d["value"]].add(d["id"])
     for item_id, values in sorted(values_of.items()):
         if len(values) > 1:
             report.fail("id_reused", f"id {item_id} carried {sorted(values)!r}")
-    for value, ids in sorted(ids_of.items()):
-        expected = {acked_id[value]} if value in acked_id else set()
-        if len(ids | expected) > 1:
+    for value in sorted(set(ids_of) | set(acked_ids)):
+        acked, got = acked_ids.get(value, set()), ids_of.get(value, set())
+        if len(acked | got) > 1:
             report.fail(
                 "id_changed",
-                f"{value!r} acknowledged as {sorted(expected)}, delivered as {sorted(ids)}",
+                f"{value!r} acknowledged as {sorted(acked)}, delivered as {sorted(got)}",
             )
 
 
 def _check_order(report: Report, enqueues: list[Event]) -> None:
     """Sweep: for each ok enqueue B (by invoke time), the largest id among ok enqueues
-    completed strictly before B was sent must be below B's id."""
-    oks = [e for e in enqueues if e["outcome"] == "ok"]
+    completed strictly before B was sent must be below B's id. A keyed repeat answered
+    with the first item's id (``duplicate``) is no new id and is left out."""
+    oks = [e for e in enqueues if e["outcome"] == "ok" and not e.get("duplicate")]
     by_complete = sorted(oks, key=lambda e: e["complete"])
     i, best = 0, None
     for b in sorted(oks, key=lambda e: e["invoke"]):
@@ -186,9 +192,9 @@ def _check_order(report: Report, enqueues: list[Event]) -> None:
 
 
 def _check_early(report: Report, enqueues: list[Event], deliveries: list[Event]) -> None:
-    acked_deadline = {e["value"]: e["deadline"] for e in enqueues if e["outcome"] == "ok"}
+    acked_deadline = {e["id"]: e["deadline"] for e in enqueues if e["outcome"] == "ok"}
     for d in deliveries:
-        due = max(d["deadline"], acked_deadline.get(d["value"], d["deadline"]))
+        due = max(d["deadline"], acked_deadline.get(d["id"], d["deadline"]))
         if d["complete"] < due:
             report.fail(
                 "early",

@@ -171,3 +171,28 @@ def test_report_describes_every_failed_check(slack: int) -> None:
     events = [enq("z", 9, 2000), dlv("never", 50, 2000)]
     text = check(events, slack_ms=slack).describe()
     assert "lost: 1" in text and "phantom: 1" in text
+
+
+def test_keyed_repeats_share_one_id() -> None:
+    # The first attempt's answer was lost; the repeat with the same key is answered with
+    # the first item's id (smaller than ids acknowledged meanwhile: not an order failure).
+    first = enq("k", None, 0, outcome="unknown")
+    other = enq("o", 6, 100)
+    repeat = {**enq("k", 5, 200), "duplicate": True}
+    events = [first, other, repeat, dlv("k", 5, 300), dlv("o", 6, 310)]
+    assert failed_checks(events) == set()
+    # The repeat made a second item: the key was forgotten (a failover lost it).
+    events = [first, other, enq("k", 9, 200), dlv("k", 5, 300), dlv("k", 9, 310), dlv("o", 6, 320)]
+    assert failed_checks(events) == {"id_changed"}
+    events = [enq("k", 5, 0), enq("k", 9, 200), dlv("k", 5, 300), dlv("k", 9, 310)]
+    assert failed_checks(events) == {"id_changed"}
+
+
+def test_a_value_sent_several_times_is_judged_on_every_attempt() -> None:
+    refused, ok = enq("k", None, 0, outcome="fail"), enq("k", 5, 100)
+    assert failed_checks([refused, ok]) == {"lost"}
+    assert failed_checks([refused, ok, dlv("k", 5, 300)]) == set()
+    again = enq("k", None, 100, outcome="fail")
+    assert failed_checks([refused, again, dlv("k", 5, 300)]) == {"refused_delivered"}
+    maybe = enq("k", None, 100, outcome="unknown")
+    assert failed_checks([refused, maybe, dlv("k", 5, 300)]) == set()

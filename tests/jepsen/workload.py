@@ -7,7 +7,8 @@ when answered with ids; ``fail`` only when the server refused it in a way that s
 nothing was written; anything else (no answer, a replication timeout) is ``unknown``.
 Values carry a random delay (some are due at once, some later) so that early
 deliveries would show; consumers leave some items unreleased so leases run out and
-items come back.
+items come back. Half the producers send keyed items and repeat unknown outcomes with
+the same keys; half the consumers carry their releases on their next dequeue.
 """
 
 from __future__ import annotations
@@ -70,11 +71,17 @@ class Workload:
         self.delivered: set[str] = set()
         self.last_delivery = 0.0
         self.counts: dict[str, int] = {}
+        # Every other producer sends keyed items, every other consumer releases by
+        # riding its releases on the next dequeue.
         self.threads = [
-            threading.Thread(target=self._produce, args=(f"p{i}",), name=f"p{i}", daemon=True)
+            threading.Thread(
+                target=self._produce, args=(f"p{i}", i % 2 == 1), name=f"p{i}", daemon=True
+            )
             for i in range(producers)
         ] + [
-            threading.Thread(target=self._consume, args=(f"c{i}",), name=f"c{i}", daemon=True)
+            threading.Thread(
+                target=self._consume, args=(f"c{i}", i % 2 == 1), name=f"c{i}", daemon=True
+            )
             for i in range(consumers)
         ]
 
@@ -112,7 +119,10 @@ class Workload:
             self.counts[key] = self.counts.get(key, 0) + n
 
     # producers ----------------------------------------------------------------------
-    def _produce(self, name: str) -> None:
+    def _produce(self, name: str, keyed: bool) -> None:
+        """Batches of 1-4 unique values. ``keyed``: each value is also its item's key,
+        and a batch whose outcome is unknown is sent again (up to twice) with the same
+        keys: the repeat must be answered with the first items' ids."""
         rng = random.Random()
         seq = 0
         with self.client() as client:
@@ -122,13 +132,18 @@ class Workload:
                     seq += 1
                     values.append(f"{name}-{seq}")
                 delay = rng.choice(_DELAYS_MS)
-                self._enqueue(client, values, delay)
+                for _attempt in range(3 if keyed else 1):
+                    if self._enqueue(client, values, delay, keyed) != "unknown":
+                        break
+                    time.sleep(0.2)
                 time.sleep(self.pause_s)
 
-    def _enqueue(self, client: Client, values: list[str], delay_ms: int) -> None:
-        items = [NewItem(v.encode(), delay_ms=delay_ms or None) for v in values]
+    def _enqueue(self, client: Client, values: list[str], delay_ms: int, keyed: bool) -> str:
+        items = [NewItem(v.encode(), delay_ms=delay_ms or None, key=v if keyed else None) for v in values]  # fmt: skip
         invoke = now_floor()
         base: dict[str, Any] = {"type": "enqueue", "invoke": invoke, "delay_ms": delay_ms}
+        if keyed:
+            base["keyed"] = True
         try:
             done = client.enqueue_many(QUEUE, items)
         except ClientError as exc:
@@ -137,27 +152,38 @@ class Workload:
             for v in values:
                 self.history.add({**base, "value": v, "complete": complete, "outcome": outcome, "error": _error(exc)})  # fmt: skip
             self._count(f"enqueue_{outcome}", len(values))
-            return
+            return outcome
         complete = now_ceil()
         for v, e in zip(values, done, strict=True):
-            self.history.add({**base, "value": v, "complete": complete, "outcome": "ok", "id": e.id, "deadline": e.deadline})  # fmt: skip
+            self.history.add({**base, "value": v, "complete": complete, "outcome": "ok", "id": e.id, "deadline": e.deadline, "duplicate": e.duplicate})  # fmt: skip
         with self.lock:
             self.acked.update(values)
         self._count("enqueue_ok", len(values))
+        self._count("enqueue_duplicate", sum(e.duplicate for e in done))
+        return "ok"
 
     # consumers ----------------------------------------------------------------------
-    def _consume(self, name: str) -> None:
+    def _consume(self, name: str, ride: bool) -> None:
+        """Dequeue up to 5, release about 90 % of them (the rest wait for their lease to
+        run out and must come back): with ``release_many``, or (``ride``) carried by
+        the next dequeue."""
         rng = random.Random()
+        carried: list[Any] = []
         with self.client() as client:
             while self.consuming.is_set():
                 invoke = now_floor()
+                batch = [Release(it.id, it.receipt) for it in carried]
                 try:
-                    items = client.dequeue(QUEUE, count=5, lease_ms=LEASE_MS, wait_ms=300)
+                    items = client.dequeue(QUEUE, count=5, lease_ms=LEASE_MS, wait_ms=300, release=batch)  # fmt: skip
                 except ClientError as exc:
+                    self._record_releases(carried, invoke, now_ceil(), None, exc)
+                    carried = []
                     self._count(f"dequeue_{type(exc).__name__}")
                     time.sleep(0.05)
                     continue
                 complete = now_ceil()
+                self._record_releases(carried, invoke, complete, items.released, None)
+                carried = []
                 for it in items:
                     value = it.value.decode()
                     self.history.add({
@@ -168,24 +194,39 @@ class Workload:
                     with self.lock:
                         self.delivered.add(value)
                         self.last_delivery = complete / 1000
-                # Some items are left to their lease: they must come back.
                 keep = [it for it in items if rng.random() < 0.9]
-                if keep:
-                    self._release(client, keep, {it.id: it.value.decode() for it in keep})
+                if ride:
+                    carried = keep
+                elif keep:
+                    self._release(client, keep)
 
-    def _release(self, client: Client, items: list[Any], values: dict[int, str]) -> None:
+    def _release(self, client: Client, items: list[Any]) -> None:
         invoke = now_floor()
-        batch = [Release(it.id, it.receipt) for it in items]
         try:
-            outcomes = client.release_many(QUEUE, batch)
+            outcomes = client.release_many(QUEUE, [Release(it.id, it.receipt) for it in items])
         except ClientError as exc:
-            complete, outcome = now_ceil(), outcome_of(exc)
-            for r in batch:
-                self.history.add({"type": "release", "id": r.id, "value": values[r.id], "receipt": r.receipt, "invoke": invoke, "complete": complete, "outcome": outcome, "error": _error(exc)})  # fmt: skip
-            self._count(f"release_{outcome}", len(batch))
+            self._record_releases(items, invoke, now_ceil(), None, exc)
             return
-        complete = now_ceil()
-        for r, o in zip(batch, outcomes, strict=True):
-            outcome = "ok" if o.ok else "fail"
-            self.history.add({"type": "release", "id": r.id, "value": values[r.id], "receipt": r.receipt, "invoke": invoke, "complete": complete, "outcome": outcome, "error": o.error})  # fmt: skip
-            self._count(f"release_{outcome}")
+        self._record_releases(items, invoke, now_ceil(), outcomes, None)
+
+    def _record_releases(
+        self,
+        items: list[Any],
+        invoke: int,
+        complete: int,
+        outcomes: list[Any] | None,
+        exc: ClientError | None,
+    ) -> None:
+        for i, it in enumerate(items):
+            event: dict[str, Any] = {
+                "type": "release", "id": it.id, "value": it.value.decode(), "receipt": it.receipt,
+                "invoke": invoke, "complete": complete,
+            }  # fmt: skip
+            if exc is not None:
+                event.update(outcome=outcome_of(exc), error=_error(exc))
+            else:
+                assert outcomes is not None
+                o = outcomes[i]
+                event.update(outcome="ok" if o.ok else "fail", error=o.error)
+            self.history.add(event)
+            self._count(f"release_{event['outcome']}")
