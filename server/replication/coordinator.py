@@ -215,7 +215,10 @@ class Coordinator:
         with self._lock:
             lost, epoch = self._lease, self._epoch
             self._lease, self._lease_until, self._epoch = 0, 0.0, 0
-        logger.warning("etcd lease %x lost (%s); epoch %d over", lost, why, epoch)
+        if epoch:
+            logger.warning("etcd lease %x lost (%s): epoch %d is over", lost, why, epoch)
+        else:
+            logger.warning("etcd lease %x lost (%s)", lost, why)
         if self.on_lease_lost is not None:
             try:
                 self.on_lease_lost()
