@@ -29,11 +29,18 @@ What the replicator decides:
   A coordinator call that fails without an answer leaves the follower counted and is
   retried: counting a follower that is not a member only delays commits.
 - The window: frames are kept until every attached follower has acknowledged them, and
-  at most ``window_bytes``; past that the laggiest follower is detached (its next pull is
-  told ``resync_needed``), after leaving the sync set if it is a member.
+  at most ``window_bytes`` (checked every tick); past that the laggiest follower is
+  detached (its next pull is told ``resync_needed``), after leaving the sync set if it is
+  a member. With no follower attached nothing is kept: one that attaches takes a
+  snapshot holding everything shipped until then.
 
 A failed queue on the leader (``local_failure``) and a pull carrying a newer epoch both
 ask the node to step down through ``step_down``, called on the event loop.
+
+Invariant: the followers counted in ``commit_lsn`` include every member of the sync set
+in etcd but the leader (added to the count before etcd, removed from etcd before the
+count, kept counted while etcd's answer is unknown), so whichever member etcd lets
+campaign next holds every write this leader answered.
 """
 
 from __future__ import annotations
