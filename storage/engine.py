@@ -302,11 +302,16 @@ class Engine(Operations, ReplicaEngine):
         check_queue_name(name)
         self._validate_config(name, config)
         with self._lock:
-            q = self._queues.get(name)
-            if q is None:
-                q = self._create(name, config)
-                self._await_commit(q.last_lsn)
-                return q.config
+            existing = self._queues.get(name)
+            if existing is None:
+                created = self._create(name, config)
+                lsn = created.last_lsn
+        if existing is None:
+            # waited for with no engine lock held: a node that stops leading swaps the
+            # sink (``set_replication``) meanwhile, and a snapshot lists the queues
+            self._await_commit(lsn)
+            return created.config
+        q = existing
         with q.lock:
             if q.quarantined and q.failed is not None:
                 raise q.failed

@@ -18,7 +18,13 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from dq.storage.errors import CorruptionError, EngineUnavailable, QueueDamaged, StorageError
+from dq.storage.errors import (
+    CorruptionError,
+    EngineUnavailable,
+    QueueDamaged,
+    ReplicationTimeout,
+    StorageError,
+)
 from dq.storage.queue_commit import Answer
 from dq.storage.queue_core import QueueCore
 
@@ -66,6 +72,9 @@ class FailureMixin(QueueCore):
         on disk, so nothing more is acknowledged: every waiting batch is refused and
         rolled back, records still buffered are discarded (a refused operation must
         never happen later), and the queue refuses work until it is reopened from disk.
+        On a replica group's leader a batch already shipped is answered "unknown"
+        (``ReplicationTimeout``), not refused: the followers may hold it, and a member
+        that takes over makes it visible.
         """
         error: BaseException = (
             exc
@@ -97,10 +106,19 @@ class FailureMixin(QueueCore):
             except Exception as cut_exc:  # tried again when the queue reopens
                 log.error("queue %s: cutting the log back failed: %s", self.name, cut_exc)
         answers: list[Answer] = []
+        in_doubt: BaseException | None = None
         for batch in reversed(self._waiting):
             if batch.rollback is not None:
                 batch.rollback()
-            answers.append((batch.future, None, error))
+            if batch.lsn:  # shipped: the followers may hold it, and it may commit there
+                in_doubt = in_doubt or ReplicationTimeout(
+                    f"{what} failed on the leader after the write was sent to the replica "
+                    "group: its outcome is unknown (another member may make it visible)",
+                    queue=self.name,
+                )
+                answers.append((batch.future, None, in_doubt))
+            else:
+                answers.append((batch.future, None, error))
         self._waiting = []
         return answers
 

@@ -1,0 +1,192 @@
+"""A replica group's leader engine under trouble: what it answers, and what it must not
+do before the node steps down.
+
+- A queue change waiting for the sync set must not hold the engine's lock: the node
+  swaps the sink (``set_replication``) on its event loop when it stops leading, and a
+  follower's snapshot lists the queues under that lock.
+- A write whose record was shipped but whose local fsync failed may be on the followers
+  (and commit there): its answer must be "unknown" (503 ``replication_timeout``), never a
+  refusal, which promises the write did not happen.
+- A queue that failed on the leader and reopens before its node has stepped down cuts
+  its log back below what the followers hold: a write it takes then must not reuse the
+  id of the record the followers already have.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dq.storage import Engine, EngineConfig, NewItem, QueueConfig, fileio
+from dq.storage.errors import ReplicationTimeout, StorageError
+from dq.storage.replication import KIND_CONTROL, Frame
+
+
+class ListSink:
+    """A replicator that keeps every shipped frame (the test plays the followers)."""
+
+    def __init__(self, commit_timeout_s: float = 10.0) -> None:
+        self.commit_timeout_s = commit_timeout_s
+        self.frames: list[Frame] = []
+        self.failures: list[str] = []
+        self._lock = threading.Lock()
+
+    def ship(self, queue: str, kind: int, payload: bytes) -> int:
+        with self._lock:
+            lsn = len(self.frames) + 1
+            self.frames.append(Frame(lsn, queue, kind, payload))
+            return lsn
+
+    def local_failure(self, queue: str, error: BaseException) -> None:
+        self.failures.append(queue)
+
+
+@pytest.fixture
+def engines(tmp_path: Path, clock: Any):
+    opened: list[Engine] = []
+
+    def factory(name: str) -> Engine:
+        cfg = EngineConfig(fsync="always", compaction="inline", auto_merge=False)
+        e = Engine.open(tmp_path / name, cfg, clock=clock)
+        opened.append(e)
+        return e
+
+    yield factory
+    for e in opened:
+        e.close()
+
+
+def _wait_for(pred: Any, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.005)
+
+
+class FailFsync:
+    """A ``fileio.FAULTS`` hook: EIO on the first sync of the live log of ``queue``."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.fired = False
+
+    def __call__(self, step: str, path: str) -> None:
+        if self.fired or step != "fsync" or not path.endswith(".log"):
+            return
+        if f"{os.sep}{self.queue}{os.sep}" not in path:
+            return
+        self.fired = True
+        raise OSError(errno.EIO, os.strerror(errno.EIO), path)
+
+
+def test_a_queue_creation_waiting_for_its_commit_blocks_no_step_down(
+    engines: Any, tmp_path: Path
+) -> None:
+    leader = engines("leader")
+    sink = ListSink(commit_timeout_s=8.0)  # the sync set never answers
+    leader.set_replication(sink)
+    outcome: list[BaseException | None] = []
+
+    def create() -> None:
+        try:
+            leader.put_queue("fresh", QueueConfig())
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=create, daemon=True)
+    t.start()
+    _wait_for(lambda: any(f.kind == KIND_CONTROL and f.queue == "fresh" for f in sink.frames))
+    time.sleep(0.1)  # well inside the wait for the commit
+
+    # a follower's snapshot meanwhile (it lists the queues under the engine lock)
+    dest = tmp_path / "leader" / ".replica-snap"
+    done = threading.Event()
+
+    def snap() -> None:
+        leader.snapshot(str(dest))
+        done.set()
+
+    threading.Thread(target=snap, daemon=True).start()
+    assert done.wait(2.0), "a snapshot waited for another queue's commit"
+
+    t0 = time.monotonic()
+    leader.set_replication(None)  # the node stops leading (on its event loop)
+    took = time.monotonic() - t0
+    t.join(5.0)
+    assert took < 1.0, f"set_replication waited {took:.1f} s for a queue creation's commit"
+    assert len(outcome) == 1 and isinstance(outcome[0], ReplicationTimeout)
+
+
+def test_a_shipped_write_whose_leader_fsync_failed_is_answered_unknown(
+    engines: Any, clock: Any
+) -> None:
+    leader = engines("leader")
+    sink = ListSink()
+    leader.set_replication(sink)
+    leader.ensure_queue("jobs")
+    leader.commit(len(sink.frames))
+    hook = FailFsync("jobs")
+    fileio.FAULTS.append(hook)
+    try:
+        fut = leader.enqueue_nowait("jobs", [NewItem(b"in doubt", 0)])
+        leader.commit(len(sink.frames))  # the followers have it: it commits there
+        with pytest.raises(StorageError) as info:
+            fut.result(timeout=5)
+    finally:
+        fileio.FAULTS.remove(hook)
+    assert hook.fired
+    assert sink.failures == ["jobs"]
+    # the record reached the followers: after a failover it is an item
+    follower = engines("follower")
+    follower.set_role(False, None)
+    follower.apply(sink.frames).result(timeout=5)
+    assert [i.value for i in follower.browse("jobs", "all", with_values=True).items] == [
+        b"in doubt"
+    ]
+    assert isinstance(info.value, ReplicationTimeout), (
+        f"answered {info.value.code} (refused: it did not happen) for a write the followers hold"
+    )
+
+
+def test_a_failed_queue_reopened_before_the_step_down_reuses_no_shipped_id(
+    engines: Any, clock: Any
+) -> None:
+    leader = engines("leader")
+    sink = ListSink()
+    leader.set_replication(sink)
+    leader.ensure_queue("jobs")
+    leader.commit(len(sink.frames))
+    hook = FailFsync("jobs")
+    fileio.FAULTS.append(hook)
+    try:
+        first = leader.enqueue_nowait("jobs", [NewItem(b"refused", 0)])
+        with pytest.raises(StorageError):
+            first.result(timeout=5)
+    finally:
+        fileio.FAULTS.remove(hook)
+    assert sink.failures == ["jobs"]  # the node is asked to step down; before it does:
+    shipped_before = len(sink.frames)
+    try:
+        second = leader.enqueue_nowait("jobs", [NewItem(b"next", 0)])
+        leader.commit(len(sink.frames))
+        second.result(timeout=5)
+    except StorageError:
+        return  # refused before anything was shipped: fine
+    # it was taken: the followers now hold both records; ids must differ
+    follower = engines("follower")
+    follower.set_role(False, None)
+    follower.apply(sink.frames).result(timeout=5)
+    items = follower.browse("jobs", "all", with_values=True).items
+    assert len(sink.frames) > shipped_before
+    assert sorted(i.value for i in items) == [b"next", b"refused"], (
+        f"the follower holds {[(i.id, i.value) for i in items]}: the reopened queue "
+        "reused the id of a record the followers already had"
+    )
