@@ -175,6 +175,14 @@ def settled(group: list[Member]) -> bool:
     return all(m.node.role == "follower" and m.node.epoch == epoch for m in group if m not in lead)
 
 
+def settled_in_sync(group: list[Member]) -> bool:
+    """Settled, and every member in the sync set (so any of them may take over)."""
+    if not settled(group):
+        return False
+    sync = group[0].coordinator.read().sync
+    return sync is not None and {m.coordinator.node for m in group} <= set(sync.members)
+
+
 def test_one_leader_the_others_follow_its_epoch(run: Runner) -> None:
     async def scenario(members: Group) -> None:
         group = [await members(n) for n in ("a", "b", "c")]
@@ -212,7 +220,7 @@ def test_one_leader_the_others_follow_its_epoch(run: Runner) -> None:
 def test_step_down_hands_over_to_a_sync_member(run: Runner) -> None:
     async def scenario(members: Group) -> None:
         group = [await members(n) for n in ("a", "b", "c")]
-        await until(lambda: settled(group))
+        await until(lambda: settled_in_sync(group))
         (old,) = leaders(group)
         epoch = old.node.epoch
         old.node.step_down("a queue failed on its disk")
@@ -232,7 +240,7 @@ def test_step_down_hands_over_to_a_sync_member(run: Runner) -> None:
 def test_lost_lease_steps_down(run: Runner, etcd: EtcdServer) -> None:
     async def scenario(members: Group) -> None:
         group = [await members(n) for n in ("a", "b")]
-        await until(lambda: settled(group))
+        await until(lambda: settled_in_sync(group))
         (old,) = leaders(group)
         epoch = old.node.epoch
         with EtcdClient(etcd.url) as admin:
@@ -248,7 +256,7 @@ def test_lost_lease_steps_down(run: Runner, etcd: EtcdServer) -> None:
 def test_leader_closing_resigns(run: Runner) -> None:
     async def scenario(members: Group) -> None:
         group = [await members(n) for n in ("a", "b", "c")]
-        await until(lambda: settled(group))
+        await until(lambda: settled_in_sync(group))
         (old,) = leaders(group)
         old.closed = True
         await old.node.close()
