@@ -254,14 +254,16 @@ def measure_ab(url: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def report(single: dict[str, Any], repl: dict[str, Any], fo: dict[str, Any] | None) -> str:
+def report(
+    single: dict[str, Any], repl: dict[str, Any], fo: dict[str, Any] | None, members: int
+) -> str:
     rows = [
         ("(a) batched enqueue, items/s", "batch_items_per_s", "{:,.0f}", ">= 0.5x", True),
         ("(b) single enqueue p50, ms", "p50_ms", "{:.2f}", "<= 2x", False),
         ("(b) single enqueue p99, ms", "p99_ms", "{:.2f}", "<= 2x", False),
     ]
     lines = [
-        "| measure | single node | 3 members | ratio | target | met |",
+        f"| measure | single node | {members} members | ratio | target | met |",
         "|---|---|---|---|---|---|",
     ]
     for label, key, fmt, target, higher in rows:
@@ -291,6 +293,14 @@ def report(single: dict[str, Any], repl: dict[str, Any], fo: dict[str, Any] | No
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--etcd-members", type=int, choices=(1, 3), default=3)
+    ap.add_argument(
+        "--members",
+        type=int,
+        choices=(1, 2, 3),
+        default=3,
+        help="dq members (1: the replication machinery with no follower; give "
+        "--env DQ_MIN_INSYNC=1 and --kills 0)",
+    )
     ap.add_argument("--conns", type=int, default=4, help="connections for (a)")
     ap.add_argument("--batch", type=int, default=100, help="items per request in (a)")
     ap.add_argument("--seconds", type=float, default=8.0, help="duration of (a)")
@@ -302,6 +312,8 @@ def main() -> int:
     args = ap.parse_args()
     if not os.path.exists(ETCD):
         ap.error("etcd not found (apt-get install etcd-server)")
+    if args.kills and args.members != 3:
+        ap.error("the failover measurement needs three members (--kills 0 otherwise)")
     env = dict(kv.split("=", 1) for kv in args.env)
     root = Path(tempfile.mkdtemp(prefix="dq-bench-repl-"))
     started = datetime.now(UTC)
@@ -320,12 +332,12 @@ def main() -> int:
         finally:
             single_node.close()
         log(f"single node: {single}")
-        cluster = Cluster(root, args.etcd_members, env)
+        cluster = Cluster(root, args.etcd_members, env, args.members)
         try:
             cluster.start()
-            leader = cluster.wait_in_sync(3, timeout=120)
+            leader = cluster.wait_in_sync(args.members, timeout=120)
             repl = measure_ab(leader.url, args)
-            log(f"3 members (leader {leader.name}): {repl}")
+            log(f"{args.members} members (leader {leader.name}): {repl}")
             fo = failovers(cluster, args.kills, log) if args.kills else None
         finally:
             cluster.close()
@@ -333,7 +345,7 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     load_after = os.getloadavg()
-    table = report(single, repl, fo)
+    table = report(single, repl, fo, args.members)
     print()
     print(
         f"{started:%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} CPUs, "

@@ -144,13 +144,15 @@ class Node:
 
 
 class Cluster:
-    """``etcd_members`` etcd members and three replicated ``dq serve``."""
+    """``etcd_members`` etcd members and ``members`` (three) replicated ``dq serve``."""
 
-    def __init__(self, root: Path, etcd_members: int, env: dict[str, str]) -> None:
+    def __init__(
+        self, root: Path, etcd_members: int, env: dict[str, str], members: int = 3
+    ) -> None:
         self.etcds = [Etcd(root, f"etcd{i + 1}") for i in range(etcd_members)]
         endpoints = ",".join(e.url for e in self.etcds)
         env = {"DQ_ETCD": endpoints, "DQ_CLUSTER": f"bench{os.getpid()}", **env}
-        self.nodes = [Node(root, f"n{i + 1}", env) for i in range(3)]
+        self.nodes = [Node(root, f"n{i + 1}", env) for i in range(members)]
         self.urls = [n.url for n in self.nodes]
 
     def start(self, timeout: float = 60.0) -> None:
