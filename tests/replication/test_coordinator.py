@@ -187,7 +187,8 @@ def test_unreachable_etcd_steps_down_within_ttl(tmp_path: Path, make: Make) -> N
         paused = time.monotonic()
         try:
             wait_until(lambda: not a.lease_alive(), timeout=5)
-            assert time.monotonic() - paused <= 1.5  # TTL 1 s, counted from the last send
+            # TTL 1 s counted from the last send before the pause (+ slack for a loaded machine)
+            assert time.monotonic() - paused <= 2.0
             assert lost.wait(5)
         finally:
             own.resume()
