@@ -31,6 +31,8 @@ class Request:
     path: str
     body: dict[str, Any]
     authorization: str | None
+    #: the client's (host, port): one port for many requests is one kept-alive connection
+    peer: tuple[str, int] = ("", 0)
     at: float = field(default_factory=time.monotonic)
 
 
@@ -163,7 +165,8 @@ class FakeLeader:
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", "0"))
                 body = json.loads(self.rfile.read(length) or b"{}")
-                request = Request(self.path, body, self.headers.get("Authorization"))
+                peer = (str(self.client_address[0]), int(self.client_address[1]))
+                request = Request(self.path, body, self.headers.get("Authorization"), peer)
                 with leader.cond:
                     leader.requests.append(request)
                 leader.on_request(request)

@@ -366,3 +366,14 @@ def test_stop_during_a_snapshot_leaves_nothing_and_reports_nothing(
     assert reports == [] and engine.installed == []
     assert follower.status().state == "stopped"
     assert not [n for n in os.listdir(data_dir) if n.startswith(".replica-")]
+
+
+def test_pulls_reuse_one_connection(follower: Follower, leader: FakeLeader) -> None:
+    """A pull per round trip: opening a connection for each would add its handshake to
+    every commit the leader waits for."""
+    follower.follow(leader.url, 5)
+    for lsn in range(1, 6):
+        leader.add(rec(lsn))
+        leader.wait_for(lambda lsn=lsn: any(p.body["after"] == lsn for p in leader.pulls()))
+    assert len({p.peer for p in leader.pulls()}) == 1
+    assert leader.snapshots()[0].peer not in {p.peer for p in leader.pulls()}
