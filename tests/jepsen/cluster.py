@@ -90,6 +90,7 @@ class Cluster:
     def dq_env(self, node: int) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DQ_")}
         env.update(DQ_MEMSEG_BYTES=str(self.memseg), DQ_SHM="0", DQ_EXPIRE_INTERVAL_MS="100")
+        env["PYTHONFAULTHANDLER"] = "1"  # SIGABRT dumps every thread's stack to the log
         if not self.replicated:
             return env
         own = [self.etcd_url(node)] + [self.etcd_url(i) for i in self.net.nodes if i != node]
@@ -211,6 +212,11 @@ class Monitor:
 
         wait_until("a leader", probe, timeout, every=0.05)
         return found[-1]
+
+    def doc(self, node: int) -> dict[str, Any]:
+        """The node's last answer to ``GET /v1/cluster`` (empty if none yet)."""
+        with self._lock:
+            return dict(self.state.get(node, (0.0, {}))[1])
 
     def describe(self) -> dict[str, Any]:
         with self._lock:

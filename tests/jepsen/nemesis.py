@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -74,6 +75,7 @@ class Nemesis:
         hold_s: float = 3.0,
         gap_s: float = 1.0,
         rng: random.Random | None = None,
+        stall_dump: bool = False,
     ) -> None:
         self.cluster = cluster
         self.net: Network = cluster.net
@@ -83,6 +85,7 @@ class Nemesis:
         self.hold_s = hold_s
         self.gap_s = gap_s
         self.rng = rng or random.Random()
+        self.stall_dump = stall_dump
         self.stopping = threading.Event()
         self.applied: list[dict[str, object]] = []
 
@@ -128,6 +131,8 @@ class Nemesis:
             {"fault": fault, "leader": leader, "detail": detail,
              "held_s": round(time.monotonic() - started, 1), "leader_after_s": recovered}
         )  # fmt: skip
+        if self.stall_dump and recovered is not None:
+            self._dump_stalled_followers()
 
     def heal(self) -> None:
         """Undo every fault: rules and qdiscs removed, paused processes continued, dead
@@ -152,6 +157,29 @@ class Nemesis:
         took = round(time.monotonic() - start, 2)
         self.history.note("nemesis", fault="recovery", phase="leader", detail=f"{took}s")
         return took
+
+    def _dump_stalled_followers(self, grace_s: float = 8.0, settled_s: float = 20.0) -> None:
+        """A follower that has run for ``settled_s`` yet is not in the leader's sync set
+        ``grace_s`` after a heal is stuck: SIGABRT makes it write every thread's stack
+        into its log (``PYTHONFAULTHANDLER``); the next heal starts it again."""
+        give_up = time.monotonic() + grace_s
+        while True:
+            leader = self.monitor.leader()
+            followers = self.monitor.doc(leader).get("followers", {}) if leader else {}
+            now = time.monotonic()
+            stuck = [
+                n for n, proc in self.cluster.dq.items()
+                if n != leader and proc.alive() and now - proc.started_at > settled_s
+                and not followers.get(f"n{n}", {}).get("in_sync", False)
+            ]  # fmt: skip
+            if not stuck or now > give_up or leader is None:
+                break
+            time.sleep(0.2)
+        for n in stuck if leader is not None else []:
+            detail = f"n{n} not in sync {grace_s:.0f}s after the heal: {followers.get(f'n{n}')}"
+            log.warning("stall: %s", detail)
+            self.history.note("nemesis", fault="stall", phase="dumped", detail=detail)
+            self.cluster.dq[n].signal(signal.SIGABRT)
 
     def _start(self, fault: str, detail: str) -> str:
         log.info("nemesis %s: %s", fault, detail)

@@ -43,6 +43,7 @@ class Proc:
         self.log_path = log_path
         self.popen: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.started_at = 0.0  # monotonic
         self.paused = False
 
     @property
@@ -69,6 +70,7 @@ class Proc:
                 preexec_fn=_child_setup,
             )
         self.paused = False
+        self.started_at = time.monotonic()
         log.info("%s started (pid %d)", self.name, self.popen.pid)
 
     def signal(self, sig: int) -> None:

@@ -101,7 +101,10 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         workload.create_queue()
         workload.start()
         faults = tuple(args.faults.split(",")) if args.faults else FAULTS
-        nemesis = Nemesis(cluster, monitor, history, faults=faults, rng=random.Random(args.rng))
+        nemesis = Nemesis(
+            cluster, monitor, history, faults=faults, rng=random.Random(args.rng),
+            stall_dump=args.stall_dump,
+        )  # fmt: skip
         nemesis.run(args.seconds)
         nemesis.heal()
         summary["leader_after_heal"] = monitor.wait_leader(60)
@@ -141,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rng", type=int, default=None, help="fault order (random when absent)")
     p.add_argument("--data-root", default=None, help="where node data directories go")
     p.add_argument("--keep-data", action="store_true")
+    p.add_argument(
+        "--stall-dump",
+        action="store_true",
+        help="SIGABRT a follower still out of sync 8 s after a heal (its log gets every stack)",
+    )
     args = p.parse_args(argv)
     out: Path = args.out
     (out / "logs").mkdir(parents=True, exist_ok=True)
