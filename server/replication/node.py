@@ -127,6 +127,13 @@ class Node:
     async def start(self) -> Node:
         """Refuse writes until a role is decided, then start deciding."""
         self.engine.set_role(False, None)
+        loop = asyncio.get_running_loop()
+
+        def lease_lost() -> None:  # on the keep-alive thread
+            loop.call_soon_threadsafe(self._lease_lost)
+
+        # a lease lost and granted anew between two lease checks still ends the epoch
+        self.coordinator.on_lease_lost = lease_lost
         await self.blocking(self.coordinator.start)
         self._task = asyncio.create_task(self._run(), name="dq-replica-node")
         self._watch = asyncio.create_task(self._watch_lease(), name="dq-replica-lease-watch")
@@ -177,6 +184,11 @@ class Node:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.poll_s)
             self._wake.clear()
+
+    def _lease_lost(self) -> None:
+        if self.role == "leader":
+            self.engine.set_role(False, None)
+            self.step_down("the etcd lease was lost")
 
     async def _watch_lease(self) -> None:
         """A leader whose lease is not surely alive stops taking writes at once."""
