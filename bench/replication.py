@@ -12,14 +12,19 @@ their PID at the end, also on error), and measures:
   batches of ``--batch`` items of 256 bytes for ``--seconds``, to the leader and to the
   single node (target: the cluster at least 0.5x the single node);
 - (b) single durable enqueue latency, p50/p99: one connection, one item per request
-  (target: the cluster at most 2x the single node);
+  (target: the cluster at most 2x the single node); (a) and (b) are taken in
+  ``--rounds`` rounds alternating between the two, both running, so that the shared
+  machine's changing load falls on both alike;
 - (c) failover: ``--kills`` times, under a write load (one writer, one item per request,
   following 421s and trying the other members on errors), SIGKILL the leader and time
   the first write accepted after the kill; the killed member is started again (a full
   resync) and every member is back in the sync set before the next kill (target: p99
   at most 5 s);
 - (d) acknowledged enqueues lost: at the end every value the writer got a 200 for must
-  be dequeued from the last leader (target: 0).
+  be dequeued from the last leader (target: 0);
+- (e) before the kills, a follower is SIGKILLed under the same write load: the longest
+  wait between two acknowledged writes (the leader waits for it until
+  ``DQ_REPLICA_TIMEOUT_MS``, then drops it from the sync set).
 
 The settings are the server's defaults (``docs/replication.md``) unless given with
 ``--env NAME=VALUE``. It prints a table; ``docs/performance.md`` ("Replication") has
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import http.client
+import itertools
 import json
 import os
 import platform
@@ -139,8 +145,9 @@ class Writer(threading.Thread):
     timeout, a dropped connection) is unknown or refused, never counted as acknowledged.
     """
 
-    def __init__(self, urls: list[str]) -> None:
-        super().__init__(name="bench-writer", daemon=True)
+    def __init__(self, urls: list[str], prefix: str) -> None:
+        super().__init__(name=f"bench-writer-{prefix}", daemon=True)
+        self.prefix = prefix
         self.urls, self.target = urls, urls[0]
         self.acked: list[tuple[float, str]] = []
         self.unknown = self.refused = 0
@@ -149,7 +156,7 @@ class Writer(threading.Thread):
     def run(self) -> None:
         poster, seq = Poster(timeout=5.0), 0
         while not self.stopping.is_set():
-            value = f"w{seq}"
+            value = f"{self.prefix}{seq}"
             try:
                 status, headers, _ = poster.post(
                     self.target, f"/v1/queues/{QUEUE}/items", enqueue_body([value])
@@ -187,9 +194,40 @@ class Writer(threading.Thread):
         return None
 
 
-def failovers(cluster: Cluster, kills: int, log: Callable[[str], None]) -> dict[str, Any]:
-    """Kill the leader ``kills`` times under a write load; seconds to the next accepted write."""
-    writer = Writer(cluster.urls)
+def follower_stall(cluster: Cluster, log: Callable[[str], None]) -> tuple[float, set[str]]:
+    """SIGKILL a follower under the write load: the longest wait between two acknowledged
+    writes after it (the leader waits for it until ``DQ_REPLICA_TIMEOUT_MS``, then drops
+    it from the sync set). The follower is started again and back in sync on return.
+    Returns the wait and the values acknowledged meanwhile."""
+    leader = cluster.wait_in_sync(3, timeout=120)
+    writer = Writer(cluster.urls, "stall-")
+    writer.target = leader.url
+    writer.start()
+    try:
+        time.sleep(1.0)
+        follower = next(n for n in cluster.nodes if n is not leader)
+        t_kill = time.monotonic()
+        follower.kill()
+        time.sleep(6.0)
+        t_end = time.monotonic()
+    finally:
+        writer.stopping.set()
+        writer.join(30)
+    times = [t_kill, *(t for t, _ in writer.acked if t_kill < t < t_end), t_end]
+    stall = max(b - a for a, b in itertools.pairwise(times))
+    log(f"  follower {follower.name} killed: writes waited at most {stall:.2f} s")
+    follower.start()
+    follower.wait_up()
+    cluster.wait_in_sync(3, timeout=120)
+    return stall, {v for _, v in writer.acked}
+
+
+def failovers(
+    cluster: Cluster, kills: int, log: Callable[[str], None], acked_before: set[str]
+) -> dict[str, Any]:
+    """Kill the leader ``kills`` times under a write load; seconds to the next accepted
+    write. ``acked_before``: values acknowledged earlier, also checked at the end."""
+    writer = Writer(cluster.urls, "failover-")
     writer.start()
     times: list[float] = []
     misses = 0
@@ -213,12 +251,13 @@ def failovers(cluster: Cluster, kills: int, log: Callable[[str], None]) -> dict[
     finally:
         writer.stopping.set()
         writer.join(30)
-    lost = lost_acks(cluster, {v for _, v in writer.acked})
+    acked = {v for _, v in writer.acked} | acked_before
+    lost = lost_acks(cluster, acked)
     return {
         "kills": kills,
         "no_write_within_60s": misses,
         "failover_s": times,
-        "acked": len(writer.acked),
+        "acked": len(acked),
         "unknown": writer.unknown,
         "refused": writer.refused,
         "lost": lost,
@@ -244,13 +283,24 @@ def lost_acks(cluster: Cluster, acked: set[str]) -> list[str]:
     return sorted(acked - seen)
 
 
-def measure_ab(url: str, args: argparse.Namespace) -> dict[str, Any]:
-    rate = throughput(url, args.conns, args.batch, args.seconds)
-    lat = latencies(url, args.requests)
+def measure_ab(urls: dict[str, str], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """(a) and (b) for each of ``urls`` (name: url), taken in ``args.rounds`` alternating
+    rounds so that a change in the machine's load falls on both alike: the rate is the
+    mean of the rounds, the latencies are pooled."""
+    rates: dict[str, list[float]] = {name: [] for name in urls}
+    lats: dict[str, list[float]] = {name: [] for name in urls}
+    for _ in range(args.rounds):
+        for name, url in urls.items():
+            rates[name].append(throughput(url, args.conns, args.batch, args.seconds / args.rounds))
+            lats[name] += latencies(url, args.requests // args.rounds)
     return {
-        "batch_items_per_s": rate,
-        "p50_ms": percentile(lat, 0.5) * 1000,
-        "p99_ms": percentile(lat, 0.99) * 1000,
+        name: {
+            "batch_items_per_s": sum(rates[name]) / len(rates[name]),
+            "batch_rounds": rates[name],
+            "p50_ms": percentile(lats[name], 0.5) * 1000,
+            "p99_ms": percentile(lats[name], 0.99) * 1000,
+        }
+        for name in urls
     }
 
 
@@ -287,6 +337,10 @@ def report(
             f"({fo['unknown']} unknown, {fo['refused']} refused) | | 0 "
             f"| {'yes' if not fo['lost'] else 'no'} |"
         )
+        lines.append(
+            f"| (e) a follower killed: longest wait between acknowledged writes, s | "
+            f"| {fo['follower_stall_s']:.2f} | | `DQ_REPLICA_TIMEOUT_MS` | |"
+        )
     return "\n".join(lines)
 
 
@@ -303,7 +357,8 @@ def main() -> int:
     )
     ap.add_argument("--conns", type=int, default=4, help="connections for (a)")
     ap.add_argument("--batch", type=int, default=100, help="items per request in (a)")
-    ap.add_argument("--seconds", type=float, default=8.0, help="duration of (a)")
+    ap.add_argument("--seconds", type=float, default=8.0, help="duration of (a), all rounds")
+    ap.add_argument("--rounds", type=int, default=4, help="alternating rounds of (a) and (b)")
     ap.add_argument("--requests", type=int, default=1000, help="single enqueues in (b)")
     ap.add_argument("--kills", type=int, default=20, help="leader kills in (c); 0 skips")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the members")
@@ -325,21 +380,24 @@ def main() -> int:
     try:
         log(f"data under {root}; load {load_before[0]:.2f} {load_before[1]:.2f}")
         single_node = Node.single(root)
-        single_node.start()
-        try:
-            single_node.wait_up()
-            single = measure_ab(single_node.url, args)
-        finally:
-            single_node.close()
-        log(f"single node: {single}")
         cluster = Cluster(root, args.etcd_members, env, args.members)
         try:
+            single_node.start()
+            single_node.wait_up()
             cluster.start()
             leader = cluster.wait_in_sync(args.members, timeout=120)
-            repl = measure_ab(leader.url, args)
+            both = measure_ab({"single": single_node.url, "replicated": leader.url}, args)
+            single, repl = both["single"], both["replicated"]
+            log(f"single node: {single}")
             log(f"{args.members} members (leader {leader.name}): {repl}")
-            fo = failovers(cluster, args.kills, log) if args.kills else None
+            single_node.close()
+            fo = None
+            if args.kills:
+                stall, stall_acked = follower_stall(cluster, log)
+                fo = failovers(cluster, args.kills, log, stall_acked)
+                fo["follower_stall_s"] = stall
         finally:
+            single_node.close()
             cluster.close()
     finally:
         if not args.keep:
