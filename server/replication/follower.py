@@ -178,9 +178,15 @@ class Follower:
         with self._cond:
             if self._target == target:
                 return
+            if epoch < self.epochs.highest():
+                raise StaleEpoch(epoch, self.epochs.highest())
+            old = self._client
+            if old is not None:
+                # the previous leader hears nothing more (no acknowledgement) once a
+                # newer epoch is on disk
+                old.abort()
             self.epochs.accept(epoch)  # durable before the leader hears from us
             self._engine.set_role(False, url)
-            old = self._client
             self._target = target
             self._client = LeaderClient(
                 url, token=self._token, ssl_context=self._ssl, timeout_s=self._timeout_s
@@ -201,7 +207,6 @@ class Follower:
                 )
                 self._thread.start()
         if old is not None:
-            old.abort()  # a pull from the old leader ends now, not at its timeout
             old.close()
 
     def stop(self, timeout: float = 30.0) -> None:

@@ -127,6 +127,14 @@ class LeaderClient:
     def _post(
         self, conn: http.client.HTTPConnection, path: str, body: dict[str, Any]
     ) -> http.client.HTTPResponse:
+        if conn.sock is None:
+            conn.connect()
+        with self._lock:
+            # abort() shuts down every socket it sees under this lock: either it has run
+            # (and this request is never sent) or it will cut this socket. So once
+            # abort() returns, no byte of a new request reaches this leader.
+            if self._aborted:
+                raise ConnectionAbortedError("this leader is no longer followed")
         conn.request("POST", self._prefix + path, json.dumps(body).encode(), self._headers)
         return conn.getresponse()
 
@@ -172,7 +180,8 @@ class LeaderClient:
             self._drop(conn)
 
     def abort(self) -> None:
-        """From another thread: end every request in flight and refuse new ones."""
+        """From another thread: end every request in flight and refuse new ones; once
+        it returns, nothing more is sent to this leader."""
         with self._lock:
             self._aborted = True
             conns = list(self._open)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from dq.server.replication.follower import Follower, StaleEpoch
+from dq.server.replication.leader_client import LeaderClient
 from dq.server.replication.member import _Following
 from dq.server.replication.routes import ClusterDoc
 from dq.storage.replication import KIND_CONTROL, KIND_RECORD, Frame
@@ -377,3 +378,18 @@ def test_pulls_reuse_one_connection(follower: Follower, leader: FakeLeader) -> N
         leader.wait_for(lambda lsn=lsn: any(p.body["after"] == lsn for p in leader.pulls()))
     assert len({p.peer for p in leader.pulls()}) == 1
     assert leader.snapshots()[0].peer not in {p.peer for p in leader.pulls()}
+
+
+def test_an_aborted_client_sends_nothing_more(leader: FakeLeader) -> None:
+    """What fences a replaced leader on this side: once ``follow`` has aborted the old
+    leader's client (before the newer epoch is written), not one more request, so not
+    one more acknowledgement, reaches it, on a kept-alive connection or a new one."""
+    client = LeaderClient(leader.url, timeout_s=2.0)
+    client.pull("f1", 5, 0, 0)
+    client.abort()
+    with pytest.raises(OSError):
+        client.pull("f1", 5, 0, 0)
+    with pytest.raises(OSError), client.snapshot("f1", 5):
+        pass
+    client.close()
+    assert len(leader.requests) == 1
