@@ -299,13 +299,19 @@ class Coordinator:
             self._epoch = leader.epoch
         return leader.epoch
 
-    def resign(self) -> bool:
-        """Give up leadership (the sync set stays, so a sync member takes over)."""
-        epoch = self._epoch
+    def resign(self, epoch: int = 0) -> bool:
+        """Give up leadership of ``epoch`` (default: the one this node leads; only ever
+        an epoch this node won), deleting
+        the leader key only while it is still that epoch's. The sync set stays, so a
+        sync member takes over. An epoch whose lease this node has given up for lost may
+        still have its key (etcd had the renewal whose answer never came): naming it
+        here deletes the key instead of waiting for that lease to expire."""
+        epoch = epoch or self._epoch
         if not epoch:
             return False
         with self._lock:
-            self._epoch = 0
+            if self._epoch == epoch:
+                self._epoch = 0
         result = self.client.txn(
             [compare_create(self.leader_key, epoch)], [delete_op(self.leader_key)]
         )

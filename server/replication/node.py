@@ -245,7 +245,7 @@ class Node:
             replicator = await self.make_leader(epoch)
         except Exception:
             logger.exception("could not start leading epoch %d; resigning", epoch)
-            await self.blocking(self._resign)
+            await self.blocking(self._resign, epoch)
             self._hold_until = time.monotonic() + self.coordinator.ttl_s
             return
         self.replicator = replicator
@@ -270,13 +270,13 @@ class Node:
                 await asyncio.shield(replicator.stop())
             except Exception:
                 logger.exception("stopping the replicator of epoch %d failed", epoch)
-        await self.blocking(self._resign)
+        await self.blocking(self._resign, epoch)
         if hold:  # let another sync member take over before this one tries again
             self._hold_until = time.monotonic() + self.coordinator.ttl_s
 
-    def _resign(self) -> None:
+    def _resign(self, epoch: int) -> None:
         try:
-            self.coordinator.resign()
+            self.coordinator.resign(epoch)
         except EtcdError as exc:
             logger.warning("could not resign (the lease will expire): %s", exc)
 

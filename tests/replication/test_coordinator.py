@@ -222,3 +222,16 @@ def test_started_before_etcd_is_up(tmp_path: Path, cluster: str) -> None:
     finally:
         coordinator.close()
         later.kill()
+
+
+def test_resign_names_an_epoch_given_up_for_lost(make: Make) -> None:
+    a, b = make("a"), make("b")
+    epoch = a.campaign()
+    assert epoch is not None
+    a._epoch = 0  # as after a keep-alive whose answer never came: the lease given up
+    assert a.resign() is False  # no epoch of its own any more: nothing to delete
+    assert b.read().leader is not None
+    assert a.resign(epoch) is True  # the key of that epoch goes now, not at lease expiry
+    assert b.read().leader is None
+    assert b.campaign() is None  # a is the only sync member
+    assert a.campaign() is not None
