@@ -67,20 +67,30 @@ class ReplicaMixin(QueueCore):
         """Copy this queue's files into the empty directory ``dest``; return the lsn of
         the last record the copy holds (0 if none was shipped)."""
         with self.lock:
+            if self.quarantined:
+                # damaged: copied as it lies on disk, so a follower quarantines it the
+                # same way (its other queues still join) and every member keeps what an
+                # operator may repair; it takes no writes, so the stream has none of it
+                self._copy_files(dest, None)
+                return self.last_lsn
             self._check_open()
             wal = self.wal
             with wal.io_lock:
-                for name in sorted(os.listdir(self.directory)):
-                    if name.endswith(_SKIPPED_SUFFIXES) or ".torn-" in name:
-                        continue
-                    src = os.path.join(self.directory, name)
-                    if not os.path.isfile(src):
-                        continue
-                    target = os.path.join(dest, name)
-                    if src == wal.path:
-                        wal.copy_to(target)
-                    elif name.endswith((".json",)):
-                        shutil.copyfile(src, target)  # rewritten in place by rename: copy
-                    else:
-                        os.link(src, target)  # segment files, closed logs, sidecars: immutable
+                self._copy_files(dest, wal.path)
             return self.last_lsn
+
+    def _copy_files(self: Queue, dest: str, live_log: str | None) -> None:
+        """Hard-link the immutable files, copy the rest (the live log with its buffer)."""
+        for name in sorted(os.listdir(self.directory)):
+            if name.endswith(_SKIPPED_SUFFIXES) or ".torn-" in name:
+                continue
+            src = os.path.join(self.directory, name)
+            if not os.path.isfile(src):
+                continue
+            target = os.path.join(dest, name)
+            if src == live_log:
+                self.wal.copy_to(target)
+            elif name.endswith((".json", ".log")):
+                shutil.copyfile(src, target)  # rewritten in place, or by rename: copy
+            else:
+                os.link(src, target)  # segment files, closed logs, sidecars: immutable

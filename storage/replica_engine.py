@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from dq.storage import fileio
 from dq.storage.dedup import after_all
-from dq.storage.errors import InvalidArgument, NotLeader, ReplicationTimeout
+from dq.storage.errors import EngineUnavailable, InvalidArgument, NotLeader, ReplicationTimeout
 from dq.storage.queue_commit import answer
 from dq.storage.queue_config import save_config
 from dq.storage.queue_state import QueueState, save_state
@@ -79,6 +79,7 @@ class ReplicaEngine:
 
     if TYPE_CHECKING:
         root: str
+        closed: bool
         config: EngineConfig
         _lock: threading.RLock
         _queues: dict[str, Queue]
@@ -216,6 +217,13 @@ class ReplicaEngine:
                 except FileNotFoundError:  # a merge removed an input meanwhile: again
                     if attempt == 4:
                         raise
+                except EngineUnavailable:
+                    if self.closed or self._queues.get(name) is q:
+                        raise
+                    # deleted since the listing: its deletion (and any new queue of
+                    # that name) is in the stream after the snapshot's lsn
+                    shutil.rmtree(target, ignore_errors=True)
+                    break
         return out
 
     # ------------------------------------------------------------------ follower

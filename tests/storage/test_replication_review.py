@@ -190,3 +190,73 @@ def test_a_failed_queue_reopened_before_the_step_down_reuses_no_shipped_id(
         f"the follower holds {[(i.id, i.value) for i in items]}: the reopened queue "
         "reused the id of a record the followers already had"
     )
+
+
+def _commit_all(engine: Engine, sink: ListSink) -> None:
+    engine.commit(len(sink.frames))
+
+
+def test_a_damaged_queue_on_the_leader_does_not_stop_followers_from_joining(
+    tmp_path: Path, clock: Any
+) -> None:
+    cfg = EngineConfig(fsync="always", compaction="inline", auto_merge=False)
+    first = Engine.open(tmp_path / "leader", cfg, clock=clock)
+    first.enqueue("good", [NewItem(b"g", 0)])
+    first.enqueue("bad", [NewItem(b"b", 0)])
+    first.close()
+    settings = tmp_path / "leader" / "queues" / "bad" / "queue.json"
+    settings.write_bytes(b"{not json")
+    leader = Engine.open(tmp_path / "leader", cfg, clock=clock)
+    follower = Engine.open(tmp_path / "follower", cfg, clock=clock)
+    try:
+        assert leader.queue("bad").quarantined
+        sink = ListSink()
+        leader.set_replication(sink)
+        dest = os.path.join(leader.root, ".replica-snap")
+        lsns = leader.snapshot(dest)  # every follower's (re)join goes through this
+        assert set(lsns) == {"good", "bad"}
+        follower.set_role(False, None)
+        follower.replace_queues(dest)
+        assert [d.value for d in follower.browse("good", with_values=True).items] == [b"g"]
+        # the damaged queue travels as it lies on disk: quarantined there too, its
+        # files kept for whoever repairs it
+        assert follower.queue("bad").quarantined
+        copied = tmp_path / "follower" / "queues" / "bad" / "queue.json"
+        assert copied.read_bytes() == b"{not json"
+    finally:
+        leader.close()
+        follower.close()
+
+
+def test_a_queue_deleted_while_a_snapshot_is_taken_is_left_out(
+    engines: Any, monkeypatch: Any
+) -> None:
+    from dq.storage.queue import Queue
+
+    leader = engines("leader")
+    sink = ListSink()
+    leader.set_replication(sink)
+    for name in ("a-first", "b-gone"):
+        leader.ensure_queue(name)
+        fut = leader.enqueue_nowait(name, [NewItem(name.encode(), 0)])
+        _commit_all(leader, sink)
+        fut.result(timeout=5)
+    original = Queue.snapshot_into
+    deleted: list[str] = []
+
+    def snapshot_into(q: Queue, dest: str) -> int:
+        if q.name == "a-first" and not deleted:  # the next queue goes meanwhile
+            t = threading.Thread(target=leader.delete_queue, args=("b-gone",), daemon=True)
+            t.start()
+            _wait_for(lambda: not leader.has_queue("b-gone"))
+            _commit_all(leader, sink)
+            t.join(5)
+            deleted.append("b-gone")
+        return original(q, dest)
+
+    monkeypatch.setattr(Queue, "snapshot_into", snapshot_into)
+    dest = os.path.join(leader.root, ".replica-snap")
+    lsns = leader.snapshot(dest)
+    assert deleted == ["b-gone"]
+    assert set(lsns) == {"a-first"}
+    assert sorted(os.listdir(os.path.join(dest, "queues"))) == ["a-first"]
