@@ -342,18 +342,23 @@ def test_a_laggy_member_at_min_insync_stays_and_the_window_grows() -> None:
 def test_a_waiting_pull_is_woken_by_a_ship_from_another_thread() -> None:
     async def body(rep: Replicator, engine: RecordingEngine, coord: FakeCoordinator) -> float:
         rep.attach("f1")
-        timer = threading.Timer(0.2, lambda: ship(rep, 1))
-        t0 = time.monotonic()
+        shipped: list[float] = []
+
+        def later() -> None:
+            shipped.append(time.monotonic())
+            ship(rep, 1)
+
+        timer = threading.Timer(0.1, later)
         timer.start()
         try:
             pulled = await rep.pull("f1", 5, 0, 1000)
         finally:
             timer.join(5)
         assert [f.lsn for f in decode_frames(pulled.body)] == [1]
-        return time.monotonic() - t0
+        return time.monotonic() - shipped[0]
 
-    waited = run(body)
-    assert 0.15 < waited < 0.9
+    # woken, not answered at the end of its wait (which is ~0.9 s after the ship)
+    assert run(body) < 0.6
 
 
 def test_an_idle_pull_answers_empty_after_its_wait() -> None:
