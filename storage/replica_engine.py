@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from dq.storage import fileio
 from dq.storage.dedup import after_all
 from dq.storage.errors import EngineUnavailable, InvalidArgument, NotLeader, ReplicationTimeout
+from dq.storage.queue import Queue
 from dq.storage.queue_commit import answer
 from dq.storage.queue_config import save_config
 from dq.storage.queue_state import QueueState, save_state
@@ -43,7 +44,6 @@ from dq.storage.types import QueueConfig
 
 if TYPE_CHECKING:
     from dq.storage.engine import EngineConfig
-    from dq.storage.queue import Queue
 
 __all__ = ["SCRATCH_PREFIX", "ReplicaEngine", "restore_replaced_queues"]
 
@@ -98,6 +98,8 @@ class ReplicaEngine:
         #: the leader's URL as a follower knows it (None while unknown)
         self.leader_url: str | None = None
         self._committed = threading.Condition()
+        #: queues whose memory lacks records their log holds (``set_replication``)
+        self._dropped: set[str] = set()
 
     # ------------------------------------------------------------------ role
 
@@ -126,10 +128,11 @@ class ReplicaEngine:
         again from the sink's numbering.
 
         Writes still waiting for the previous sink's commit are answered
-        ``ReplicationTimeout`` (their outcome is unknown: their records are in this
-        node's log, which a node that lost its leadership replaces with the new
-        leader's copy) and dropped, so an lsn of one epoch is never compared with the
-        commits of another.
+        ``ReplicationTimeout`` (their outcome is unknown) and dropped from memory, so
+        an lsn of one epoch is never compared with the commits of another. Their
+        records stay in the log: a node that follows next replaces its queues with the
+        leader's copy; a node that leads again must first ``restore_dropped`` so its
+        memory (items, ids, idempotency keys) is its log again.
         """
         if sink is not None and self.config.fsync != "always":
             raise InvalidArgument("replication needs fsync 'always'", fsync=self.config.fsync)
@@ -149,7 +152,10 @@ class ReplicaEngine:
                     self._committed.notify_all()
                 for q in queues:
                     q.last_lsn = 0
-                    answers += q._drop_replicated(lost)
+                    dropped = q._drop_replicated(lost)
+                    if dropped:
+                        self._dropped.add(q.name)
+                    answers += dropped
             finally:
                 for q in queues:
                     q.lock.release()
@@ -275,12 +281,36 @@ class ReplicaEngine:
         else:
             log.warning("ignoring unknown replicated change %r of queue %s", kind, name)
 
+    def restore_dropped(self) -> list[str]:
+        """Reopen from their files the queues whose waiting writes a change of sink
+        dropped, so what this node serves and ships (its snapshots copy the log) is
+        one and the same: those writes become items with their ids and idempotency
+        keys. Call it before leading again, off the event loop (it closes and opens
+        queues). Returns the queues it reopened."""
+        with self._lock:
+            names = sorted(self._dropped)
+            self._dropped.clear()
+        reopened = []
+        for name in names:
+            q = self._queues.get(name)
+            if q is None:
+                continue
+            q.close()
+            fresh = Queue.open(self, name, q.directory)
+            with self._lock:
+                if self._queues.get(name) is q:
+                    self._queues[name] = fresh
+                    reopened.append(name)
+            log.warning("queue %s reopened from its files: writes in doubt are kept", name)
+        return reopened
+
     def replace_queues(self, src: str) -> None:
         """Replace every queue with the copy in ``src/queues`` (a follower joining a
         leader): close them all, swap the directories, open the copy as on a start."""
         with self._lock:
             queues = list(self._queues.values())
             self._queues = {}
+            self._dropped.clear()
         for q in queues:
             q.close()
         qroot = os.path.join(self.root, "queues")

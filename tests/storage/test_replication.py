@@ -191,6 +191,35 @@ def test_stopping_to_lead_answers_waiting_writes_unknown(engines: Any) -> None:
     assert [d.value for d in leader.dequeue("jobs", 10)] == [b"committed"]
 
 
+def test_leading_again_after_a_step_down_restores_the_writes_in_doubt(engines: Any) -> None:
+    """A leader that steps down and wins the next election itself (no other member
+    could) serves what its log holds: the write in doubt is an item with its id, and
+    a repeat of its idempotency key finds it instead of making a second item."""
+    leader = engines("leader")
+    leader.put_queue("jobs", QueueConfig(dedup_window_ms=60_000))
+    sink = ListSink()
+    leader.set_replication(sink)
+    fut = leader.enqueue_nowait("jobs", [NewItem(b"in doubt", 0, key="k")])
+    leader.queue("jobs")  # the write reaches the log (fsync) but never the sync set
+    deadline = time.monotonic() + 5
+    while leader.queue("jobs")._waiting and not leader.queue("jobs")._waiting[0].synced:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    leader.set_replication(None)  # the lease is lost
+    with pytest.raises(ReplicationTimeout):
+        fut.result(timeout=5)
+    assert leader.restore_dropped() == ["jobs"]
+    again = ListSink()
+    leader.set_replication(again)  # a new epoch
+    auto = AutoCommit(leader, again)
+    try:
+        [dup] = leader.enqueue("jobs", [NewItem(b"repeat", 0, key="k")])
+    finally:
+        auto.close()
+    assert [(d.id, d.value) for d in leader.dequeue("jobs", 10)] == [(dup.id, b"in doubt")]
+    assert leader.restore_dropped() == []
+
+
 def test_replication_needs_fsync_always(engines: Any) -> None:
     e = engines("interval", fsync="interval")
     with pytest.raises(InvalidArgument, match="always"):
