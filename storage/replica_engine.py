@@ -24,7 +24,7 @@ import shutil
 import threading
 import time
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from dq.storage import fileio
 from dq.storage.dedup import after_all
@@ -44,6 +44,7 @@ from dq.storage.types import QueueConfig
 
 if TYPE_CHECKING:
     from dq.storage.engine import EngineConfig
+    from dq.storage.queue_core import QueueHost
 
 __all__ = ["SCRATCH_PREFIX", "ReplicaEngine", "restore_replaced_queues"]
 
@@ -296,7 +297,7 @@ class ReplicaEngine:
             if q is None:
                 continue
             q.close()
-            fresh = Queue.open(self, name, q.directory)
+            fresh = Queue.open(cast("QueueHost", self), name, q.directory)
             with self._lock:
                 if self._queues.get(name) is q:
                     self._queues[name] = fresh
