@@ -15,7 +15,8 @@ difference). Nested parts are counted inside their callers too:
   durable, their writes included;
 - ``answer write``: ``DqHttpProtocol._reply`` — the head and one ``transport.write``
   (the kernel's loopback TCP work for the reader is charged here);
-- ``engine.*``: the engine's own calls on the loop thread.
+- ``engine.*``: the engine's own calls on the loop thread; ``syncer wake-up`` is the
+  part of a durable write that wakes the group-commit thread (``Syncer.mark_dirty``).
 
 The probe costs a ``clock_gettime`` pair per wrapped call (~1-2 µs each on a VM): the
 split says where the time goes, the whole-process figures come from runs without it.
@@ -64,6 +65,7 @@ def main() -> int:
     from dq.server.completions import Completions
     from dq.server.protocol import DqHttpProtocol
     from dq.storage.engine import Engine
+    from dq.storage.syncer import Syncer
 
     _wrap(DqHttpProtocol, "data_received", "parse+dispatch")
     _wrap(Completions, "_drain", "durable answers")
@@ -71,6 +73,7 @@ def main() -> int:
     _wrap(Engine, "enqueue_nowait", "engine.enqueue_nowait")
     _wrap(Engine, "release_nowait", "engine.release_nowait")
     _wrap(Engine, "dequeue", "engine.dequeue")
+    _wrap(Syncer, "mark_dirty", "syncer wake-up")
     signal.signal(signal.SIGUSR1, _dump)
     return dq_main(sys.argv[1:])
 
