@@ -20,10 +20,12 @@ Invariants kept:
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import select
 import socket
 import ssl
+import struct
 import weakref
 from dataclasses import dataclass
 
@@ -41,6 +43,25 @@ RECV_SIZE = 256 * 1024
 #: How a connection is opened; the client's tests put a failing connect here.
 open_socket = socket.create_connection
 _NO_BODY = frozenset({204, 304})
+
+
+#: Bumped in a child after ``fork()``: a connection made before it is the parent's.
+_generation = 0
+
+
+def _forked() -> None:
+    global _generation
+    _generation += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def _timeval(seconds: float) -> bytes:
+    """``struct timeval`` for ``SO_RCVTIMEO``/``SO_SNDTIMEO`` (0 would mean never)."""
+    whole = int(min(seconds, 1e9))
+    micros = max(int((seconds - whole) * 1e6), 0 if whole else 1)
+    return struct.pack("@ll", whole, micros)
 
 
 class NotSent(Exception):
@@ -178,16 +199,23 @@ class Connection:
         except (OSError, ssl.SSLError) as exc:
             sock.close()
             raise NotSent(f"cannot set up the connection to {host}:{port}: {exc!r}") from exc
+        # Plain TCP: blocking, with the timeout kept by the kernel (a Python socket
+        # timeout poll()s before every send and every receive, two more syscalls a
+        # request). Not under TLS: Python's ssl retries a read the kernel timed out.
+        self._kernel_timeout = tls is None
+        if self._kernel_timeout:
+            sock.settimeout(None)
         self.sock = sock
-        self.pid = os.getpid()
+        self.generation = _generation
         self.closed = False
+        self._timeout = -1.0
         # a connection dropped with its thread is closed without a ResourceWarning
         self._finalizer = weakref.finalize(self, sock.close)
 
     def usable(self) -> bool:
         """Not closed, not inherited across fork(), and not closed by the server meanwhile
         (an idle keep-alive connection that turned readable holds an EOF or junk)."""
-        if self.closed or self.pid != os.getpid():
+        if self.closed or self.generation != _generation:
             return False
         try:
             readable, _, _ = select.select([self.sock], [], [], 0)
@@ -195,10 +223,19 @@ class Connection:
             return False
         return not readable
 
+    def _set_timeout(self, timeout: float) -> None:
+        if not self._kernel_timeout:
+            self.sock.settimeout(timeout)
+        elif timeout != self._timeout:
+            value = _timeval(timeout)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
+            self._timeout = timeout
+
     def request(self, data: bytes, timeout: float) -> Response:
         sock = self.sock
         try:
-            sock.settimeout(timeout)
+            self._set_timeout(timeout)
             sock.sendall(data)
         except OSError as exc:
             self.close()
@@ -214,6 +251,10 @@ class Connection:
             self.close()
             if isinstance(exc, Lost):
                 raise
+            if isinstance(exc, (BlockingIOError, TimeoutError, ssl.SSLWantReadError)) or (
+                exc.errno == errno.EAGAIN
+            ):
+                raise Lost(f"no answer within {timeout:g} s") from exc
             raise Lost(f"no answer: {exc!r}") from exc
         if response.close:
             self.close()

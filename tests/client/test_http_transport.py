@@ -75,13 +75,15 @@ def test_enqueue_is_retried_when_the_connection_never_opened(refused_once: list[
 
 
 def test_a_timed_out_enqueue_is_not_resent() -> None:
+    t0 = time.monotonic()
     with (
         scripted(HANG) as server,
         Client(server.url, timeout=0.3) as dq,
-        pytest.raises(TransportError),
+        pytest.raises(TransportError, match=r"no answer within 0\.3 s"),
     ):
         dq.enqueue("q", b"x")
     assert len(server.seen) == 1
+    assert time.monotonic() - t0 < 5  # the client's timeout, not the server giving up
 
 
 def test_server_codes_map_to_error_classes() -> None:
@@ -184,4 +186,19 @@ def test_async_timeout_after_a_longer_one_on_the_same_connection() -> None:
     with scripted(Answer(200, {"items": []}), HANG) as server:
         waited = asyncio.run(run(server.url))
     assert waited < 2.0
+    assert server.connections == 1
+
+
+def test_timeout_after_a_longer_one_on_the_same_connection() -> None:
+    """The connection's kernel timeout follows each request's own (a long-poll's long
+    one, then a short one)."""
+    with (
+        scripted(Answer(200, {"items": []}), HANG) as server,
+        Client(server.url, timeout=0.3) as dq,
+    ):
+        assert list(dq.dequeue("q", wait_ms=5000)) == []  # timeout 5.3 s, answered at once
+        t0 = time.monotonic()
+        with pytest.raises(TransportError, match=r"no answer within 0\.3 s"):
+            dq.enqueue("q", b"x")
+        assert time.monotonic() - t0 < 2.0
     assert server.connections == 1

@@ -5,14 +5,18 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
+import socket
 import ssl
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from dq.client import Client, TransportError
 from tests.server.live import LiveServer, live_server
 
 pytestmark = pytest.mark.skipif(
@@ -21,8 +25,8 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    base: Path = tmp_path_factory.mktemp("dq-tls")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    base: Path = tmp_path_factory.mktemp("dq-certs")
     cert, key = base / "cert.pem", base / "key.pem"
     subprocess.run(
         [
@@ -34,8 +38,14 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         capture_output=True,
         timeout=60,
     )  # fmt: skip
+    return cert, key
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory, certs: tuple[Path, Path]) -> Iterator[LiveServer]:
+    cert, key = certs
     env = {"DQ_TLS_CERT": str(cert), "DQ_TLS_KEY": str(key)}
-    with live_server(base / "data", env=env) as server:
+    with live_server(tmp_path_factory.mktemp("dq-tls") / "data", env=env) as server:
         yield server
 
 
@@ -69,3 +79,46 @@ def test_hot_routes_over_https(tls: LiveServer) -> None:
 def test_plain_http_is_not_served(tls: LiveServer) -> None:
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{tls.port}/healthz", timeout=5)
+
+
+def test_the_client_over_https(tls: LiveServer) -> None:
+    with Client(tls.url, ssl_context=tls.verify, timeout=10) as dq:
+        item_id = dq.enqueue("client-tls", b"s")
+        (item,) = dq.dequeue("client-tls")
+        assert item.id == item_id and item.value == b"s"
+        got = dq.dequeue("client-tls", release=[item])
+        assert list(got) == [] and got.released[0].ok
+
+
+def test_the_client_over_https_times_out_when_no_answer_comes(certs: tuple[Path, Path]) -> None:
+    """Over plain TCP the client's timeout is the kernel's (``SO_RCVTIMEO``); under TLS
+    it keeps Python's socket timeout (its ssl layer retries a read the kernel timed
+    out), so a request nobody answers still ends at the timeout, as ``Lost``."""
+    cert, key = certs
+    server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_side.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def never_answer() -> None:
+        conn, _ = listener.accept()
+        conn.settimeout(10)
+        tconn = server_side.wrap_socket(conn, server_side=True)
+        held.append(tconn)
+        tconn.recv(65536)  # the request; no answer follows
+
+    thread = threading.Thread(target=never_answer, daemon=True)
+    thread.start()
+    verify = ssl.create_default_context(cafile=str(cert))
+    url = f"https://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        with Client(url, ssl_context=verify, timeout=0.5, retries=0) as dq:
+            t0 = time.monotonic()
+            with pytest.raises(TransportError, match=r"no answer within 0\.5 s"):
+                dq.enqueue("q", b"x")
+            assert time.monotonic() - t0 < 5
+    finally:
+        thread.join(10)
+        for c in held:
+            c.close()
+        listener.close()
