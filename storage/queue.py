@@ -35,7 +35,7 @@ import os
 
 from dq.storage import fileio
 from dq.storage.codec import encode_key, key_deadline, key_id
-from dq.storage.errors import CorruptionError, EngineUnavailable, WriteStall
+from dq.storage.errors import CorruptionError, EngineUnavailable, ReplicationTimeout, WriteStall
 from dq.storage.itemmeta import ItemMeta
 from dq.storage.leases import Leases
 from dq.storage.memseg import MemSegment
@@ -172,7 +172,14 @@ class Queue(FailureMixin, CommitMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, 
             elif self.loaded:
                 self.wal.abandon()
             gone = EngineUnavailable("queue is closed", queue=self.name)
-            answers += [(b.future, None, gone) for b in self._waiting]  # none in practice
+            # on a replica group's leader, a write still waiting for its sync set is on
+            # the followers: closed under it (a deletion), its outcome is unknown
+            in_doubt = ReplicationTimeout(
+                "the queue was closed before the replica group acknowledged the write; "
+                "its outcome is unknown",
+                queue=self.name,
+            )
+            answers += [(b.future, None, in_doubt if b.lsn else gone) for b in self._waiting]
             self._waiting = []
             for r in self.segments:
                 r.close()

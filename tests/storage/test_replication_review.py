@@ -260,3 +260,29 @@ def test_a_queue_deleted_while_a_snapshot_is_taken_is_left_out(
     assert deleted == ["b-gone"]
     assert set(lsns) == {"a-first"}
     assert sorted(os.listdir(os.path.join(dest, "queues"))) == ["a-first"]
+
+
+def test_a_write_waiting_for_the_sync_set_when_its_queue_is_deleted_is_answered_unknown(
+    engines: Any,
+) -> None:
+    leader = engines("leader")
+    sink = ListSink()
+    leader.set_replication(sink)
+    leader.ensure_queue("jobs")
+    _commit_all(leader, sink)
+    fut = leader.enqueue_nowait("jobs", [NewItem(b"in doubt", 0)])
+    shipped = len(sink.frames)
+    t = threading.Thread(target=leader.delete_queue, args=("jobs",), daemon=True)
+    t.start()
+    try:
+        # the deletion closes the queue; its own commit has not come (if it never does,
+        # another member takes over with the item and without the deletion)
+        with pytest.raises(StorageError) as info:
+            fut.result(timeout=5)
+        assert len(sink.frames) == shipped + 1  # the deletion, after the item
+    finally:
+        _commit_all(leader, sink)
+        t.join(5)
+    assert isinstance(info.value, ReplicationTimeout), (
+        f"answered {info.value.code}: {info.value} (refused) for a write the followers hold"
+    )
