@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 
 from tests.jepsen.history import History
-from tests.jepsen.netns import Network
+from tests.jepsen.netns import Network, sh
 from tests.jepsen.procs import Proc, Supervisor, wait_until
 
 __all__ = ["DQ_PORT", "Cluster", "Monitor"]
@@ -57,8 +57,38 @@ class Cluster:
     def etcd_url(self, node: int) -> str:
         return f"http://{self.net.addr(node)}:{ETCD_CLIENT}"
 
+    def disk(self, node: int) -> Path:
+        """The node's dq disk: a directory, or a size-limited tmpfs (``mount_disks``)."""
+        return self.data_root / f"dq-n{node}"
+
     def data_dir(self, node: int) -> Path:
-        return self.data_root / f"n{node}" / "dq"
+        return self.disk(node) / "data"
+
+    def mount_disks(self, size_mb: int) -> None:
+        """Give each node's dq a tmpfs of its own (in the run's private mount namespace):
+        no load on the machine's disk, and a disk that can be filled (``fill_disk``).
+        A SIGKILL loses nothing on tmpfs, as on a disk; power loss is not simulated."""
+        for i in self.net.nodes:
+            self.disk(i).mkdir(parents=True, exist_ok=True)
+            sh(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(self.disk(i))])
+
+    def fill_disk(self, node: int) -> int:
+        """Fill the node's disk to the last byte; bytes written."""
+        chunk, written = b"\0" * (1 << 20), 0
+        with (self.disk(node) / "filler").open("wb", buffering=0) as f:
+            while True:
+                try:
+                    written += f.write(chunk)
+                except OSError:
+                    try:
+                        while True:
+                            written += f.write(b"\0" * 4096)
+                    except OSError:
+                        return written
+
+    def free_disks(self) -> None:
+        for i in self.net.nodes:
+            (self.disk(i) / "filler").unlink(missing_ok=True)
 
     # etcd ---------------------------------------------------------------------------
     def start_etcd(self, timeout: float = 60.0) -> None:
@@ -67,7 +97,7 @@ class Cluster:
         for i in self.net.nodes:
             a = self.net.addr(i)
             argv = [
-                "etcd", "--name", f"e{i}", "--data-dir", str(self.data_root / f"n{i}" / "etcd"),
+                "etcd", "--name", f"e{i}", "--data-dir", str(self.data_root / f"etcd-n{i}"),
                 "--listen-client-urls", f"http://{a}:{ETCD_CLIENT},http://127.0.0.1:{ETCD_CLIENT}",
                 "--advertise-client-urls", f"http://{a}:{ETCD_CLIENT}",
                 "--listen-peer-urls", f"http://{a}:{ETCD_PEER}",
@@ -132,6 +162,8 @@ class Cluster:
         self.dq[node].start()
 
     def remove_data(self) -> None:
+        for i in self.net.nodes:
+            sh(["umount", str(self.disk(i))], check=False)
         shutil.rmtree(self.data_root, ignore_errors=True)
 
 

@@ -47,8 +47,9 @@ FAULTS = (
     "kill_follower_merging",
 )
 #: More faults for longer runs (``runner --faults``): every dq killed at once, one
-#: follower cut off from the leader, the leader killed while a follower resyncs.
-EXTRA_FAULTS = ("kill_all", "partition_follower", "kill_leader_during_resync")
+#: follower cut off from the leader, the leader killed while a follower resyncs, the
+#: leader's disk filled to the last byte (its writes fail: it must step down).
+EXTRA_FAULTS = ("kill_all", "partition_follower", "kill_leader_during_resync", "disk_full_leader")
 
 
 def _segment_in_progress(root: Path, *, merges_only: bool) -> str | None:
@@ -138,6 +139,7 @@ class Nemesis:
         """Undo every fault: rules and qdiscs removed, paused processes continued, dead
         dq processes started again."""
         self.net.heal()
+        self.cluster.free_disks()
         for proc in self.cluster.dq.values():
             if proc.paused:
                 proc.cont()
@@ -268,4 +270,10 @@ class Nemesis:
             "kill_leader_during_resync", f"n{node} restarted, SIGKILL dq n{leader}"
         )
         self._sleep(self.hold_s / 2)
+        return detail
+
+    def _disk_full_leader(self, leader: int) -> str:
+        filled = self.cluster.fill_disk(leader)
+        detail = self._start("disk_full_leader", f"n{leader}'s disk filled ({filled >> 20} MiB)")
+        self._sleep(self.hold_s)
         return detail

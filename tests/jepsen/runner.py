@@ -92,12 +92,14 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     try:
         net.setup()
         summary["netem"] = net.netem
+        if args.disk_mb:
+            cluster.mount_disks(args.disk_mb)
         if not args.no_etcd:
             cluster.start_etcd()
         cluster.start_dq()
         monitor.start()
         summary["first_leader"] = monitor.wait_leader(60)
-        workload = Workload(cluster.urls(), history)
+        workload = Workload(cluster.urls(), history, keys=not args.no_keys)
         workload.create_queue()
         workload.start()
         faults = tuple(args.faults.split(",")) if args.faults else FAULTS
@@ -144,6 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rng", type=int, default=None, help="fault order (random when absent)")
     p.add_argument("--data-root", default=None, help="where node data directories go")
     p.add_argument("--keep-data", action="store_true")
+    p.add_argument("--no-keys", action="store_true", help="no keyed producer")
+    p.add_argument(
+        "--disk-mb",
+        type=int,
+        default=128,
+        help="each node's dq disk is a tmpfs of this size (0: a directory on the disk)",
+    )
     p.add_argument(
         "--stall-dump",
         action="store_true",

@@ -56,6 +56,7 @@ class Workload:
         history: History,
         *,
         producers: int = 2,
+        keys: bool = True,
         consumers: int = 2,
         timeout_s: float = 5.0,
         pause_s: float = 0.01,
@@ -75,7 +76,7 @@ class Workload:
         # riding its releases on the next dequeue.
         self.threads = [
             threading.Thread(
-                target=self._produce, args=(f"p{i}", i % 2 == 1), name=f"p{i}", daemon=True
+                target=self._produce, args=(f"p{i}", keys and i % 2 == 1), name=f"p{i}", daemon=True
             )
             for i in range(producers)
         ] + [
