@@ -58,6 +58,8 @@ class RoleEngine(Protocol):
 
     def set_replication(self, sink: Any) -> None: ...
 
+    def restore_dropped(self) -> list[str]: ...
+
 
 class LeaderRole(Protocol):
     """A started replicator (``server/replication/leader.py``)."""
@@ -242,6 +244,8 @@ class Node:
 
     async def _start_leading(self, epoch: int) -> None:
         try:
+            # writes in doubt from an earlier epoch of this node: memory is its log again
+            await self.blocking(self.engine.restore_dropped)
             replicator = await self.make_leader(epoch)
         except Exception:
             logger.exception("could not start leading epoch %d; resigning", epoch)

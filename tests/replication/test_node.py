@@ -29,6 +29,7 @@ class Engine:
     leader_url: str | None = None
     sink: Any = None
     roles: list[tuple[bool, str | None]] = field(default_factory=list)
+    restores: int = 0
 
     def set_role(self, writable: bool, leader: str | None) -> None:
         self.writable, self.leader_url = writable, leader
@@ -36,6 +37,10 @@ class Engine:
 
     def set_replication(self, sink: Any) -> None:
         self.sink = sink
+
+    def restore_dropped(self) -> list[str]:
+        self.restores += 1
+        return []
 
 
 class Leading:
@@ -196,6 +201,7 @@ def test_one_leader_the_others_follow_its_epoch(run: Runner) -> None:
 
         await until(all_in_sync)
         assert leader.engine.writable and leader.engine.sink is leader.led[-1]
+        assert leader.engine.restores == len(leader.led)  # memory made its log first
         assert leader.engine.roles[0] == (False, None)  # nothing taken before a role
         for m in group:
             if m is leader:
