@@ -92,9 +92,14 @@ class Leader:
 
 
 @contextlib.contextmanager
-def leading(tmp_path: Path, min_insync: int, window_bytes: int = 256 << 20) -> Iterator[Leader]:
+def leading(
+    tmp_path: Path,
+    min_insync: int,
+    window_bytes: int = 256 << 20,
+    config: EngineConfig | None = None,
+) -> Iterator[Leader]:
     data = tmp_path / "leader"
-    engine = Engine.open(data, EngineConfig(fsync="always"))
+    engine = Engine.open(data, config or EngineConfig(fsync="always"))
     settings = Settings(data_dir=str(data), fsync="always", tokens=(TOKEN,), shm=False)
     try:
         with in_process_server(settings, engine) as server:
