@@ -91,6 +91,8 @@ def enqueue_keyed(
         def publish() -> None:
             for key, value in keyed:
                 mem.add(key, st, value)
+            for entry in new_entries:  # committed: a repeat is answered at once
+                entry.pending = None
             del q._unpublished[token]
             q._notify()
 

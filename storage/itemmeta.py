@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dq.storage import fileio
-from dq.storage.errors import CorruptionError, InvalidKey
+from dq.storage.errors import CorruptionError, InvalidKey, ReplicationTimeout
 
 __all__ = [
     "MAX_KEY_BYTES",
@@ -173,9 +173,18 @@ class ItemMeta:
         self._order.append((entry.time, key))
 
     def settled(self, keys: list[str], entries: list[Remembered], fut: Future[Any]) -> None:
-        """The batch that wrote ``keys`` is durable (keep them) or failed (forget them)."""
-        failed = fut.cancelled() or fut.exception() is not None
+        """The batch that wrote ``keys`` is durable (keep them) or failed (forget them).
+
+        A replicated write answered ``ReplicationTimeout`` is neither: its record is in
+        the log and may still commit. Its keys stay, still pending on that answered
+        future, so a repeat is answered "unknown" too rather than writing a second
+        item; the batch's publication clears ``pending`` once it does commit."""
+        error = None if fut.cancelled() else fut.exception()
+        in_doubt = isinstance(error, ReplicationTimeout)
+        failed = fut.cancelled() or (error is not None and not in_doubt)
         for key, entry in zip(keys, entries, strict=True):
+            if in_doubt:
+                continue
             entry.pending = None
             if failed and self.keys.get(key) is entry:
                 del self.keys[key]

@@ -220,6 +220,30 @@ def test_leading_again_after_a_step_down_restores_the_writes_in_doubt(engines: A
     assert leader.restore_dropped() == []
 
 
+def test_a_keyed_write_answered_unknown_keeps_its_key(engines: Any) -> None:
+    """A repeat of a key whose write timed out waiting for the sync set is answered
+    "unknown" too (never a second item); once the first write commits, the repeat
+    answers its id."""
+    leader = engines("leader")
+    leader.put_queue("jobs", QueueConfig(dedup_window_ms=60_000))
+    sink = ListSink(commit_timeout_s=0.05)
+    leader.set_replication(sink)
+    fut = leader.enqueue_nowait("jobs", [NewItem(b"first", 0, key="k")])
+    deadline = time.monotonic() + 5
+    while not fut.done():
+        assert time.monotonic() < deadline
+        leader.commit(0)  # the replicator's tick
+        time.sleep(0.02)
+    with pytest.raises(ReplicationTimeout):
+        fut.result()
+    with pytest.raises(ReplicationTimeout):
+        leader.enqueue_nowait("jobs", [NewItem(b"repeat", 0, key="k")]).result(timeout=5)
+    leader.commit(sink.last)  # the acknowledgements arrive after all
+    [dup] = leader.enqueue_nowait("jobs", [NewItem(b"repeat", 0, key="k")]).result(timeout=5)
+    assert dup.duplicate
+    assert [(d.id, d.value) for d in leader.dequeue("jobs", 10)] == [(dup.id, b"first")]
+
+
 def test_replication_needs_fsync_always(engines: Any) -> None:
     e = engines("interval", fsync="interval")
     with pytest.raises(InvalidArgument, match="always"):
