@@ -48,8 +48,16 @@ FAULTS = (
 )
 #: More faults for longer runs (``runner --faults``): every dq killed at once, one
 #: follower cut off from the leader, the leader killed while a follower resyncs, the
-#: leader's disk filled to the last byte (its writes fail: it must step down).
-EXTRA_FAULTS = ("kill_all", "partition_follower", "kill_leader_during_resync", "disk_full_leader")
+#: leader's disk filled to the last byte (its writes fail: it must step down), a follower
+#: SIGSTOPped, two of the three etcd members killed (no quorum: writes stop, no loss).
+EXTRA_FAULTS = (
+    "kill_all",
+    "partition_follower",
+    "kill_leader_during_resync",
+    "disk_full_leader",
+    "pause_follower",
+    "kill_etcd_majority",
+)
 
 
 def _segment_in_progress(root: Path, *, merges_only: bool) -> str | None:
@@ -146,6 +154,9 @@ class Nemesis:
         for node, proc in self.cluster.dq.items():
             if not proc.alive():
                 self.cluster.restart_dq(node)
+        for proc in self.cluster.etcd.values():
+            if not proc.alive():
+                proc.start()
 
     def _recovery(self, timeout: float = 20.0) -> float | None:
         """Seconds from the heal until a member claims to lead (an answer given after
@@ -276,4 +287,20 @@ class Nemesis:
         filled = self.cluster.fill_disk(leader)
         detail = self._start("disk_full_leader", f"n{leader}'s disk filled ({filled >> 20} MiB)")
         self._sleep(self.hold_s)
+        return detail
+
+    def _pause_follower(self, leader: int) -> str:
+        node = self.rng.choice(self._followers(leader) or [leader])
+        self.cluster.dq[node].stop()
+        detail = self._start("pause_follower", f"SIGSTOP dq n{node} for {self.hold_s + 1:.0f}s")
+        self._sleep(self.hold_s + 1)
+        return detail
+
+    def _kill_etcd_majority(self, leader: int) -> str:
+        victims = self.rng.sample(self.net.nodes, k=len(self.net.nodes) // 2 + 1)
+        for n in victims:
+            self.cluster.etcd[n].kill()
+        names = ",".join(f"e{n}" for n in sorted(victims))
+        detail = self._start("kill_etcd_majority", f"SIGKILL etcd {names}")
+        self._sleep(self.hold_s + 2)
         return detail
