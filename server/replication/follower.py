@@ -23,6 +23,9 @@ Trouble is reported to the ``report(code, message)`` callback and kept in ``stat
 ``refused`` (any other error answer). Each is followed by a back-off (doubling, capped);
 corruption, protocol and apply errors then resync, since what this node holds can no
 longer be trusted to match the leader. A 409 ``resync_needed`` resyncs at once.
+A watchdog thread logs (with the loop's stack) and records ``stalled`` while the loop has
+waited on the engine for longer than ``stall_warn_s``: the one wait without a timeout
+that logs by itself, during which the leader's writes wait for this member.
 
 Invariant: the lsn sent as ``after`` is only ever one whose frames (and the snapshot
 below them) are fsynced here.
@@ -30,15 +33,18 @@ below them) are fsynced here.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import http.client
 import logging
 import shutil
 import ssl
+import sys
 import tarfile
 import threading
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -143,6 +149,7 @@ class Follower:
         timeout_s: float = 5.0,
         backoff_s: tuple[float, float] = (0.05, 2.0),
         apply_timeout_s: float = 60.0,
+        stall_warn_s: float = 5.0,
     ) -> None:
         self._engine = engine
         self._data_dir = data_dir
@@ -154,6 +161,9 @@ class Follower:
         self._timeout_s = timeout_s
         self._backoff_s = backoff_s
         self._apply_timeout_s = apply_timeout_s
+        self._stall_warn_s = stall_warn_s
+        #: what the loop is blocked in (an apply, an install) and since when (monotonic)
+        self._busy: tuple[str, float] | None = None
         self.epochs = EpochFile(data_dir)
         remove_leftovers(data_dir)
         self._cond = threading.Condition()
@@ -206,6 +216,9 @@ class Follower:
                     daemon=True,
                 )
                 self._thread.start()
+                threading.Thread(
+                    target=self._watch, args=(self._thread,), name="dq-replica-watch", daemon=True
+                ).start()
         if old is not None:
             old.close()
 
@@ -234,6 +247,50 @@ class Follower:
 
     def _update(self, **changes: Any) -> None:
         self._status = dataclasses.replace(self._status, **changes)
+
+    # ------------------------------------------------------------------ stalls
+
+    @contextlib.contextmanager
+    def _blocked_in(self, what: str) -> Iterator[None]:
+        """Mark the loop as waiting on the engine, for the watchdog."""
+        self._busy = (what, time.monotonic())
+        try:
+            yield
+        finally:
+            self._busy = None
+
+    def _watch(self, loop: threading.Thread) -> None:
+        """While ``loop`` runs: warn when it has waited on the engine (an apply, an
+        install) longer than ``stall_warn_s``, with its stack the first time. Nothing
+        else of the loop can block without a timeout that logs, and a follower stuck
+        there acknowledges nothing, so the leader's writes wait."""
+        warned: tuple[str, float] | None = None
+        next_warning = 0.0
+        while loop.is_alive():
+            time.sleep(min(1.0, self._stall_warn_s / 2))
+            busy = self._busy
+            if busy is None:
+                continue
+            what, since = busy
+            waited = time.monotonic() - since
+            if waited < self._stall_warn_s or (time.monotonic() < next_warning and warned == busy):
+                continue
+            stack = ""
+            if warned != busy:
+                frame = sys._current_frames().get(loop.ident or -1)
+                if frame is not None:
+                    stack = "\n" + "".join(traceback.format_stack(frame))
+            warned, next_warning = busy, time.monotonic() + self._stall_warn_s
+            message = f"{what}: waiting for {waited:.1f} s{stack}"
+            logger.warning("replication stalled: %s", message)
+            with self._cond:
+                if self._target is not None:
+                    error = {
+                        "code": "stalled",
+                        "message": f"{what}: waiting for {waited:.1f} s",
+                        "at": time.time(),
+                    }
+                    self._update(last_error=error)
 
     # ------------------------------------------------------------------ the loop
 
@@ -329,7 +386,8 @@ class Follower:
                 code = "stale_leader" if info.epoch < target.epoch else "protocol"
                 raise _Resync(code, f"snapshot of epoch {info.epoch}, following {target.epoch}")
             check()
-            self._engine.replace_queues(dest)
+            with self._blocked_in(f"installing the snapshot (lsn {info.lsn})"):
+                self._engine.replace_queues(dest)
         finally:
             shutil.rmtree(dest, ignore_errors=True)
         logger.info(
@@ -381,7 +439,10 @@ class Follower:
         return frames
 
     def _apply(self, frames: list[Frame]) -> None:
+        queues = sorted({f.queue for f in frames})
+        what = f"applying lsn {frames[0].lsn}..{frames[-1].lsn} to {', '.join(queues)}"
         try:
-            self._engine.apply(frames).result(timeout=self._apply_timeout_s)
+            with self._blocked_in(what):
+                self._engine.apply(frames).result(timeout=self._apply_timeout_s)
         except Exception as exc:
             raise _Resync("apply_failed", f"{type(exc).__name__}: {exc}") from exc

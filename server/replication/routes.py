@@ -71,7 +71,7 @@ class FollowerDoc(BaseModel):
 class ReplicaError(BaseModel):
     code: str = Field(
         description="stale_leader, not_leader, unreachable, corruption, protocol, "
-        "apply_failed, resync_failed, refused or error"
+        "apply_failed, resync_failed, refused, error or stalled"
     )
     message: str
     at: float = Field(description="when, in seconds since the epoch (Unix time)")

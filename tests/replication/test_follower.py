@@ -393,3 +393,26 @@ def test_an_aborted_client_sends_nothing_more(leader: FakeLeader) -> None:
         pass
     client.close()
     assert len(leader.requests) == 1
+
+
+def test_an_apply_that_stalls_is_logged_with_where_it_waits(
+    engine: RecordingEngine, data_dir: Path, leader: FakeLeader, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A follower blocked in its engine acknowledges nothing and the leader's writes wait:
+    that must show in the log (with the stack) and in the status, not pass in silence."""
+    engine.hold = True
+    follower = Follower(engine, str(data_dir), "f1", wait_ms=100, stall_warn_s=0.3)
+    try:
+        leader.add(rec(1), rec(2, "b"))
+        follower.follow(leader.url, 5)
+        wait(lambda: any("replication stalled" in r.getMessage() for r in caplog.records))
+        (first, *_) = [r.getMessage() for r in caplog.records if "stalled" in r.getMessage()]
+        assert "applying lsn 1..2 to a, b: waiting for" in first
+        assert "in _apply" in first  # the loop's stack, where it waits
+        error = follower.status().last_error
+        assert error is not None and error["code"] == "stalled"
+        engine.hold = False
+        engine.pending[0].set_result(None)
+        leader.wait_for(lambda: any(p.body["after"] == 2 for p in leader.pulls()))
+    finally:
+        follower.stop(timeout=10)
