@@ -97,8 +97,9 @@ def views(urls: list[str]) -> dict[str, dict[str, Any]]:
     return seen
 
 
-def wait_for(what: str, timeout_s: float, probe: Any) -> Any:
-    """Call ``probe()`` until it returns something truthy; fail after ``timeout_s``."""
+def wait_for(what: str, timeout_s: float, probe: Any, seen: Any = None) -> Any:
+    """Call ``probe()`` until it returns something truthy; fail after ``timeout_s``,
+    with what ``seen()`` (default: the last probe) shows."""
     give_up = time.monotonic() + timeout_s
     last = None
     while time.monotonic() < give_up:
@@ -106,7 +107,17 @@ def wait_for(what: str, timeout_s: float, probe: Any) -> Any:
         if last:
             return last
         time.sleep(0.5)
-    raise SmokeFailure(f"{what} within {timeout_s:.0f} s; last seen: {last!r}")
+    shown = last if seen is None else seen()
+    raise SmokeFailure(f"{what} within {timeout_s:.0f} s; last seen: {shown!r}")
+
+
+def roles(urls: list[str]) -> dict[str, Any]:
+    """Each member's (role, epoch, sync set), or None when it does not answer."""
+    answered = views(urls)
+    return {
+        u: (v.get("role"), v.get("epoch"), v.get("sync")) if (v := answered.get(u)) else None
+        for u in urls
+    }
 
 
 def find_leader(urls: list[str], min_sync: int, newer_than: int = 0) -> Any:
@@ -128,7 +139,10 @@ def queue_stats(url: str) -> dict[str, Any] | None:
 
 def before(urls: list[str], state_file: Path) -> None:
     leader_url, view = wait_for(
-        "one leader with a follower in its sync set", ELECT_S, lambda: find_leader(urls, 2)
+        "one leader with a follower in its sync set",
+        ELECT_S,
+        lambda: find_leader(urls, 2),
+        lambda: roles(urls),
     )
     nodes = {u: v["node"] for u, v in views(urls).items()}
     expect(len(nodes) == len(urls), "every member should answer GET /v1/cluster", nodes)
@@ -251,6 +265,7 @@ def rejoin(urls: list[str], state_file: Path) -> None:
         f"every member follows {state['new_leader']} (epoch {state['new_epoch']}) in sync",
         REJOIN_S,
         rejoined,
+        lambda: roles(urls),
     )
 
     def copies_agree() -> Any:
