@@ -76,7 +76,10 @@ def _error(exc: BaseException) -> Result:
             if exc.leader:
                 return int(Status.NOT_LEADER), exc.leader.encode()
             return int(Status.NO_LEADER), str(exc).encode()
-        return _status_for(exc.code), str(exc).encode()
+        status = _status_for(exc.code)
+        if status == Status.INTERNAL and exc.http_status == 503:  # unavailable for now
+            status = int(Status.UNAVAILABLE)
+        return status, str(exc).encode()
     if isinstance(exc, MalformedSlot):
         return int(Status.MALFORMED), str(exc).encode()
     log.exception("unexpected error serving a ring command", exc_info=exc)

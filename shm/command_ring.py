@@ -146,6 +146,8 @@ class Status(IntEnum):
     NO_LEADER = 19
     #: the write may or may not commit: its replicas did not confirm it in time
     REPLICATION_TIMEOUT = 20
+    #: refused before anything was written: the replicas acknowledge nothing (retry later)
+    REPLICATION_STALLED = 21
 
     @property
     def code(self) -> str:

@@ -28,7 +28,8 @@ file, offset) as attributes and a stable ``code`` string that clients can rely o
     └── EngineUnavailable        closed, or failed after an I/O error (503)
         ├── QueueDamaged         quarantined at open: names file and offset (503)
         ├── WriteStall           segment files are behind: retry shortly (503)
-        └── ReplicationTimeout   the sync set did not acknowledge in time (503)
+        ├── ReplicationTimeout   the sync set did not acknowledge in time (503)
+        └── ReplicationStalled   the sync set acknowledges nothing: refused, not written (503)
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ __all__ = [
     "NotLeader",
     "QueueDamaged",
     "QueueNotFound",
+    "ReplicationStalled",
     "ReplicationTimeout",
     "StaleReceipt",
     "StorageError",
@@ -199,6 +201,15 @@ class ReplicationTimeout(EngineUnavailable):
     acknowledgements come later). Retrying an enqueue may duplicate it; use a key."""
 
     code = "replication_timeout"
+
+
+class ReplicationStalled(EngineUnavailable):
+    """The replica group's sync set has acknowledged nothing for a whole commit
+    timeout while writes wait: this write was refused before anything was written
+    (a definite failure, safe to retry), so a leader cut off from its group does not
+    pile up writes whose outcome it cannot know."""
+
+    code = "replication_stalled"
 
 
 def _codes(cls: type[StorageError]) -> dict[str, int]:

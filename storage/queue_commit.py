@@ -25,7 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from dq.storage.errors import ReplicationTimeout, StorageError
+from dq.storage.errors import ReplicationStalled, ReplicationTimeout, StorageError
 from dq.storage.futures import settle
 from dq.storage.queue_core import QueueCore
 from dq.storage.wal import WalWriter, record_body
@@ -105,13 +105,21 @@ class CommitMixin(QueueCore):
         meta: bytes = b"",
     ) -> Future[Any]:
         """Append one record; resolve with ``result`` once durable per the fsync mode."""
+        sink = self.engine.replication
+        if sink is not None and not sink.admits_writes():
+            if rollback is not None:
+                rollback()
+            raise ReplicationStalled(
+                "the replica group's sync set has acknowledged nothing for a commit timeout; "
+                "the write was refused before anything was written: retry later",
+                queue=self.name,
+            )
         fut: Future[Any] = Future()
         wal = self.wal
         seq = wal.append(payload, meta)
         self.last_write = now = time.monotonic()
         mode = self.engine.config.fsync
         answers: list[Answer] = []
-        sink = self.engine.replication
         lsn = 0
         deadline = 0.0
         if sink is not None:  # a leader: the followers get the record as appended

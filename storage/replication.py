@@ -138,6 +138,11 @@ class ReplicationSink(Protocol):
         it must not block. Returns its lsn (> 0)."""
         ...
 
+    def admits_writes(self) -> bool:
+        """False while the sync set has acknowledged nothing for a commit timeout
+        although writes wait: new writes are then refused before they are written."""
+        ...
+
     def local_failure(self, queue: str, error: BaseException) -> None:
         """A queue failed on the leader (a write or fsync error): the leader's log
         may now hold what the followers do not, so the node must step down."""

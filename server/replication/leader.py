@@ -233,6 +233,9 @@ class Replicator:
         self._closed = False
         self._stepping_down = False
         self._window_warned = 0.0
+        #: ``admits_writes``: the commit lsn last seen, and since when it stood still
+        self._admit_commit = 0
+        self._admit_since = self._clock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._upkeep: asyncio.Task[None] | None = None
         self._commit_wanted = threading.Event()
@@ -305,6 +308,18 @@ class Replicator:
         if wake and self._loop is not None:
             self._loop.call_soon_threadsafe(self._wake_pulls)
         return lsn
+
+    def admits_writes(self) -> bool:
+        """False once ``commit_lsn`` has stood still for a whole commit timeout while
+        shipped frames wait above it (a leader cut off from its sync set, or below
+        ``min_insync``): the engine then refuses new writes before writing them, so
+        neither the window nor the writes waiting in memory grow without bound."""
+        commit = self._commit_lsn
+        now = self._clock()
+        if commit != self._admit_commit or commit >= self._last_lsn:
+            self._admit_commit, self._admit_since = commit, now
+            return True
+        return now - self._admit_since < self.commit_timeout_s
 
     def local_failure(self, queue: str, error: BaseException) -> None:
         """A queue failed on this leader (its disk cannot be trusted): step down."""

@@ -18,6 +18,7 @@ import pytest
 
 from dq.server.replication.leader import Refused, Replicator
 from dq.storage import Engine, EngineConfig
+from dq.storage.errors import ReplicationStalled
 from dq.storage.replication import KIND_CONTROL, KIND_RECORD, ReplicationTimeout, decode_frames
 from dq.storage.types import NewItem, Release
 
@@ -273,3 +274,30 @@ def test_a_replicator_the_engine_no_longer_ships_to_commits_nothing(engine: Engi
             await old.stop()
 
     lead(engine, body, commit_timeout_s=5.0)
+
+
+def test_a_group_that_acknowledges_nothing_for_a_commit_timeout_refuses_new_writes(
+    engine: Engine,
+) -> None:
+    """Back-pressure: once the follower has acknowledged nothing for a whole commit
+    timeout while writes wait, new writes are refused before anything is written
+    (replication_stalled, a definite 503); they are taken again once it acknowledges."""
+
+    async def body(rep: Replicator, members: Members) -> None:
+        await join(rep)
+        waiting = enqueue(engine, b"in doubt")
+        await asyncio.sleep(0.5)  # two commit timeouts without an acknowledgement
+        with pytest.raises(ReplicationTimeout):
+            waiting.result(timeout=5)
+        shipped = rep.last_lsn
+        with pytest.raises(ReplicationStalled):
+            enqueue(engine, b"refused")
+        assert rep.last_lsn == shipped  # nothing shipped, nothing written
+        await rep.pull("f1", 3, shipped, 0)  # the follower is back and acknowledges
+        fut = enqueue(engine, b"taken")
+        pulled = await rep.pull("f1", 3, shipped, 1000)
+        await rep.pull("f1", 3, decode_frames(pulled.body)[-1].lsn, 0)
+        await settled(fut)
+        assert sorted(d.value for d in engine.dequeue("q", 10)) == [b"in doubt", b"taken"]
+
+    lead(engine, body, commit_timeout_s=0.2)

@@ -188,3 +188,22 @@ def test_truncated_find_bodies_are_malformed(body: bytes) -> None:
 def test_bad_receipts_are_malformed(receipt: bytes) -> None:
     with pytest.raises(MalformedSlot):
         codec.decode_item(bytes(16), receipt)
+
+
+def test_every_storage_error_that_is_503_over_http_is_unavailable_or_its_own_status() -> None:
+    """A ring answer never calls a passing fault 'internal': the replica group's
+    refusals have their own statuses, other 503s answer ``unavailable``."""
+    from dq.shm.command_handler import _error
+    from dq.shm.command_ring import Status
+    from dq.storage.errors import (
+        EngineUnavailable,
+        ReplicationStalled,
+        ReplicationTimeout,
+        WriteStall,
+    )
+
+    assert _error(ReplicationStalled("stalled"))[0] == Status.REPLICATION_STALLED
+    assert Status.REPLICATION_STALLED.http_status == 503
+    assert _error(ReplicationTimeout("late"))[0] == Status.REPLICATION_TIMEOUT
+    assert _error(WriteStall("behind"))[0] == Status.UNAVAILABLE
+    assert _error(EngineUnavailable("closed"))[0] == Status.UNAVAILABLE

@@ -16,7 +16,13 @@ from typing import Any
 import pytest
 
 from dq.storage import Engine, EngineConfig, NewItem, QueueConfig, Release, Requeue
-from dq.storage.errors import CorruptionError, InvalidArgument, NotLeader, ReplicationTimeout
+from dq.storage.errors import (
+    CorruptionError,
+    InvalidArgument,
+    NotLeader,
+    ReplicationStalled,
+    ReplicationTimeout,
+)
 from dq.storage.replication import (
     KIND_CONTROL,
     KIND_RECORD,
@@ -31,6 +37,7 @@ class ListSink:
 
     def __init__(self, commit_timeout_s: float = 10.0) -> None:
         self.commit_timeout_s = commit_timeout_s
+        self.admitting = True
         self.frames: list[Frame] = []
         self.failures: list[str] = []
         self._lock = threading.Lock()
@@ -40,6 +47,9 @@ class ListSink:
             lsn = len(self.frames) + 1
             self.frames.append(Frame(lsn, queue, kind, payload))
             return lsn
+
+    def admits_writes(self) -> bool:
+        return self.admitting
 
     def local_failure(self, queue: str, error: BaseException) -> None:
         self.failures.append(queue)
@@ -242,6 +252,35 @@ def test_a_keyed_write_answered_unknown_keeps_its_key(engines: Any) -> None:
     [dup] = leader.enqueue_nowait("jobs", [NewItem(b"repeat", 0, key="k")]).result(timeout=5)
     assert dup.duplicate
     assert [(d.id, d.value) for d in leader.dequeue("jobs", 10)] == [(dup.id, b"first")]
+
+
+def test_a_stalled_group_refuses_writes_before_writing_them(engines: Any) -> None:
+    leader = engines("leader")
+    leader.put_queue("jobs", QueueConfig(dedup_window_ms=60_000))
+    leader.enqueue("jobs", [NewItem(b"before", 0)])
+    got = leader.dequeue("jobs", 1)
+    sink = ListSink()
+    leader.set_replication(sink)
+    sink.admitting = False  # the sync set has acknowledged nothing for a commit timeout
+    shipped = sink.last
+    for call in (
+        lambda: leader.enqueue_nowait("jobs", [NewItem(b"x", 0)]),
+        lambda: leader.enqueue_nowait("jobs", [NewItem(b"x", 0, key="k")]),
+        lambda: leader.release_nowait("jobs", [Release(got[0].id, got[0].receipt)]),
+    ):
+        with pytest.raises(ReplicationStalled) as err:
+            call()
+        assert err.value.http_status == 503
+    assert sink.last == shipped  # nothing was written or shipped
+    sink.admitting = True
+    auto = AutoCommit(leader, sink)
+    try:  # nothing was left behind: the lease, the key and the barrier are as before
+        leader.release("jobs", [Release(got[0].id, got[0].receipt)])
+        [new] = leader.enqueue("jobs", [NewItem(b"y", 0, key="k")])
+        assert not new.duplicate
+    finally:
+        auto.close()
+    assert [d.value for d in leader.dequeue("jobs", 10)] == [b"y"]
 
 
 def test_replication_needs_fsync_always(engines: Any) -> None:

@@ -33,6 +33,7 @@ class ListSink:
 
     def __init__(self, commit_timeout_s: float = 10.0) -> None:
         self.commit_timeout_s = commit_timeout_s
+        self.admitting = True
         self.frames: list[Frame] = []
         self.failures: list[str] = []
         self._lock = threading.Lock()
@@ -42,6 +43,9 @@ class ListSink:
             lsn = len(self.frames) + 1
             self.frames.append(Frame(lsn, queue, kind, payload))
             return lsn
+
+    def admits_writes(self) -> bool:
+        return self.admitting
 
     def local_failure(self, queue: str, error: BaseException) -> None:
         self.failures.append(queue)
