@@ -55,6 +55,7 @@ import threading
 import time
 import zlib
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -120,18 +121,23 @@ class Coordinator(Protocol):
 
 class SyncSetInEtcd:
     """``Coordinator`` over the etcd coordinator (``server/replication/coordinator.py``),
-    whose calls block on HTTP: each runs in a worker thread. Its refusal to go below
-    ``min_insync`` answers False; a lost epoch or an etcd failure raises (unknown)."""
+    whose calls block on HTTP: each runs on a thread of its own, never the event loop's
+    default executor, where admin calls may all sit waiting for a commit that only this
+    call (removing a silent member) can unblock. Its refusal to go below ``min_insync``
+    answers False; a lost epoch or an etcd failure raises (unknown)."""
 
     def __init__(self, coordinator: EtcdCoordinator) -> None:
         self.coordinator = coordinator
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="dq-sync-set")
 
     async def add_member(self, node: str) -> bool:
-        state = await asyncio.to_thread(self.coordinator.add_sync, node)
+        loop = asyncio.get_running_loop()
+        state = await loop.run_in_executor(self._thread, self.coordinator.add_sync, node)
         return node in state.members
 
     async def remove_member(self, node: str) -> bool:
-        state = await asyncio.to_thread(self.coordinator.remove_sync, node)
+        loop = asyncio.get_running_loop()
+        state = await loop.run_in_executor(self._thread, self.coordinator.remove_sync, node)
         return state is not None and node not in state.members
 
 
@@ -266,8 +272,13 @@ class Replicator:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._upkeep
         self._commit_wanted.set()
-        if self._committer is not None:
-            await asyncio.to_thread(self._committer.join, 10.0)
+        # polled, not joined in a worker thread: the default executor may be full
+        give_up = time.monotonic() + 10.0
+        while self._committer is not None and self._committer.is_alive():
+            if time.monotonic() > give_up:
+                logger.error("the replicator's commit thread did not end within 10 s")
+                break
+            await asyncio.sleep(0.005)
 
     @property
     def closed(self) -> bool:

@@ -19,7 +19,6 @@ single node) and ``replicator`` (a ``Replicator`` while this node leads).
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -29,7 +28,7 @@ from pydantic import BaseModel, Field
 from dq.server.dependencies import service_of
 from dq.server.errors import ApiError
 from dq.server.replication.leader import MAX_WAIT_MS, Refused, Replicator
-from dq.server.replication.snapshot_stream import make_snapshot, tar_chunks
+from dq.server.replication.snapshot_stream import take_snapshot, tar_chunks
 from dq.server.routers._common import ERRORS, json_response
 from dq.server.schemas import ErrorBody
 from dq.storage.replication import NotLeader
@@ -203,9 +202,7 @@ async def snapshot(body: SnapshotRequest, request: Request) -> StreamingResponse
             rep.detach_unless_counted(body.node, attached_at)
 
     try:
-        root = await asyncio.to_thread(
-            make_snapshot, service.engine, service.settings.data_dir, rep.epoch, start
-        )
+        root = await take_snapshot(service.engine, service.settings.data_dir, rep.epoch, start)
     except BaseException:
         release()
         raise

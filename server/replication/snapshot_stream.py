@@ -23,6 +23,7 @@ import tarfile
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,7 +32,14 @@ from dq.storage.replica_engine import SCRATCH_PREFIX
 if TYPE_CHECKING:
     from dq.storage import Engine
 
-__all__ = ["CHUNK_BYTES", "SNAPSHOT_DIR", "SNAPSHOT_JSON", "make_snapshot", "tar_chunks"]
+__all__ = [
+    "CHUNK_BYTES",
+    "SNAPSHOT_DIR",
+    "SNAPSHOT_JSON",
+    "make_snapshot",
+    "take_snapshot",
+    "tar_chunks",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +54,20 @@ _POLL_S = 0.1
 
 _active: set[str] = set()
 _active_lock = threading.Lock()
+#: the snapshots' blocking steps (the copy, each chunk's hand-over) run here, never on
+#: the event loop's default executor: admin calls may all sit there waiting for a
+#: commit that the follower taking this snapshot is needed for
+_THREADS = ThreadPoolExecutor(4, thread_name_prefix="dq-snapshot")
 
 
 class _Cancelled(Exception):
     """The reader went away: the producing thread stops."""
+
+
+async def take_snapshot(engine: Engine, data_dir: str, epoch: int, lsn: int) -> Path:
+    """``make_snapshot`` on the snapshots' own threads."""
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_THREADS, make_snapshot, engine, data_dir, epoch, lsn)
 
 
 def make_snapshot(engine: Engine, data_dir: str, epoch: int, lsn: int) -> Path:
@@ -139,10 +157,11 @@ async def tar_chunks(root: Path, on_failure: Callable[[], None]) -> AsyncIterato
         target=_produce, args=(root, _ChunkWriter(out, cancelled)), name="dq-snapshot-tar"
     )
     producer.start()
+    loop = asyncio.get_running_loop()
     complete = False
     try:
         while True:
-            item = await asyncio.to_thread(_next, out, producer)
+            item = await loop.run_in_executor(_THREADS, _next, out, producer)
             if item is _END:
                 complete = True
                 return

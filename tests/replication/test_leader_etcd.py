@@ -94,3 +94,43 @@ def test_sync_set_follows_the_followers_in_etcd(leader: Coordinator) -> None:
             await rep.stop()
 
     asyncio.run(asyncio.wait_for(go(), 60))
+
+
+def test_removing_a_silent_member_does_not_wait_for_a_full_default_executor(
+    leader: Coordinator,
+) -> None:
+    """Admin calls waiting for a commit can fill the loop's default executor; the
+    removal that unblocks them must not queue behind them."""
+    clock = Clock()
+
+    async def go() -> None:
+        rep = Replicator(
+            NoEngine(),  # type: ignore[arg-type]
+            node="n1",
+            epoch=leader.epoch,
+            coordinator=SyncSetInEtcd(leader),
+            step_down=lambda reason: None,
+            min_insync=2,
+            clock=clock,
+        )
+        await rep.start()
+        release = threading.Event()
+        loop = asyncio.get_running_loop()
+        blockers = [loop.run_in_executor(None, release.wait, 60) for _ in range(64)]
+        try:
+            for node in ("f1", "f2"):
+                rep.attach(node)
+                await rep.pull(node, leader.epoch, 0, 0)
+            await asyncio.wait_for(rep.upkeep(), 10)
+            assert members(leader) == ("n1", "f1", "f2")
+            clock.now += 5.0
+            await rep.pull("f1", leader.epoch, 0, 0)
+            await asyncio.wait_for(rep.upkeep(), 10)
+            assert members(leader) == ("n1", "f1")
+            await asyncio.wait_for(rep.stop(), 10)
+        finally:
+            release.set()
+            await asyncio.gather(*blockers)
+            await rep.stop()
+
+    asyncio.run(asyncio.wait_for(go(), 120))

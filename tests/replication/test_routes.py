@@ -6,6 +6,7 @@ enqueue over HTTP answered only after a pull acknowledged it, and GET /v1/cluste
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -276,3 +277,22 @@ def test_a_snapshot_dropped_midway_is_cleaned_up_and_releases_its_follower(
         doc, _, content = snapshot(c, "f8")
         assert len(content) > 12_000_000
         assert doc["queues"]["q"] >= 1
+
+
+def test_a_snapshot_is_served_while_the_default_executor_is_full(leader: Leader) -> None:
+    """Admin calls waiting for a commit can fill the loop's default executor; the
+    snapshot of the follower that commit needs must not queue behind them."""
+    release = threading.Event()
+
+    async def fill() -> list[asyncio.Future[bool]]:
+        loop = asyncio.get_running_loop()
+        return [loop.run_in_executor(None, release.wait, 60) for _ in range(64)]
+
+    leader.server.call(fill)
+    try:
+        with leader.client() as c:
+            doc, names, _ = snapshot(c)
+            assert doc["epoch"] == EPOCH and "queues/q/queue.json" in names
+            assert pull(c, doc["lsn"]).status_code == 200
+    finally:
+        release.set()
