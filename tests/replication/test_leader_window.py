@@ -18,6 +18,7 @@ import pytest
 
 from dq.server.replication import leader
 from dq.server.replication.leader import MAX_PULL_BYTES, Refused, Replicator, _frame
+from dq.storage.errors import EngineUnavailable
 from dq.storage.replication import KIND_CONTROL, KIND_RECORD, Frame, decode_frames, encode_frame
 
 T = TypeVar("T")
@@ -489,3 +490,32 @@ def test_the_follower_that_completes_min_insync_commits_at_once(
         await eventually(lambda: engine.last() == 4)
 
     run(body, min_insync=2)
+
+
+def test_writes_are_refused_up_front_while_commits_are_stalled() -> None:
+    clock = Clock()
+
+    async def body(rep: Replicator, engine: RecordingEngine, coord: FakeCoordinator) -> None:
+        rep.admit()
+        ship(rep, 2)  # below min_insync: nothing commits
+        clock.now += 9.0
+        rep.admit()  # not yet a commit timeout
+        clock.now += 2.0
+        with pytest.raises(EngineUnavailable, match="acknowledged nothing for 11 s"):
+            rep.admit()
+        rep.attach("f1")
+        ship(rep, 1)
+        await rep.pull("f1", 5, 3, 0)
+        await rep.upkeep()  # counted: commit_lsn moves to 3
+        assert rep.commit_lsn == 3
+        rep.admit()
+        ship(rep, 1)
+        clock.now += 5.0
+        await rep.pull("f1", 5, 3, 0)  # alive, but lsn 4 does not commit
+        clock.now += 6.0
+        with pytest.raises(EngineUnavailable):
+            rep.admit()
+        await rep.pull("f1", 5, 4, 0)
+        rep.admit()
+
+    run(body, min_insync=2, commit_timeout_s=10.0, clock=clock)
