@@ -4,11 +4,16 @@ Speaks the command ring of ``docs/shm.md`` to a server on the same host and give
 API as the HTTP transport. Invariants kept:
   - the same answers and errors as over HTTP: ring status codes become the same
     ``ClientError`` classes, per-item release/requeue/extend problems the same ``Outcome``s;
+  - a batch is one command: PUT_MANY / DELETE_MANY, their body spread over PART slots,
+    answered in the same slots (one engine call, one wake-up each way); a dequeue of
+    many sends empty PARTs before its FIND so that the answer has room; single items
+    keep the one-slot PUT / DELETE / FIND;
   - what a ring cannot carry goes over HTTP (the URL comes from the attach handshake),
-    transparently: an enqueue batch with a value over 1024 bytes (sent whole, so the batch
-    keeps its all-or-nothing validation and id order), and queue administration;
-  - one ring per transport, used under its lock; batches are pipelined (up to
-    ``capacity - 1`` commands in flight) so their durable writes share a group commit;
+    transparently: an enqueue batch too big for one command (more than ``capacity - 1``
+    slots; sent whole, so it keeps its all-or-nothing validation and id order), and
+    queue administration;
+  - one ring per transport, used under its lock; commands are pipelined (up to
+    ``capacity - 1`` slots in flight) so their durable writes share a group commit;
   - on a follower of a replicated deployment the ring refuses writes and dequeues
     (``not_leader``, body: the leader's URL; ``no_leader``) before doing anything: the
     refused commands are sent again over HTTP, which follows the leader, and so is every
@@ -49,6 +54,7 @@ from dq.shm.attach import attach
 from dq.shm.command_ring import (
     DEFAULT_SPIN_US,
     KEY_SIZE,
+    RESPONSE_BODY_MAX,
     VALUE_MAX,
     ClientRing,
     Op,
@@ -66,7 +72,9 @@ _DEFAULT_TIMEOUT = 30.0
 _MAX_DEADLINE = (1 << 48) - 1
 _ITEM_ERRORS = frozenset({"stale_receipt", "item_not_found", "invalid_receipt"})
 _ZERO_KEY = bytes(KEY_SIZE)
+_DELIVERY_GUESS = 330  # bytes per delivery in a FIND answer before one was seen
 Command = tuple[int, bytes, bytes]
+Span = list[Command]  # one command: its PART slots, then the op's own slot
 
 
 def _status(status: int) -> Status:
@@ -154,6 +162,7 @@ class ShmTransport:
         self._http_until = 0.0  # calls go over HTTP until then (the ring said: not the leader)
         self._bound: str | None = None
         self._pid = os.getpid()
+        self._delivery_bytes = _DELIVERY_GUESS  # the last FIND answer's, per delivery
 
     # ---- plumbing ------------------------------------------------------------------------
 
@@ -184,15 +193,26 @@ class ShmTransport:
             self._http_until = time.monotonic() + HTTP_SPELL_S
         return refused
 
+    def _span(self, op: int, key: bytes, body: bytes) -> Span | None:
+        """One command whose ``body`` is cut into PART slots; None if it would take more
+        than ``capacity - 1`` slots (it could never be in the ring whole)."""
+        pieces = [body[i : i + VALUE_MAX] for i in range(0, len(body), VALUE_MAX)] or [b""]
+        if len(pieces) >= self._ring.capacity:
+            return None
+        return [(Op.PART, _ZERO_KEY, p) for p in pieces[:-1]] + [(op, key, pieces[-1])]
+
     def _run(
-        self, queue: str, commands: Sequence[Command], timeout: float | None = None
+        self, queue: str, commands: Sequence[Span], timeout: float | None = None
     ) -> list[Response]:
-        """Send ``commands`` to ``queue`` pipelined; their responses, in order."""
+        """Send ``commands`` (each one or more slots) to ``queue`` pipelined; one joined
+        response per command, in order."""
         ring = self._ring
         timeout = self._timeout if timeout is None else timeout
         if os.getpid() != self._pid:
             # a forked child shares the ring with its parent: two producers would collide
             raise TransportError(f"{self.url}: a shm client cannot cross fork(); open a new one")
+        if not commands:
+            return []
         try:
             with ring.lock:
                 if self._bound != queue:
@@ -200,19 +220,24 @@ class ShmTransport:
                     if bound.status != Status.OK:
                         _raise(bound, queue)
                     self._bound = queue
-                if len(commands) == 1:
-                    return [ring.call_locked(*commands[0], timeout)]
+                if len(commands) == 1 and len(commands[0]) == 1:
+                    return [ring.call_locked(*commands[0][0], timeout)]
                 window = ring.capacity - 1
-                inflight: deque[int] = deque()
+                inflight: deque[list[int]] = deque()
+                used = 0
                 out: list[Response] = []
-                for op, key, value in commands:
-                    if len(inflight) == window:
+                for span in commands:
+                    while inflight and used + len(span) > window:
                         ring.wake_server()
-                        out.append(ring.wait(inflight.popleft(), timeout))
-                    inflight.append(ring.submit(op, key, value, timeout, wake=False))
+                        slots = inflight.popleft()
+                        used -= len(slots)
+                        out.append(ring.collect(slots, timeout))
+                    slots = [ring.submit(op, k, v, timeout, wake=False) for op, k, v in span]
+                    inflight.append(slots)
+                    used += len(slots)
                 ring.wake_server()  # once per burst: the server takes it in one pass
                 while inflight:
-                    out.append(ring.wait(inflight.popleft(), timeout))
+                    out.append(ring.collect(inflight.popleft(), timeout))
                 out[-1] = ring.complete(out[-1], timeout)  # only the last may continue
                 return out
         except ClientError:
@@ -220,6 +245,26 @@ class ShmTransport:
         except (ShmError, ValueError) as exc:
             self._bound = None
             raise TransportError(f"{self.url}: {exc}") from exc
+
+    def _deletes(self, releases: Sequence[Release]) -> tuple[list[Span], bool]:
+        """The commands that release ``releases``: one DELETE_MANY for two or more (when
+        it fits the ring), else a DELETE each; and whether it is the DELETE_MANY."""
+        if len(releases) > 1:
+            key, body = codec.encode_delete_many([(r.id, r.receipt) for r in releases])
+            span = self._span(Op.DELETE_MANY, key, body)
+            if span is not None:
+                return [span], True
+        return [[(Op.DELETE, *codec.encode_item(r.id, r.receipt))] for r in releases], False
+
+    @staticmethod
+    def _per_item(response: Response, count: int) -> list[Response]:
+        """A DELETE_MANY's answer as the ``count`` DELETE answers it stands for."""
+        if response.status != Status.OK:  # refused as a whole: the same for every item
+            return [response] * count
+        return [
+            Response(status, 0, message.encode())
+            for status, message in codec.decode_delete_many_ok(response.body, count)
+        ]
 
     def _outcomes(
         self,
@@ -229,12 +274,20 @@ class ShmTransport:
         commands: Callable[[int], Command],
         ok: Callable[[int, bytes], Outcome],
         over_http: Callable[[list[int]], list[Outcome]],
+        releases: Sequence[Release] | None = None,
     ) -> list[Outcome]:
-        """One outcome per item; ``over_http(indexes)``: those items' outcomes over HTTP."""
+        """One outcome per item; ``over_http(indexes)``: those items' outcomes over HTTP.
+        ``releases``: the items are releases (sent as one DELETE_MANY)."""
         if self._over_http():
             return over_http(list(range(len(ids))))
         sendable = [i for i, r in enumerate(receipts) if _ascii(r)]
-        answers = self._run(queue, [commands(i) for i in sendable])
+        if releases is not None:
+            spans, many = self._deletes([releases[i] for i in sendable])
+            answers = self._run(queue, spans)
+            if many:
+                answers = self._per_item(answers[0], len(sendable))
+        else:
+            answers = self._run(queue, [[commands(i)] for i in sendable])
         refused = [sendable[i] for i in self._refused(answers)]
         again = dict(zip(refused, over_http(refused), strict=True)) if refused else {}
         responses = dict(zip(sendable, answers, strict=True))
@@ -259,27 +312,51 @@ class ShmTransport:
     # ---- the Transport protocol ---------------------------------------------------------------
 
     def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]:
-        if self._over_http() or any(len(item.value) > VALUE_MAX for item in items):
+        """One item: a PUT; a batch (or an item with a key or a value over a slot): one
+        PUT_MANY. What does not fit one command, or is refused by a follower, goes over
+        HTTP whole."""
+        span = None if self._over_http() or not items else self._put_span(items)
+        if span is None:
             result: list[Enqueued] = self._http_transport().enqueue(queue, items)
             return result
+        (r,) = self._run(queue, [span])
+        if self._refused([r]):
+            again: list[Enqueued] = self._http_transport().enqueue(queue, items)
+            return again
+        if r.status != Status.OK:
+            _raise(r, queue)
+        if span[-1][0] == Op.PUT:
+            return [Enqueued(*codec.decode_put_ok(r.body))]
+        return [Enqueued(*done) for done in codec.decode_put_many_ok(r.body, len(items))]
+
+    def _put_span(self, items: Sequence[NewItem]) -> Span | None:
         for item in items:
             _check_item(item)
-        commands = [(Op.PUT, codec.encode_put(i.deadline, i.delay_ms), i.value) for i in items]
-        responses = self._run(queue, commands)
-        refused = self._refused(responses)
-        again: list[Enqueued] = (
-            self._http_transport().enqueue(queue, [items[i] for i in refused]) if refused else []
-        )
-        resent = dict(zip(refused, again, strict=True))
-        out = []
-        for i, r in enumerate(responses):
-            if i in resent:
-                out.append(resent[i])
-                continue
-            if r.status != Status.OK:
-                _raise(r, queue)
-            out.append(Enqueued(*codec.decode_put_ok(r.body)))
-        return out
+        one = items[0]
+        if len(items) == 1 and one.key is None and len(one.value) <= VALUE_MAX:
+            return [(Op.PUT, codec.encode_put(one.deadline, one.delay_ms), one.value)]
+        try:
+            key, body = codec.encode_put_many(
+                [(i.value, i.deadline, i.delay_ms, i.key) for i in items]
+            )
+        except ValueError:  # a key too long for the ring: the server's answer over HTTP
+            return None
+        return self._span(Op.PUT_MANY, key, body)
+
+    def _find_span(self, count: int, wait_ms: int, lease_ms: int | None, free: int) -> Span:
+        """A FIND, after as many empty PARTs as its answer is expected to need (from the
+        last answer's size per delivery), at most ``free`` slots in all."""
+        need = (4 + count * self._delivery_bytes + RESPONSE_BODY_MAX - 1) // RESPONSE_BODY_MAX
+        room = max(1, min(need, free))
+        find: Command = (Op.FIND, codec.encode_find(count, wait_ms, lease_ms), b"")
+        part: Command = (Op.PART, _ZERO_KEY, b"")
+        return [part] * (room - 1) + [find]
+
+    def _deliveries(self, body: bytes) -> list[Item]:
+        got = codec.decode_deliveries(body)
+        if got:
+            self._delivery_bytes = max(64, (len(body) - 4) // len(got) + 1)
+        return [_item(d) for d in got]
 
     def dequeue(
         self,
@@ -295,11 +372,12 @@ class ShmTransport:
             return got
         wait_ms = max(0, min(wait_ms, 0xFFFFFFFF))
         sendable = [r for r in release if _ascii(r.receipt)]
-        commands: list[Command] = [
-            (Op.DELETE, *codec.encode_item(r.id, r.receipt)) for r in sendable
-        ]
-        commands.append((Op.FIND, codec.encode_find(count, wait_ms, lease_ms), b""))
+        commands, many = self._deletes(sendable)
+        free = self._ring.capacity - 1 - sum(len(c) for c in commands)
+        commands.append(self._find_span(count, wait_ms, lease_ms, free))
         responses = self._run(queue, commands, self._timeout + wait_ms / 1000)
+        if many:
+            responses = [*self._per_item(responses[0], len(sendable)), responses[-1]]
         refused = self._refused(responses)
         if refused:
             return self._dequeue_over_http(
@@ -310,7 +388,7 @@ class ShmTransport:
         outcomes = [self._outcome(queue, x.id, answers.get(id(x)), _released_ok) for x in release]
         if r.status != Status.OK:
             _raise(r, queue)
-        return Dequeued([_item(d) for d in codec.decode_deliveries(r.body)], outcomes)
+        return Dequeued(self._deliveries(r.body), outcomes)
 
     def _dequeue_over_http(
         self,
@@ -334,7 +412,7 @@ class ShmTransport:
         else:
             if find.status != Status.OK:
                 _raise(find, queue)
-            items = [_item(d) for d in codec.decode_deliveries(find.body)]
+            items = self._deliveries(find.body)
             again = http.release(queue, resend) if resend else []
         by_release = dict(zip([id(x) for x in resend], again, strict=True))
         answers = dict(zip([id(x) for x in sendable], released, strict=True))
@@ -361,6 +439,7 @@ class ShmTransport:
             command,
             _released_ok,
             over_http,
+            releases=batch,
         )
 
     def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]:
@@ -398,7 +477,7 @@ class ShmTransport:
         return self._outcomes(queue, ids, receipts, command, ok, over_http)
 
     def get_queue(self, queue: str) -> QueueInfo:
-        (r,) = self._run(queue, [(Op.STATS, _ZERO_KEY, b"")])
+        (r,) = self._run(queue, [[(Op.STATS, _ZERO_KEY, b"")]])
         if r.status != Status.OK:
             _raise(r, queue)
         return _wire.queue_from_stats(json.loads(r.body))

@@ -15,6 +15,14 @@ the client transport alike. Invariant: every decoder checks lengths and ranges a
     STATS     0                                  empty                      JSON object
     BIND      0                                  queue name (ASCII)         empty
     CONTINUE  0                                  empty                      next chunk
+    PART      0                                  the next piece of the following command's body
+    PUT_MANY  count u32 | body_size u32 | 0 u64  count x (deadline u64 | delay_ms u64 |
+                                                 value_len u32 | key_len u8 | key | value)
+                                                 ok body: count x (id u64 | deadline u64 |
+                                                 duplicate u8)
+    DELETE_MANY  count u32 | body_size u32 | 0   count x (id u64 | receipt_len u16 | receipt)
+                                                 ok body: count x status u8, then per
+                                                 failed item message_len u16 | message
 
 A zero deadline, delay, count or lease means "not given" (count 0 means 1).
 """
@@ -24,28 +32,37 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from dq.shm.errors import MalformedSlot
-from dq.storage.types import Delivery, ItemStats
+from dq.storage.types import Delivery, ItemOutcome, ItemStats, NewItem, Release
 
 __all__ = [
     "DELIVERY_HEAD",
     "FindArgs",
     "ItemArgs",
+    "decode_delete_many",
+    "decode_delete_many_ok",
     "decode_deliveries",
     "decode_extend_ok",
     "decode_find",
     "decode_item",
     "decode_put",
+    "decode_put_many",
+    "decode_put_many_ok",
     "decode_put_ok",
     "decode_requeue",
     "decode_u64",
+    "encode_delete_many",
+    "encode_delete_many_ok",
     "encode_deliveries",
     "encode_extend",
     "encode_extend_ok",
     "encode_find",
     "encode_item",
     "encode_put",
+    "encode_put_many",
+    "encode_put_many_ok",
     "encode_put_ok",
     "encode_requeue",
     "encode_u64",
@@ -58,7 +75,12 @@ U32 = struct.Struct("<I")
 U16 = struct.Struct("<H")
 # id, deadline, lease_expires, enqueue_time, requeue_time, dequeue_count, receipt_len, value_len
 DELIVERY_HEAD = struct.Struct("<QQQQQIHI")
-assert KEY2.size == FIND_KEY.size == 16
+MANY_KEY = struct.Struct("<IIQ")  # count, body_size, 0
+PUT_MANY_ITEM = struct.Struct("<QQIB")  # deadline, delay_ms, value_len, key_len
+PUT_MANY_OK = struct.Struct("<QQB")  # id, deadline, duplicate
+DELETE_MANY_ITEM = struct.Struct("<QH")  # id, receipt_len
+assert KEY2.size == FIND_KEY.size == MANY_KEY.size == 16
+assert (PUT_MANY_ITEM.size, PUT_MANY_OK.size, DELETE_MANY_ITEM.size) == (21, 17, 10)
 assert DELIVERY_HEAD.size == 50
 
 
@@ -225,3 +247,140 @@ def decode_extend_ok(body: bytes) -> tuple[int, str]:
     if 10 + rlen != len(body):
         raise MalformedSlot("EXTEND response length mismatch", size=len(body))
     return int(expires), _receipt(body[10:])
+
+
+# ---- PUT_MANY / DELETE_MANY: a batch in one command -----------------------------------------
+
+
+def _many_key(count: int, body: bytes) -> bytes:
+    return MANY_KEY.pack(count, len(body), 0)
+
+
+def _decode_many_key(key: bytes, body: bytes) -> int:
+    count, size, _ = MANY_KEY.unpack(key)
+    if size != len(body):
+        raise MalformedSlot("body_size does not match the body sent", size=size, got=len(body))
+    return int(count)
+
+
+def encode_put_many(
+    items: Sequence[tuple[bytes, int | None, int | None, str | None]],
+) -> tuple[bytes, bytes]:
+    """Key and body of a PUT_MANY: ``items`` are (value, deadline, delay_ms, key).
+    ``ValueError`` for a key the ring cannot carry: empty (length 0 means no key) or
+    over 255 bytes (its length is a u8)."""
+    parts = []
+    for value, deadline, delay_ms, dedup in items:
+        raw_key = b"" if dedup is None else dedup.encode("utf-8")
+        if len(raw_key) > 255 or (dedup is not None and not raw_key):
+            raise ValueError("the ring carries idempotency keys of 1-255 bytes")
+        parts.append(PUT_MANY_ITEM.pack(_u64(deadline), _u64(delay_ms), len(value), len(raw_key)))
+        parts.append(raw_key)
+        parts.append(value)
+    body = b"".join(parts)
+    return _many_key(len(items), body), body
+
+
+def decode_put_many(key: bytes, body: bytes) -> list[NewItem]:
+    count = _decode_many_key(key, body)
+    out: list[NewItem] = []
+    pos, end, head = 0, len(body), PUT_MANY_ITEM.size
+    for _ in range(count):
+        if pos + head > end:
+            raise MalformedSlot("PUT_MANY body truncated", offset=pos)
+        deadline, delay, vlen, klen = PUT_MANY_ITEM.unpack_from(body, pos)
+        pos += head
+        if pos + klen + vlen > end:
+            raise MalformedSlot("PUT_MANY body truncated", offset=pos)
+        dedup = None
+        if klen:
+            try:
+                dedup = body[pos : pos + klen].decode("utf-8")
+            except UnicodeDecodeError:
+                raise MalformedSlot("key is not UTF-8", offset=pos) from None
+        pos += klen
+        out.append(NewItem(body[pos : pos + vlen], _opt(deadline), _opt(delay), dedup))
+        pos += vlen
+    if pos != end:
+        raise MalformedSlot("PUT_MANY body longer than its items", size=end, used=pos)
+    return out
+
+
+def encode_put_many_ok(done: Sequence[Any]) -> bytes:
+    """``done``: the engine's ``Enqueued`` results, in order."""
+    pack = PUT_MANY_OK.pack
+    return b"".join(pack(e.id, e.deadline, 1 if e.duplicate else 0) for e in done)
+
+
+def decode_put_many_ok(body: bytes, count: int) -> list[tuple[int, int, bool]]:
+    if len(body) != count * PUT_MANY_OK.size:
+        raise MalformedSlot("PUT_MANY response length mismatch", size=len(body), count=count)
+    return [(i, dl, bool(dup)) for i, dl, dup in PUT_MANY_OK.iter_unpack(body)]
+
+
+def encode_delete_many(items: Sequence[tuple[int, str]]) -> tuple[bytes, bytes]:
+    """Key and body of a DELETE_MANY: ``items`` are (id, receipt), receipts ASCII."""
+    parts = []
+    for item_id, receipt in items:
+        raw = receipt.encode("ascii")
+        parts.append(DELETE_MANY_ITEM.pack(item_id, len(raw)))
+        parts.append(raw)
+    body = b"".join(parts)
+    return _many_key(len(items), body), body
+
+
+def decode_delete_many(key: bytes, body: bytes) -> list[Release]:
+    count = _decode_many_key(key, body)
+    out: list[Release] = []
+    pos, end, head = 0, len(body), DELETE_MANY_ITEM.size
+    for _ in range(count):
+        if pos + head > end:
+            raise MalformedSlot("DELETE_MANY body truncated", offset=pos)
+        item_id, rlen = DELETE_MANY_ITEM.unpack_from(body, pos)
+        pos += head
+        if pos + rlen > end:
+            raise MalformedSlot("DELETE_MANY body truncated", offset=pos)
+        out.append(Release(item_id, _receipt(body[pos : pos + rlen])))
+        pos += rlen
+    if pos != end:
+        raise MalformedSlot("DELETE_MANY body longer than its items", size=end, used=pos)
+    return out
+
+
+def encode_delete_many_ok(
+    statuses: Sequence[int], outcomes: Sequence[ItemOutcome], room: int
+) -> bytes:
+    """One status byte per item (0 = released), then each failed item's message, cut
+    (the later ones first) so that the whole answer takes at most ``room`` bytes."""
+    parts = [bytes(statuses)]
+    failed = [o for o, st in zip(outcomes, statuses, strict=True) if st]
+    left = room - len(statuses) - 2 * len(failed)
+    for outcome in failed:
+        raw = (outcome.message or outcome.error or "").encode("utf-8")[: max(left, 0)]
+        left -= len(raw)
+        parts.append(U16.pack(len(raw)))
+        parts.append(raw)
+    return b"".join(parts)
+
+
+def decode_delete_many_ok(body: bytes, count: int) -> list[tuple[int, str]]:
+    """(status, message) per item; message empty for the released ones."""
+    if len(body) < count:
+        raise MalformedSlot("DELETE_MANY response too short", size=len(body), count=count)
+    out = []
+    pos = count
+    for status in body[:count]:
+        message = ""
+        if status:
+            if pos + 2 > len(body):
+                raise MalformedSlot("DELETE_MANY response truncated", offset=pos)
+            (mlen,) = U16.unpack_from(body, pos)
+            pos += 2
+            if pos + mlen > len(body):
+                raise MalformedSlot("DELETE_MANY response truncated", offset=pos)
+            message = body[pos : pos + mlen].decode("utf-8", "replace")
+            pos += mlen
+        out.append((status, message))
+    if pos != len(body):
+        raise MalformedSlot("DELETE_MANY response longer than its items", size=len(body))
+    return out

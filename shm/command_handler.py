@@ -11,8 +11,10 @@ state (the bound queue, the rest of a response too long for one slot). Invariant
     handed to the engine as one batch (``begin_run``), as an HTTP batch would be; if the
     engine refuses the batch as a whole, nothing of it was written, and each command is
     started alone so that each gets its own answer;
-  - a response longer than one slot is handed out chunk by chunk from one buffer
-    (``CONTINUE``), never copied again per chunk;
+  - a batch op (PUT_MANY, DELETE_MANY) is one command whose body spans the PART slots
+    before it, one engine call and one answer spread over the same slots;
+  - a response longer than its command's slots is handed out chunk by chunk from one
+    buffer (``CONTINUE``), never copied again per chunk;
   - every command gets exactly one response; no exception escapes ``finish``.
 """
 
@@ -42,11 +44,12 @@ from dq.shm.errors import MalformedSlot
 from dq.storage.errors import NotLeader, StorageError
 from dq.storage.types import Extend, ItemOutcome, NewItem, Release, Requeue, check_queue_name
 
-__all__ = ["ASYNC_OPS", "CommandHandler", "Outcome"]
+__all__ = ["ASYNC_OPS", "MANY_OPS", "CommandHandler", "Outcome"]
 
 log = logging.getLogger(__name__)
 
 ASYNC_OPS = frozenset({Op.PUT, Op.DELETE, Op.REQUEUE})
+MANY_OPS = frozenset({Op.PUT_MANY, Op.DELETE_MANY})  # durable too; their body spans PARTs
 _KNOWN_OPS = frozenset(int(op) for op in Op)
 FUTURE_POLL_S = 1.0
 STOP_POLL_S = 0.2  # how soon a long-polling FIND notices its session stopping
@@ -107,6 +110,15 @@ def _put_at(index: int, done: list[Any]) -> Result:
 
 def _released_at(index: int, outcomes: list[ItemOutcome]) -> Result:
     return _item_result([outcomes[index]], _empty)
+
+
+def _put_many_ok(done: list[Any]) -> Result:
+    return int(Status.OK), codec.encode_put_many_ok(done)
+
+
+def _deleted_many(room: int, outcomes: list[ItemOutcome]) -> Result:
+    statuses = [0 if o.error is None else _status_for(o.error) for o in outcomes]
+    return int(Status.OK), codec.encode_delete_many_ok(statuses, outcomes, room)
 
 
 class CommandHandler:
@@ -176,12 +188,53 @@ class CommandHandler:
             ]
         raise MalformedSlot("only PUT and DELETE runs are batched")
 
+    def begin_span(self, cmds: list[Command]) -> Outcome:
+        """Start a command that took several slots: its PARTs, then the op itself.
+
+        PUT_MANY and DELETE_MANY read their body from the PARTs and their own value; a
+        FIND may be preceded by empty PARTs, which only give its answer room. PARTs
+        before any other op, or carrying bytes before a FIND, make it malformed."""
+        cmd, parts = cmds[-1], cmds[:-1]
+        self._rest = b""
+        try:
+            if any(c.value_size > 1024 for c in cmds):
+                return Outcome(
+                    (int(Status.VALUE_TOO_LARGE), b"value_size exceeds the 1024-byte slot")
+                )
+            if cmd.op in MANY_OPS:
+                if self.queue is None:
+                    return Outcome((int(Status.NOT_BOUND), b"no queue bound: send BIND first"))
+                return self._many(cmd, b"".join(c.value for c in cmds), len(cmds), self.queue)
+            if parts and (cmd.op != Op.FIND or any(p.value for p in parts)):
+                raise MalformedSlot("PART slots precede PUT_MANY, DELETE_MANY or FIND only")
+            return self.begin(cmd)
+        except Exception as exc:
+            return Outcome(_error(exc))
+
+    def _many(self, cmd: Command, body: bytes, slots: int, queue: str) -> Outcome:
+        engine = self._engine
+        if cmd.op == Op.PUT_MANY:
+            items = codec.decode_put_many(cmd.key, body)
+            return Outcome(future=engine.enqueue_nowait(queue, items), finish=_put_many_ok)
+        releases = codec.decode_delete_many(cmd.key, body)
+        return Outcome(
+            future=engine.release_nowait(queue, releases),
+            finish=partial(_deleted_many, slots * RESPONSE_BODY_MAX),
+        )
+
     def finish(self, outcome: Outcome, *, whole: bool = True) -> bytes:
         """Wait for a started command and return its response bytes (first chunk).
         ``whole=False`` (answers given from another thread) cuts a body that does not
         fit one slot instead of keeping the rest for CONTINUE."""
-        if outcome.encoded is not None:
-            return outcome.encoded
+        return self.finish_span(outcome, 1, whole=whole)[0]
+
+    def finish_span(self, outcome: Outcome, slots: int, *, whole: bool = True) -> list[bytes]:
+        """``finish`` for a command that took ``slots`` slots: its answer spread over
+        them, 1020 bytes each, ``MORE`` on every chunk another one follows; slots past
+        the answer's end get an empty body. A longer answer is kept for CONTINUE
+        (``whole``) or cut."""
+        if outcome.encoded is not None:  # a continuation: never spans (begin_span)
+            return [outcome.encoded] * slots
         if outcome.result is not None:
             status, body = outcome.result
         else:
@@ -190,10 +243,25 @@ class CommandHandler:
                 status, body = outcome.finish(self._wait(outcome.future))
             except Exception as exc:
                 status, body = _error(exc)
-        if len(body) <= RESPONSE_BODY_MAX or not whole:
-            return encode_response(status, body[:RESPONSE_BODY_MAX])
-        self._rest, self._rest_at = body, RESPONSE_BODY_MAX
-        return encode_response(status, body[:RESPONSE_BODY_MAX], FLAG_MORE)
+        room = slots * RESPONSE_BODY_MAX
+        if len(body) > room:
+            if whole:
+                self._rest, self._rest_at = body, room
+            else:
+                body = body[:room]
+        if slots == 1:
+            return [
+                encode_response(status, body[:RESPONSE_BODY_MAX], FLAG_MORE * (len(body) > room))
+            ]
+        size = len(body)
+        return [
+            encode_response(
+                status,
+                body[at : at + RESPONSE_BODY_MAX],
+                FLAG_MORE * (at + RESPONSE_BODY_MAX < size),
+            )
+            for at in range(0, room, RESPONSE_BODY_MAX)
+        ]
 
     def _wait(self, future: concurrent.futures.Future[Any]) -> Any:
         while True:

@@ -117,6 +117,9 @@ class Op(IntEnum):
     STATS = 5
     BIND = 6  # choose the queue the following commands act on
     CONTINUE = 7  # next chunk of the previous response
+    PART = 8  # the next piece of the following command's body; answered with that command
+    PUT_MANY = 9  # enqueue a batch in one command (its body spans PART slots)
+    DELETE_MANY = 10  # release a batch in one command
 
 
 class Status(IntEnum):
@@ -148,6 +151,8 @@ class Status(IntEnum):
     REPLICATION_TIMEOUT = 20
     #: refused before anything was written: the replicas acknowledge nothing (retry later)
     REPLICATION_STALLED = 21
+    INVALID_KEY = 22  # an idempotency key the server refuses (PUT_MANY)
+    TOO_MANY_QUEUES = 23
 
     @property
     def code(self) -> str:
@@ -289,12 +294,38 @@ class ClientRing:
                 raise RingTimeout("no response from the server", slot=index, timeout_s=timeout_s)
             at.spin_wait_u8(mm, off + RESPONSE_READY, 0, left, spin_us)
             spin_us = 0.0
+        return self._response(index)
+
+    def _response(self, index: int) -> Response:
+        off = slot_offset(index)
         (size,) = U32.unpack_from(self._view, off + RESPONSE_SIZE)
         if not RESPONSE_HEAD.size <= size <= RESPONSE_MAX:
             raise ProtocolError("response_size out of range", slot=index, size=size)
         raw = bytes(self._view[off + RESPONSE : off + RESPONSE + size])
         status, flags, _ = RESPONSE_HEAD.unpack_from(raw)
         return Response(status, flags, raw[RESPONSE_HEAD.size :])
+
+    def collect(self, indexes: list[int], timeout_s: float = 30.0) -> Response:
+        """The response of a command that took the slots ``indexes`` (PARTs, then the op),
+        joined. Caller holds lock. The server publishes a command's slots together, the
+        last one last: waiting for that one is enough. ``more`` is set when the answer
+        did not fit the slots (``complete`` fetches the rest)."""
+        last = self.wait(indexes[-1], timeout_s)
+        if len(indexes) == 1:
+            return last
+        mm = self._mm
+        chunks = []
+        for index in indexes[:-1]:
+            if at.load_u8(mm, slot_offset(index) + RESPONSE_READY) != 1:
+                raise ProtocolError("a command's slot answered out of order", slot=index)
+            chunks.append(self._response(index))
+        chunks.append(last)
+        parts = []
+        for chunk in chunks:
+            parts.append(chunk.body)
+            if not chunk.more:
+                return Response(chunks[0].status, 0, b"".join(parts))
+        return Response(chunks[0].status, FLAG_MORE, b"".join(parts))
 
     def call(self, op: int, key: bytes, value: bytes = b"", timeout_s: float = 30.0) -> Response:
         """One command and its whole response (following continuations)."""
@@ -389,7 +420,19 @@ class ServerRing:
         at.store_u8(mm, off + RESPONSE_READY, 1)
         at.futex_wake(mm, off + RESPONSE_WAKE_WORD)
 
-    def advance(self) -> None:
-        """Move past the slot at ``tail`` (release store, after its response)."""
-        self.tail = (self.tail + 1) % self.capacity
+    def publish_span(self, indexes: list[int], responses: list[bytes]) -> None:
+        """Answer a command that took several slots: every slot's response and
+        ``response_ready`` in slot order, then one wake-up, on the last slot (the one a
+        client waits on)."""
+        mm, view = self._mm, self._view
+        for index, response in zip(indexes, responses, strict=True):
+            off = slot_offset(index)
+            U32.pack_into(view, off + RESPONSE_SIZE, len(response))
+            view[off + RESPONSE : off + RESPONSE + len(response)] = response
+            at.store_u8(mm, off + RESPONSE_READY, 1)
+        at.futex_wake(mm, slot_offset(indexes[-1]) + RESPONSE_WAKE_WORD)
+
+    def advance(self, slots: int = 1) -> None:
+        """Move past the slot(s) at ``tail`` (release store, after their responses)."""
+        self.tail = (self.tail + slots) % self.capacity
         at.store_u64(self._mm, TAIL_OFF, self.tail)

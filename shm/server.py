@@ -41,7 +41,7 @@ from dq.shm.attach import (
     socket_path,
     unlink_shm,
 )
-from dq.shm.command_handler import ASYNC_OPS, CommandHandler, Outcome
+from dq.shm.command_handler import ASYNC_OPS, MANY_OPS, CommandHandler, Outcome
 from dq.shm.command_ring import (
     DEFAULT_SPIN_US,
     MAX_CAPACITY,
@@ -75,10 +75,10 @@ class _Refused(ShmError):
 
 @dataclass(slots=True)
 class _Pending:
-    """A started durable command: its slot and, once durable, its response."""
+    """A started durable command: its slot(s) and, once durable, one response per slot."""
 
-    index: int
-    response: bytes | None = None
+    indexes: list[int]
+    responses: list[bytes] | None = None
 
 
 class Session:
@@ -103,6 +103,7 @@ class Session:
         self._answers = threading.Condition()
         self._pending: deque[_Pending] = deque()
         self._next = 0  # the next slot to read; ``tail`` trails it while answers are due
+        self._parts: list[Command] = []  # PARTs read, waiting for their command
         self._closed = False
 
     def stop(self) -> None:
@@ -187,10 +188,20 @@ class Session:
         as they become durable; the others once every earlier one is answered, so every
         response is published in ring order."""
         run: list[Command] = []
+        parts = self._parts
         scan = self._next
         while scan != head and not self.stopping.is_set():
             cmd = ring.read(scan)
-            if cmd.op in ASYNC_OPS:
+            if cmd.op == Op.PART:  # answered with the command it belongs to
+                self._start(handler, run)
+                parts.append(cmd)
+            elif parts or cmd.op in MANY_OPS:
+                self._start(handler, run)
+                span = [*parts, cmd]
+                parts.clear()
+                if not self._span(handler, span):
+                    return
+            elif cmd.op in ASYNC_OPS:
                 if run and (run[0].op != cmd.op or cmd.op not in RUN_OPS):
                     self._start(handler, run)
                 run.append(cmd)
@@ -208,39 +219,69 @@ class Session:
                 head = ring.head()  # pick up what arrived meanwhile
         self._start(handler, run)
 
+    def _span(self, handler: CommandHandler, span: list[Command]) -> bool:
+        """A command with the PARTs before it (or a batch op alone): a batch op is
+        started like any durable op; anything else runs once every earlier command is
+        answered, its answer spread over its slots. False if the session stops."""
+        indexes = [cmd.index for cmd in span]
+        outcome = handler.begin_span(span)
+        if span[-1].op in MANY_OPS:
+            entry = _Pending(indexes)
+            with self._answers:
+                self._pending.append(entry)
+            self._settle(handler, entry, outcome)
+            return True
+        if not self._wait_answered():
+            return False
+        responses = handler.finish_span(outcome, len(span))
+        ring = self.ring
+        assert ring is not None
+        with self._answers:
+            ring.publish_span(indexes, responses)
+            ring.advance(len(span))
+        return True
+
     def _start(self, handler: CommandHandler, run: list[Command]) -> None:
         if not run:
             return
         outcomes = handler.begin_run(run)
-        entries = [_Pending(cmd.index) for cmd in run]
+        entries = [_Pending([cmd.index]) for cmd in run]
         run.clear()
         with self._answers:
             self._pending.extend(entries)
         for entry, outcome in zip(entries, outcomes, strict=True):
-            if outcome.future is None:  # answered at once (refused)
-                self._answer(entry, handler.finish(outcome, whole=False))
-            else:  # runs here at once if the future is already resolved
-                outcome.future.add_done_callback(partial(self._resolved, handler, entry, outcome))
+            self._settle(handler, entry, outcome)
+
+    def _settle(self, handler: CommandHandler, entry: _Pending, outcome: Outcome) -> None:
+        if outcome.future is None:  # answered at once (refused)
+            self._answer(entry, handler.finish_span(outcome, len(entry.indexes), whole=False))
+        else:  # runs here at once if the future is already resolved
+            outcome.future.add_done_callback(partial(self._resolved, handler, entry, outcome))
 
     def _resolved(
         self, handler: CommandHandler, entry: _Pending, outcome: Outcome, future: Any
     ) -> None:
         try:
-            self._answer(entry, handler.finish(outcome, whole=False))
+            self._answer(entry, handler.finish_span(outcome, len(entry.indexes), whole=False))
         except Exception:  # a broken ring: drop this client alone
             log.exception("shm client %d: answering a durable command failed", self.number)
             self.stop()
 
-    def _answer(self, entry: _Pending, response: bytes) -> None:
+    def _answer(self, entry: _Pending, responses: list[bytes]) -> None:
         """Publish every answer that is next in ring order (from any thread)."""
         with self._answers:
-            entry.response = response
+            entry.responses = responses
             ring, pending = self.ring, self._pending
             if self._closed or ring is None:
                 return
-            while pending and (ready := pending[0].response) is not None:
-                ring.publish(pending.popleft().index, ready)
-                ring.advance()
+            while pending and (ready := pending[0].responses) is not None:
+                indexes = pending.popleft().indexes
+                if len(indexes) == 1:
+                    ring.publish(indexes[0], ready[0])
+                    ring.advance()
+                else:
+                    ring.publish_span(indexes, ready)
+                    ring.advance(len(indexes))
             if not pending:
                 self._answers.notify_all()
 

@@ -1,5 +1,6 @@
 """``Client("shm:///data-dir")`` against a real ``dq serve`` with shared memory on: the same
-API and answers as over HTTP, with values too big for a slot sent over HTTP transparently."""
+API and answers as over HTTP; a batch is one ring command, and only what no command can
+hold goes over HTTP, transparently."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from dq.client import AsyncClient, Client, QueueConfig, QueueNotFound, StaleReceipt
-from dq.client.errors import TransportError
+from dq.client import AsyncClient, Client, NewItem, QueueConfig, QueueNotFound, StaleReceipt
+from dq.client.errors import ServerError, TransportError
 from dq.client.shm_transport import ShmTransport
+from dq.shm import _atomics as at
 from dq.shm.attach import SHM_DIR, shm_prefix
 from tests.server.live import LiveServer, live_server
 
@@ -59,13 +61,27 @@ def test_the_ring_client_does_what_the_http_client_does(server: LiveServer, shm_
         assert dq.health()["status"] == "ok"
 
 
-def test_values_that_do_not_fit_a_slot_go_over_http(shm_url: str) -> None:
-    big = bytes(range(256)) * 16  # 4 KiB
+def test_values_over_a_slot_ride_the_ring_and_only_what_no_command_holds_goes_over_http(
+    shm_url: str,
+) -> None:
+    big = bytes(range(256)) * 16  # 4 KiB: a PUT_MANY over five slots
+    huge = bytes(range(256)) * 1200  # 300 KiB: more than a 256-slot ring holds at once
     with Client(shm_url) as dq:
+        transport = dq.transport
+        assert isinstance(transport, ShmTransport)
+        http_url, transport.http_url = transport.http_url, None  # any HTTP call would fail
         item_id = dq.enqueue("big", big)
         fits = dq.enqueue("big", b"x" * 1024)
-        items = dq.dequeue("big", count=2)  # comes back through the ring, in chunks
-        assert [(i.id, i.value) for i in items] == [(item_id, big), (fits, b"x" * 1024)]
+        with pytest.raises(TransportError, match="needs HTTP"):
+            dq.enqueue("big", huge)
+        transport.http_url = http_url
+        huge_id = dq.enqueue("big", huge)
+        items = dq.dequeue("big", count=3)  # comes back through the ring, in chunks
+        assert [(i.id, i.value) for i in items] == [
+            (item_id, big),
+            (fits, b"x" * 1024),
+            (huge_id, huge),
+        ]
         dq.release_many("big", items)
 
 
@@ -130,6 +146,63 @@ def test_batches_through_the_ring(shm_url: str) -> None:
         ]
         assert all(o.ok for o in dq.release_many("batches", items[3:]))
         assert dq.queue("batches").stats.pending == 0
+
+
+def ring_head(dq: Client) -> int:
+    transport = dq.transport
+    assert isinstance(transport, ShmTransport)
+    return int(at.load_u64(transport._ring._mm, 0))
+
+
+def test_a_batch_is_one_command_and_never_touches_http(shm_url: str) -> None:
+    """enqueue_many of 100 items of 256 bytes takes 28 slots (PARTs and one PUT_MANY), not
+    100; a dequeue of 100 and their release come back whole; keys work as over HTTP."""
+    value = b"v" * 256
+    with Client(shm_url) as dq:
+        transport = dq.transport
+        assert isinstance(transport, ShmTransport)
+        transport.http_url = None  # any HTTP call would fail
+        dq.enqueue("one-command", b"bind first")
+        before = ring_head(dq)
+        done = dq.enqueue_many("one-command", [value] * 100)
+        assert (ring_head(dq) - before) % transport._ring.capacity == (100 * 277 + 1023) // 1024
+        assert [e.id for e in done] == list(range(done[0].id, done[0].id + 100))
+        assert not any(e.duplicate for e in done)
+
+        first = dq.dequeue("one-command", count=1)
+        items = dq.dequeue("one-command", count=100, lease_ms=60_000)
+        assert [i.id for i in items] == [e.id for e in done]
+        assert all(i.value == value for i in items)
+        dq.release("one-command", items[0].id, items[0].receipt)
+        outcomes = dq.release_many("one-command", items[:50])
+        assert [(o.id, o.ok, o.error) for o in outcomes[:2]] == [
+            (items[0].id, False, "stale_receipt"),
+            (items[1].id, True, None),
+        ]
+        assert outcomes[0].message and all(o.ok for o in outcomes[1:])
+        rest = dq.dequeue("one-command", count=10, release=[*first, *items[50:]])
+        assert list(rest) == [] and len(rest.released) == 51
+        assert all(o.ok for o in rest.released)
+        assert dq.queue("one-command").stats.pending == 0
+
+        keyed = [NewItem(b"a", key="order-1"), NewItem(b"b", key="order-2")]
+        once = dq.enqueue_many("keyed", keyed)
+        again = dq.enqueue_many("keyed", [*keyed, NewItem(b"c")])
+        assert [(e.id, e.duplicate) for e in again[:2]] == [(e.id, True) for e in once]
+        assert not again[2].duplicate
+        assert dq.enqueue("keyed", b"a", key="order-1") == once[0].id
+        assert dq.queue("keyed").stats.pending == 3
+
+
+def test_a_refused_batch_writes_nothing(shm_url: str) -> None:
+    """One bad item refuses the whole PUT_MANY, as an HTTP batch is refused."""
+    with Client(shm_url) as dq:
+        dq.enqueue("all-or-nothing", b"x")
+        for bad in ("k" * 200, ""):  # over the server's 128 bytes; empty (sent over HTTP)
+            with pytest.raises(ServerError) as refused:
+                dq.enqueue_many("all-or-nothing", [NewItem(b"ok"), NewItem(b"bad", key=bad)])
+            assert refused.value.status == 400
+        assert dq.queue("all-or-nothing").stats.pending == 1
 
 
 def test_a_dequeue_carries_the_releases_of_earlier_deliveries(shm_url: str) -> None:

@@ -207,3 +207,141 @@ def test_every_storage_error_that_is_503_over_http_is_unavailable_or_its_own_sta
     assert _error(ReplicationTimeout("late"))[0] == Status.REPLICATION_TIMEOUT
     assert _error(WriteStall("behind"))[0] == Status.UNAVAILABLE
     assert _error(EngineUnavailable("closed"))[0] == Status.UNAVAILABLE
+
+
+class _Done:
+    """What the engine answers per enqueued item (id, stored deadline, duplicate)."""
+
+    def __init__(self, item_id: int, deadline: int, duplicate: bool = False) -> None:
+        self.id, self.deadline, self.duplicate = item_id, deadline, duplicate
+
+
+def test_doc_example_batch_commands_decode() -> None:
+    part, last = doc_example("part-slot"), doc_example("put-many-slot")
+    assert (part[0], part[1], part[2:18]) == (1, Op.PART, bytes(16))
+    assert (last[0], last[1]) == (1, Op.PUT_MANY)
+    (psize,) = struct.unpack_from("<I", part, 18)
+    (lsize,) = struct.unpack_from("<I", last, 18)
+    body = part[22 : 22 + psize] + last[22 : 22 + lsize]
+    assert struct.unpack_from("<II", last, 2) == (2, len(body)) == (2, 51)
+    items = codec.decode_put_many(last[2:18], body)
+    assert [(i.value, i.deadline, i.delay_ms, i.key) for i in items] == [
+        (b"hello", None, 1500, None),
+        (b"hi", None, None, "k1"),
+    ]
+
+    raw, tail = doc_example("put-many-response"), doc_example("put-many-response-last")
+    (size,) = struct.unpack_from("<I", raw)
+    assert size == len(raw) - 4 == 38
+    assert struct.unpack_from("<BBH", raw, 4) == (Status.OK, 0, 0)
+    assert codec.decode_put_many_ok(raw[8:], 2) == [
+        (1, 1_800_000_001_500, False),
+        (2, 1_800_000_000_000, False),
+    ]
+    assert tail == struct.pack("<I", 4) + bytes(4)
+
+    slot = doc_example("delete-many-slot")
+    assert (slot[0], slot[1]) == (1, Op.DELETE_MANY)
+    (size,) = struct.unpack_from("<I", slot, 18)
+    releases = codec.decode_delete_many(slot[2:18], slot[22 : 22 + size])
+    assert [(r.id, r.receipt) for r in releases] == [(1, "8f68d1e3.1.1"), (2, "8f68d1e3.2.1")]
+    raw = doc_example("delete-many-response")
+    (size,) = struct.unpack_from("<I", raw)
+    assert size == len(raw) - 4 == 21 and raw[4] == Status.OK
+    assert codec.decode_delete_many_ok(raw[8:], 2) == [
+        (0, ""),
+        (Status.STALE_RECEIPT, "stale receipt"),
+    ]
+
+
+def test_a_batch_command_goes_through_a_ring_as_the_doc_shows() -> None:
+    """The client writes a PUT_MANY as a PART and its own slot; the server answers both
+    slots together, the body in the first, the second empty, and wakes once."""
+    mm, server, client = pair()
+    key, body = codec.encode_put_many([(b"hello", None, 1500, None), (b"hi", None, None, "k1")])
+    first = client.submit(Op.PART, bytes(16), body[:26], wake=False)
+    second = client.submit(Op.PUT_MANY, key, body[26:])
+    assert (first, second) == (0, 1)
+    assert mm[24 : 24 + 48] == doc_example("part-slot")
+    assert mm[24 + 2080 : 24 + 2080 + 47] == doc_example("put-many-slot")
+    assert server.wait_for_head(0.0, 0.0) == 2
+    cmds = [server.read(0), server.read(1)]
+    got = codec.decode_put_many(cmds[1].key, cmds[0].value + cmds[1].value)
+    assert [i.value for i in got] == [b"hello", b"hi"]
+    answer = codec.encode_put_many_ok([_Done(1, 1_800_000_001_500), _Done(2, 1_800_000_000_000)])
+    server.publish_span([0, 1], [encode_response(Status.OK, answer), encode_response(0, b"")])
+    server.advance(2)
+    assert mm[24 + 1046 : 24 + 1046 + 42] == doc_example("put-many-response")
+    assert mm[24 + 2080 + 1046 : 24 + 2080 + 1046 + 8] == doc_example("put-many-response-last")
+    assert struct.unpack_from("<Q", mm, 8)[0] == 2
+    response = client.collect([0, 1], 1.0)
+    assert (response.status, response.more, response.body) == (Status.OK, False, answer)
+
+    key, body = codec.encode_delete_many([(1, "8f68d1e3.1.1"), (2, "8f68d1e3.2.1")])
+    assert client.submit(Op.DELETE_MANY, key, body) == 2
+    assert mm[24 + 2 * 2080 : 24 + 2 * 2080 + 66] == doc_example("delete-many-slot")
+
+
+def test_an_answer_spread_over_a_commands_slots_is_joined_and_continued() -> None:
+    """Three slots hold 3060 bytes; the 4000-byte answer ends with MORE on the last slot,
+    and CONTINUE fetches the rest."""
+    _, server, client = pair(8)
+    body = bytes(range(200)) * 20
+    indexes = [client.submit(Op.PART, bytes(16), b"", wake=False) for _ in range(2)]
+    indexes.append(client.submit(Op.FIND, codec.encode_find(9, 0, None), b""))
+    chunks = [body[i : i + RESPONSE_BODY_MAX] for i in range(0, 3 * RESPONSE_BODY_MAX, 1020)]
+    server.wait_for_head(0.0, 0.0)
+    for i in indexes:
+        server.read(i)
+    server.publish_span(indexes, [encode_response(Status.OK, c, 1) for c in chunks])
+    server.advance(3)
+
+    def serve_rest() -> None:
+        server.wait_for_head(5.0, 0.0, 3)
+        server.read(3)
+        server.publish(3, encode_response(Status.OK, body[3 * RESPONSE_BODY_MAX :]))
+        server.advance()
+
+    thread = threading.Thread(target=serve_rest)
+    thread.start()
+    first = client.collect(indexes, 1.0)
+    assert first.more and first.body == body[: 3 * RESPONSE_BODY_MAX]
+    assert client.complete(first, 5.0).body == body
+    thread.join(5)
+
+
+def test_batch_codecs_round_trip_and_refuse_bad_bodies() -> None:
+    items = [(bytes([i]) * i, 10 + i if i % 2 else None, None, f"k{i}" if i % 3 else None)
+             for i in range(1, 40)]  # fmt: skip
+    key, body = codec.encode_put_many(items)
+    got = codec.decode_put_many(key, body)
+    assert [(i.value, i.deadline, i.delay_ms, i.key) for i in got] == items
+    with pytest.raises(MalformedSlot):
+        codec.decode_put_many(key, body[:-1])  # body_size no longer matches
+    with pytest.raises(MalformedSlot):
+        codec.decode_put_many(struct.pack("<IIQ", 40, len(body), 0), body)  # one item short
+    with pytest.raises(MalformedSlot):
+        codec.decode_put_many(struct.pack("<IIQ", 38, len(body), 0), body)  # bytes left over
+    with pytest.raises(ValueError):
+        codec.encode_put_many([(b"x", None, None, "k" * 256)])
+    with pytest.raises(ValueError):
+        codec.encode_put_many([(b"x", None, None, "")])
+    releases = [(i, f"r.{i}.1") for i in range(50)]
+    key, body = codec.encode_delete_many(releases)
+    assert [(r.id, r.receipt) for r in codec.decode_delete_many(key, body)] == releases
+    with pytest.raises(MalformedSlot):
+        codec.decode_delete_many(struct.pack("<IIQ", 51, len(body), 0), body)
+
+    from dq.storage.types import ItemOutcome
+
+    outcomes = [
+        ItemOutcome(1),
+        ItemOutcome(2, "stale_receipt", "x" * 100),
+        ItemOutcome(3, "item_not_found", "gone"),
+    ]
+    statuses = [0, Status.STALE_RECEIPT, Status.ITEM_NOT_FOUND]
+    full = codec.encode_delete_many_ok(statuses, outcomes, 1020)
+    assert codec.decode_delete_many_ok(full, 3) == [(0, ""), (9, "x" * 100), (8, "gone")]
+    cut = codec.encode_delete_many_ok(statuses, outcomes, 3 + 4 + 10)  # messages cut to fit
+    assert len(cut) == 17
+    assert codec.decode_delete_many_ok(cut, 3) == [(0, ""), (9, "x" * 10), (8, "")]

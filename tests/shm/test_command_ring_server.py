@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ from dq.server.lifespan import _local_url
 from dq.server.settings import Settings
 from dq.shm import command_codec as codec
 from dq.shm.attach import SHM_DIR, Attachment, attach, shm_prefix
-from dq.shm.command_ring import ClientRing, Op, Status
+from dq.shm.command_ring import ClientRing, Op, Response, Status
 from dq.shm.errors import AttachError, ShmError
 from dq.shm.server import ShmServer
 from dq.storage import Engine, EngineConfig
@@ -298,3 +299,60 @@ def test_server_close_unlinks_every_ring_and_the_socket(tmp_path: Path) -> None:
             a.close()
     finally:
         engine.close()
+
+
+def send(ring: ClientRing, slots: list[tuple[int, bytes, bytes]]) -> Response:
+    """One command over several slots (PARTs, then the op), as the client transport sends it."""
+    with ring.lock:
+        indexes = [ring.submit(op, key, value, WAIT_S, wake=False) for op, key, value in slots]
+        ring.wake_server()
+        return ring.collect(indexes, WAIT_S)
+
+
+def test_batch_commands_and_misplaced_parts(served: tuple[Engine, ShmServer]) -> None:
+    """PUT_MANY and DELETE_MANY over PART slots; PARTs before another op, a PART with bytes
+    before a FIND, or a body_size that lies are refused, and the ring goes on."""
+    engine, server = served
+    a, ring = connect(server, queue=None)
+    zero = bytes(16)
+    try:
+        key, body = codec.encode_put_many([(b"x" * 300, None, None, None)] * 6)
+        pieces = [body[i : i + 1024] for i in range(0, len(body), 1024)]
+        slots = [(Op.PART, zero, p) for p in pieces[:-1]] + [(Op.PUT_MANY, key, pieces[-1])]
+        assert send(ring, slots).status == Status.NOT_BOUND
+        assert ring.call(Op.BIND, zero, b"jobs").status == Status.OK
+        r = send(ring, slots)
+        assert r.status == Status.OK and not r.more
+        ids = [i for i, _, dup in codec.decode_put_many_ok(r.body, 6) if not dup]
+        assert len(ids) == 6 and engine.stats("jobs").pending == 6
+
+        # a FIND with two empty PARTs before it: the 6 x 362-byte answer spans its slots
+        r = send(
+            ring,
+            [
+                (Op.PART, zero, b""),
+                (Op.PART, zero, b""),
+                (Op.FIND, codec.encode_find(6, 0, 60_000), b""),
+            ],
+        )
+        got = codec.decode_deliveries(r.body)
+        assert [d.id for d in got] == ids
+        stale = got[0]
+        key, value = codec.encode_item(stale.id, stale.receipt)
+        assert ring.call(Op.DELETE, key, value).status == Status.OK
+        key, body = codec.encode_delete_many([(d.id, d.receipt) for d in got])
+        r = send(ring, [(Op.PART, zero, body[:20]), (Op.DELETE_MANY, key, body[20:])])
+        answers = codec.decode_delete_many_ok(r.body, 6)
+        assert [s for s, _ in answers] == [Status.STALE_RECEIPT] + [0] * 5
+        assert answers[0][1] and engine.stats("jobs").pending == 0
+
+        assert send(ring, [(Op.PART, zero, b""), (Op.STATS, zero, b"")]).status == Status.MALFORMED
+        find = (Op.FIND, codec.encode_find(1, 0, None), b"")
+        assert send(ring, [(Op.PART, zero, b"x"), find]).status == Status.MALFORMED
+        lying = struct.pack("<IIQ", 1, 999, 0)
+        assert send(ring, [(Op.PUT_MANY, lying, pieces[0])]).status == Status.MALFORMED
+        assert ring.call(Op.STATS, zero).status == Status.OK  # served on
+        assert engine.stats("jobs").pending == 0
+    finally:
+        ring.close()
+        a.close()
