@@ -54,6 +54,7 @@ from bench.replication_cluster import ETCD, Cluster, Node
 VALUE = "v" * 256
 QUEUE = "bench"
 _JSON = {"content-type": "application/json"}
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def percentile(xs: list[float], q: float) -> float:
@@ -283,24 +284,44 @@ def lost_acks(cluster: Cluster, acked: set[str]) -> list[str]:
     return sorted(acked - seen)
 
 
-def measure_ab(urls: dict[str, str], args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """(a) and (b) for each of ``urls`` (name: url), taken in ``args.rounds`` alternating
-    rounds so that a change in the machine's load falls on both alike: the rate is the
-    mean of the rounds, the latencies are pooled."""
-    rates: dict[str, list[float]] = {name: [] for name in urls}
-    lats: dict[str, list[float]] = {name: [] for name in urls}
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """utime + stime of every thread of ``pid`` (its children not included), or of one
+    ``thread`` (``pid`` itself: the main thread, a server's event loop)."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def measure_ab(
+    targets: dict[str, tuple[str, dict[str, tuple[int, int | None]]]], args: argparse.Namespace
+) -> dict[str, dict[str, Any]]:
+    """(a) and (b) for each target (name: (url, {label: (pid, thread or None)})), taken in
+    ``args.rounds`` alternating rounds so that a change in the machine's load falls on
+    all alike: the rate is the mean of the rounds, the latencies are pooled, and the CPU
+    each process spent during (b) is divided by the requests (ms per single enqueue)."""
+    rates: dict[str, list[float]] = {name: [] for name in targets}
+    lats: dict[str, list[float]] = {name: [] for name in targets}
+    cpu: dict[str, dict[str, float]] = {
+        name: dict.fromkeys(t[1], 0.0) for name, t in targets.items()
+    }
     for _ in range(args.rounds):
-        for name, url in urls.items():
+        for name, (url, pids) in targets.items():
             rates[name].append(throughput(url, args.conns, args.batch, args.seconds / args.rounds))
+            before = {p: cpu_seconds(*ids) for p, ids in pids.items()}
             lats[name] += latencies(url, args.requests // args.rounds)
+            for p, ids in pids.items():
+                cpu[name][p] += cpu_seconds(*ids) - before[p]
     return {
         name: {
             "batch_items_per_s": sum(rates[name]) / len(rates[name]),
             "batch_rounds": rates[name],
             "p50_ms": percentile(lats[name], 0.5) * 1000,
             "p99_ms": percentile(lats[name], 0.99) * 1000,
+            "cpu_ms_per_single_enqueue": {
+                p: round(sec * 1000 / len(lats[name]), 3) for p, sec in cpu[name].items()
+            },
         }
-        for name in urls
+        for name in targets
     }
 
 
@@ -323,6 +344,14 @@ def report(
             f"| {label} | {fmt.format(single[key])} | {fmt.format(repl[key])} "
             f"| {ratio:.2f}x | {target} | {'yes' if met else 'no'} |"
         )
+    cpu_single, cpu_repl = single["cpu_ms_per_single_enqueue"], repl["cpu_ms_per_single_enqueue"]
+    whole = sum(ms for p, ms in cpu_repl.items() if "event loop" not in p)
+    parts = ", ".join(f"{p} {ms:.2f}" for p, ms in cpu_repl.items())
+    lines.append(
+        f"| (b) server CPU per single enqueue, ms | {cpu_single['single']:.2f} (its event "
+        f"loop {cpu_single['its event loop']:.2f}) | {whole:.2f} ({parts}) "
+        f"| {whole / cpu_single['single']:.2f}x | | |"
+    )
     if fo is not None:
         t = fo["failover_s"]
         p99 = percentile(t, 0.99)
@@ -386,7 +415,28 @@ def main() -> int:
             single_node.wait_up()
             cluster.start()
             leader = cluster.wait_in_sync(args.members, timeout=120)
-            both = measure_ab({"single": single_node.url, "replicated": leader.url}, args)
+            both = measure_ab(
+                {
+                    "single": (
+                        single_node.url,
+                        {
+                            "single": (single_node.pid, None),
+                            "its event loop": (single_node.pid, single_node.pid),
+                        },
+                    ),
+                    "replicated": (
+                        leader.url,
+                        {
+                            **{
+                                ("leader" if n is leader else f"follower {n.name}"): (n.pid, None)
+                                for n in cluster.nodes
+                            },
+                            "leader's event loop": (leader.pid, leader.pid),
+                        },
+                    ),
+                },
+                args,
+            )
             single, repl = both["single"], both["replicated"]
             log(f"single node: {single}")
             log(f"{args.members} members (leader {leader.name}): {repl}")

@@ -128,6 +128,11 @@ class Node:
             time.sleep(0.05)
         raise RuntimeError(f"{self.name} not up after {timeout:.0f} s: {self.log()}")
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "start() first"
+        return self.proc.pid
+
     def kill(self) -> None:
         """SIGKILL: a crash, as the failover measurement wants it."""
         if self.proc is not None and self.proc.poll() is None:
