@@ -333,7 +333,14 @@ class DqHttpProtocol(HttpToolsProtocol):
             )
         if not cycle.keep_alive:
             self.transport.close()
-        self.on_response_complete()
+            self.server_state.total_requests += 1
+            return
+        # on_response_complete, inline for the common case (nothing queued behind)
+        if self.pipeline or self.flow.read_paused:
+            self.on_response_complete()
+            return
+        self.server_state.total_requests += 1
+        self._idle_deadline = self.loop.time() + self.timeout_keep_alive
 
 
 class _HotCycle:

@@ -178,7 +178,8 @@ def delivered(
 ) -> bytes:
     """Record a finished dequeue and answer it (``DequeueResponse``)."""
     m.ok(got)
-    service.metrics.observe_lateness(service.engine.now(), (d.deadline for d in got))
+    if got:  # an empty answer (a worker polling an empty queue) has no lateness
+        service.metrics.observe_lateness(service.engine.now(), [d.deadline for d in got])
     return deliveries_json(got, encoding, released)
 
 
