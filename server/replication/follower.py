@@ -241,6 +241,18 @@ class Follower:
         if client is not None:
             client.close()
 
+    @property
+    def following(self) -> bool:
+        """True from ``follow`` until ``stop``, while the loop runs."""
+        with self._cond:
+            thread = self._thread
+            return (
+                self._target is not None
+                and thread is not None
+                and thread.is_alive()
+                and self._thread_generation == self._generation
+            )
+
     def status(self) -> FollowerStatus:
         with self._cond:
             return self._status
@@ -302,6 +314,24 @@ class Follower:
             return self._client
 
     def _run(self, generation: int) -> None:
+        try:
+            self._loop(generation)
+        except BaseException:
+            # never expected (every step's errors are caught below); but a loop that ends
+            # while still following would leave this member silent, so say so loudly
+            logger.exception("the follower's loop ended unexpectedly")
+            with self._cond:
+                if self._generation == generation:
+                    self._update(
+                        state="stopped",
+                        last_error={
+                            "code": "error",
+                            "message": "the follower's loop ended unexpectedly (see the log)",
+                            "at": time.time(),
+                        },
+                    )
+
+    def _loop(self, generation: int) -> None:
         session: _Session | None = None
         backoff = self._backoff_s[0]
         while True:

@@ -36,9 +36,13 @@ class _Following:
     def __init__(self, follower: Follower, node: Node) -> None:
         self.follower = follower
         self.node = node
-        #: the follower retries every trouble itself (back-off, resync): it never ends
-        #: on its own, and a new leader reaches it through etcd and the node
-        self.done = False
+
+    @property
+    def done(self) -> bool:
+        """The follower retries every trouble itself (back-off, resync) and a new leader
+        reaches it through etcd and the node, so it ends on its own only by a bug in its
+        loop (logged): then the node starts following again."""
+        return not self.follower.following
 
     def describe(self) -> dict[str, Any]:
         status = self.follower.status()

@@ -416,3 +416,27 @@ def test_an_apply_that_stalls_is_logged_with_where_it_waits(
         leader.wait_for(lambda: any(p.body["after"] == 2 for p in leader.pulls()))
     finally:
         follower.stop(timeout=10)
+
+
+def test_a_loop_that_dies_says_so_and_the_node_sees_it(
+    follower: Follower, leader: FakeLeader, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Never expected; but a member whose loop ended would acknowledge nothing in silence."""
+    follower.follow(leader.url, 5)
+    role = _Following(follower, node=None)  # type: ignore[arg-type]
+    leader.wait_for(lambda: len(leader.pulls()) >= 1)
+    assert follower.following and not role.done
+
+    def broken(target: object, seconds: float) -> None:
+        raise SystemError("a bug in the loop")
+
+    follower._pause = broken  # type: ignore[method-assign]
+    leader.refusals.append((500, "internal"))  # a trouble: the loop pauses next
+    wait(lambda: not follower.following)
+    assert role.done
+    assert any("ended unexpectedly" in r.getMessage() for r in caplog.records)
+    status = follower.status()
+    assert status.state == "stopped" and status.last_error is not None
+    follower.stop()
+    follower.follow(leader.url, 5)  # the node starts it again
+    assert follower.following
