@@ -34,7 +34,7 @@ from tests.jepsen.cluster import DQ_PORT, ETCD_CLIENT, ETCD_PEER, LEADER_TTL_S, 
 from tests.jepsen.history import History
 from tests.jepsen.netns import Network
 
-__all__ = ["EXTRA_FAULTS", "FAULTS", "Nemesis"]
+__all__ = ["EXTRA_FAULTS", "FAULTS", "LEADER_LOSING", "Nemesis"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,9 @@ FAULTS = (
     "slow_network",
     "kill_follower_merging",
 )
+#: Faults after which another epoch must have begun: the leader is gone, or its lease ran
+#: out (a leader whose lease is gone must not lead on, and a sync member must take over).
+LEADER_LOSING = ("kill_leader", "pause_leader", "partition_leader_etcd", "kill_all")
 #: More faults for longer runs (``runner --faults``): every dq killed at once, one
 #: follower cut off from the leader, the leader killed while a follower resyncs, the
 #: leader's disk filled to the last byte (its writes fail: it must step down), a follower
@@ -129,7 +132,7 @@ class Nemesis:
                 self.applied.append({"fault": fault, "skipped": "no leader"})
                 return
         action: Callable[[int], str] = getattr(self, "_" + fault)
-        started = time.monotonic()
+        started, epoch_before = time.monotonic(), self.monitor.highest
         try:
             detail = action(leader)
         finally:
@@ -138,7 +141,8 @@ class Nemesis:
         recovered = self._recovery()
         self.applied.append(
             {"fault": fault, "leader": leader, "detail": detail,
-             "held_s": round(time.monotonic() - started, 1), "leader_after_s": recovered}
+             "held_s": round(time.monotonic() - started, 1), "leader_after_s": recovered,
+             "epoch_before": epoch_before, "epoch_after": self.monitor.highest}
         )  # fmt: skip
         if self.stall_dump and recovered is not None:
             self._dump_stalled_followers()

@@ -19,7 +19,7 @@ import pytest
 
 from tests.jepsen.checker import check
 from tests.jepsen.history import load
-from tests.jepsen.nemesis import FAULTS
+from tests.jepsen.nemesis import FAULTS, LEADER_LOSING
 from tests.jepsen.support import REPO, artifacts_dir, runner_argv, runner_env, why_not
 
 SECONDS = float(os.environ.get("DQ_JEPSEN_SECONDS", "40"))
@@ -50,6 +50,12 @@ def test_replicated_queue_survives_the_nemesis() -> None:
     assert applied == set(FAULTS), f"faults not applied ({where}): {summary['faults']}"
     no_leader = [f for f in summary["faults"] if f.get("leader_after_s") is None]
     assert not no_leader, f"no leader after a heal ({where}): {no_leader}"
+    kept = [
+        f for f in summary["faults"]
+        if f["fault"] in LEADER_LOSING and "skipped" not in f
+        and f["epoch_after"] <= f["epoch_before"]
+    ]  # fmt: skip
+    assert not kept, f"the leader outlived a fault that takes it away ({where}): {kept}"
     assert summary["missing"] == 0, where
     assert report.summary["enqueue"].get("ok", 0) >= 100, f"too few acknowledged ({where})"
     shutil.rmtree(out)
