@@ -59,7 +59,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from dq.storage.errors import EngineUnavailable
 from dq.storage.replication import FRAME_HEADER
 
 if TYPE_CHECKING:
@@ -231,9 +230,6 @@ class Replicator:
         self._bytes_before = 0  # absolute bytes shipped before frames[0]
         self._shipped_bytes = 0
         self._followers: dict[str, FollowerState] = {}
-        #: since when records have waited for the sync set without commit_lsn moving
-        #: (None while nothing waits)
-        self._behind_since: float | None = None
         #: followers with ``in_sync`` set
         self._counted = 0
         #: queue name -> its ASCII bytes, for framing
@@ -315,8 +311,6 @@ class Replicator:
             advanced = self.min_insync <= 1 and not self._counted
             if advanced:
                 self._commit_lsn = lsn
-            elif lsn == self._commit_lsn + 1:  # the first record waiting for the sync set
-                self._behind_since = self._clock()
             wake = bool(self._waiters) and not self._wake_scheduled
             if wake:
                 self._wake_scheduled = True
@@ -337,23 +331,6 @@ class Replicator:
             self._admit_commit, self._admit_since = commit, now
             return True
         return now - self._admit_since < self.commit_timeout_s
-
-    def admit(self) -> None:
-        """Refuse a new write before anything is written or shipped (503, a definite
-        refusal) while records have waited ``commit_timeout_s`` for the sync set without
-        ``commit_lsn`` moving (fewer than ``min_insync`` members reachable, a member
-        silent and not yet removed): the write could only time out with an unknown
-        outcome, and would hold memory (the window, the engine's waiting batches) for as
-        long as the partition lasts. Writes are admitted again once a commit moves."""
-        since = self._behind_since
-        if since is None:
-            return
-        stalled = self._clock() - since
-        if stalled > self.commit_timeout_s:
-            raise EngineUnavailable(
-                f"the replica group's sync set has acknowledged nothing for {stalled:.0f} s "
-                "(fewer than min_insync members reachable?): refused, nothing was written"
-            )
 
     def local_failure(self, queue: str, error: BaseException) -> None:
         """A queue failed on this leader (its disk cannot be trusted): step down."""
@@ -529,7 +506,6 @@ class Replicator:
         target = min(counted) if counted else self._last_lsn
         if target > self._commit_lsn:
             self._commit_lsn = target
-            self._behind_since = self._clock() if target < self._last_lsn else None
             return True
         return False
 
