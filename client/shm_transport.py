@@ -112,18 +112,6 @@ def _released_ok(item_id: int, body: bytes) -> Outcome:
     return Outcome(item_id, True)
 
 
-def _item(d: Any) -> Item:
-    s = d.stats
-    return Item(
-        d.id,
-        d.receipt,
-        d.value,
-        d.deadline,
-        ItemStats(s.enqueue_time, s.requeue_time, s.dequeue_count),
-        d.lease_expires,
-    )
-
-
 class ShmTransport:
     """Blocking transport over one command ring (``Transport`` of ``client/_transport.py``)."""
 
@@ -346,17 +334,21 @@ class ShmTransport:
     def _find_span(self, count: int, wait_ms: int, lease_ms: int | None, free: int) -> Span:
         """A FIND, after as many empty PARTs as its answer is expected to need (from the
         last answer's size per delivery), at most ``free`` slots in all."""
-        need = (4 + count * self._delivery_bytes + RESPONSE_BODY_MAX - 1) // RESPONSE_BODY_MAX
-        room = max(1, min(need, free))
         find: Command = (Op.FIND, codec.encode_find(count, wait_ms, lease_ms), b"")
+        need = (4 + count * self._delivery_bytes + RESPONSE_BODY_MAX - 1) // RESPONSE_BODY_MAX
+        if need <= 1 or free <= 1:
+            return [find]
         part: Command = (Op.PART, _ZERO_KEY, b"")
-        return [part] * (room - 1) + [find]
+        return [part] * (min(need, free) - 1) + [find]
 
     def _deliveries(self, body: bytes) -> list[Item]:
-        got = codec.decode_deliveries(body)
+        got = [
+            Item(i, receipt, value, dl, ItemStats(enq, req, dq), exp)
+            for i, receipt, value, dl, enq, req, dq, exp in codec.delivery_fields(body)
+        ]
         if got:
             self._delivery_bytes = max(64, (len(body) - 4) // len(got) + 1)
-        return [_item(d) for d in got]
+        return got
 
     def dequeue(
         self,

@@ -53,6 +53,7 @@ __all__ = [
     "decode_put_ok",
     "decode_requeue",
     "decode_u64",
+    "delivery_fields",
     "encode_delete_many",
     "encode_delete_many_ok",
     "encode_deliveries",
@@ -176,22 +177,33 @@ def encode_deliveries(deliveries: Sequence[Delivery]) -> bytes:
 
 
 def decode_deliveries(body: bytes) -> list[Delivery]:
+    return [
+        Delivery(i, receipt, value, dl, ItemStats(enq, req, dq), exp)
+        for i, receipt, value, dl, enq, req, dq, exp in delivery_fields(body)
+    ]
+
+
+def delivery_fields(body: bytes) -> list[tuple[int, str, bytes, int, int, int, int, int]]:
+    """A FIND body's deliveries as (id, receipt, value, deadline, enqueue_time,
+    requeue_time, dequeue_count, lease_expires): each side builds its own objects."""
     if len(body) < 4:
         raise MalformedSlot("FIND response too short", size=len(body))
     (count,) = U32.unpack_from(body)
     pos = 4
-    out: list[Delivery] = []
+    end = len(body)
+    unpack, head = DELIVERY_HEAD.unpack_from, DELIVERY_HEAD.size
+    out = []
     for _ in range(count):
-        if pos + DELIVERY_HEAD.size > len(body):
+        if pos + head > end:
             raise MalformedSlot("FIND response truncated", offset=pos)
-        i, dl, exp, enq, req, dq, rlen, vlen = DELIVERY_HEAD.unpack_from(body, pos)
-        pos += DELIVERY_HEAD.size
-        if pos + rlen + vlen > len(body):
+        i, dl, exp, enq, req, dq, rlen, vlen = unpack(body, pos)
+        pos += head
+        if pos + rlen + vlen > end:
             raise MalformedSlot("FIND response truncated", offset=pos)
         receipt = _receipt(body[pos : pos + rlen])
         value = body[pos + rlen : pos + rlen + vlen]
         pos += rlen + vlen
-        out.append(Delivery(i, receipt, value, dl, ItemStats(enq, req, dq), exp))
+        out.append((i, receipt, value, dl, enq, req, dq, exp))
     return out
 
 
