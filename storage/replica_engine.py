@@ -162,12 +162,19 @@ class ReplicaEngine:
                     q.lock.release()
         answer(answers)
 
-    def commit(self, lsn: int) -> None:
+    def commit(self, lsn: int, sink: ReplicationSink | None = None) -> None:
         """The sync set holds every record up to ``lsn``: publish and answer what was
         waiting for it. Also answers ``ReplicationTimeout`` to writes that waited too
-        long, so the replicator calls it on a tick even when nothing advances."""
-        if lsn > self.commit_lsn:
-            with self._committed:
+        long, so the replicator calls it on a tick even when nothing advances.
+
+        With ``sink``, the commit counts only while the engine still ships to that
+        sink: an epoch's replicator can never publish the next epoch's records (lsns
+        start again at 1). The check is made under each queue's lock, which
+        ``set_replication`` takes too."""
+        with self._committed:
+            if sink is not None and self.replication is not sink:
+                return
+            if lsn > self.commit_lsn:
                 self.commit_lsn = lsn
                 self._committed.notify_all()
         now = time.monotonic()
@@ -175,6 +182,8 @@ class ReplicaEngine:
             if not q._waiting:
                 continue
             with q.lock:
+                if sink is not None and self.replication is not sink:
+                    return
                 answers = q._publish_ready()
                 if answers:
                     q._notify()

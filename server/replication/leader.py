@@ -521,7 +521,7 @@ class Replicator:
             if getattr(self.engine, "replication", self) is not self:
                 continue
             try:
-                self.engine.commit(self._commit_lsn)
+                self.engine.commit(self._commit_lsn, self)
             except Exception:
                 logger.exception("engine.commit(%d) failed", self._commit_lsn)
 

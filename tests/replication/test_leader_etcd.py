@@ -29,7 +29,7 @@ class NoEngine:
         self.commits: list[int] = []
         self.lock = threading.Lock()
 
-    def commit(self, lsn: int) -> None:
+    def commit(self, lsn: int, sink: object = None) -> None:
         with self.lock:
             self.commits.append(lsn)
 

@@ -283,6 +283,21 @@ def test_a_stalled_group_refuses_writes_before_writing_them(engines: Any) -> Non
     assert [d.value for d in leader.dequeue("jobs", 10)] == [b"y"]
 
 
+def test_a_replaced_sinks_commit_publishes_nothing(engines: Any) -> None:
+    """The fence inside the engine: the previous epoch's replicator, still ticking,
+    cannot publish the next epoch's records (both number from 1)."""
+    leader = engines("leader")
+    leader.ensure_queue("jobs")
+    old, new = ListSink(), ListSink()
+    leader.set_replication(new)
+    fut = leader.enqueue_nowait("jobs", [NewItem(b"epoch 2", 0)])
+    time.sleep(0.2)  # synced locally
+    leader.commit(100, old)
+    assert not fut.done() and leader.dequeue("jobs", 1) == []
+    leader.commit(new.last, new)
+    fut.result(timeout=5)
+
+
 def test_replication_needs_fsync_always(engines: Any) -> None:
     e = engines("interval", fsync="interval")
     with pytest.raises(InvalidArgument, match="always"):
