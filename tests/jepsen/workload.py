@@ -32,9 +32,10 @@ log = logging.getLogger(__name__)
 QUEUE = "jepsen"
 LEASE_MS = 2000
 _DELAYS_MS = (0, 0, 0, 300, 1500)
-#: statuses that say the request changed nothing (validation; not the leader)
+#: statuses that say the request changed nothing (validation; not the leader; a leader
+#: whose sync set has acknowledged nothing for a while refusing before it writes)
 _REFUSED = {400, 404, 413, 421, 422}
-_REFUSED_503 = {"no_leader", "not_leader"}
+_REFUSED_503 = {"no_leader", "not_leader", "replication_stalled"}
 
 
 def outcome_of(exc: BaseException) -> str:
