@@ -417,7 +417,10 @@ class Follower:
                 raise _Resync(code, f"snapshot of epoch {info.epoch}, following {target.epoch}")
             check()
             with self._blocked_in(f"installing the snapshot (lsn {info.lsn})"):
-                self._engine.replace_queues(dest)
+                try:
+                    self._engine.replace_queues(dest)
+                except Exception as exc:  # this member's disk, not the network
+                    raise _Resync("resync_failed", f"installing: {exc!r}") from exc
         finally:
             shutil.rmtree(dest, ignore_errors=True)
         logger.info(

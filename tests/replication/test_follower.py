@@ -440,3 +440,23 @@ def test_a_loop_that_dies_says_so_and_the_node_sees_it(
     follower.stop()
     follower.follow(leader.url, 5)  # the node starts it again
     assert follower.following
+
+
+def test_a_failed_install_is_a_failed_resync_and_is_retried(
+    follower: Follower, leader: FakeLeader, engine: RecordingEngine, reports: list[tuple[str, str]]
+) -> None:
+    calls: list[str] = []
+    install = engine.replace_queues
+
+    def failing_once(src_dir: str) -> None:
+        calls.append(src_dir)
+        if len(calls) == 1:
+            raise OSError(28, "No space left on device", src_dir)
+        install(src_dir)
+
+    engine.replace_queues = failing_once  # type: ignore[method-assign]
+    leader.add(rec(1))
+    follower.follow(leader.url, 5)
+    leader.wait_for(lambda: any(p.body["after"] == 1 for p in leader.pulls()))
+    assert [code for code, _ in reports] == ["resync_failed"]
+    assert "No space left" in reports[0][1] and len(leader.snapshots()) == 2
