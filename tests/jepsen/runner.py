@@ -30,6 +30,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from tests.jepsen.checker import check
 from tests.jepsen.cluster import Cluster, Monitor
 from tests.jepsen.history import History, load
@@ -37,7 +39,7 @@ from tests.jepsen.nemesis import EXTRA_FAULTS, FAULTS, Nemesis
 from tests.jepsen.netns import Network
 from tests.jepsen.procs import Supervisor
 from tests.jepsen.timeline import outages
-from tests.jepsen.workload import LEASE_MS, Workload
+from tests.jepsen.workload import LEASE_MS, QUEUE, Workload
 
 __all__ = ["main"]
 
@@ -78,6 +80,34 @@ def _drain(workload: Workload, timeout: float) -> dict[str, Any]:
     return {"drain_s": round(time.monotonic() - start, 1), "missing": len(workload.missing())}
 
 
+def _replicas(cluster: Cluster, monitor: Monitor, timeout: float = 30.0) -> dict[str, Any]:
+    """Once the writes have stopped and every follower has acknowledged the leader's last
+    record, every member must hold the same items: its ``pending`` count and ``next_id``
+    (``GET /v1/queues/<q>``, served by any member from its own copy). A member holding
+    items the leader does not (or the reverse) would hand them out after a failover."""
+    leader = monitor.wait_leader(timeout)
+    others = [n for n in cluster.net.nodes if n != leader]
+    give_up = time.monotonic() + timeout
+    caught_up = False
+    while time.monotonic() < give_up:
+        doc = monitor.doc(leader)
+        followers = doc.get("followers") or {}
+        lsn = doc.get("lsn")
+        if lsn is not None and all((followers.get(f"n{n}") or {}).get("acked") == lsn for n in others):  # fmt: skip
+            caught_up = True
+            break
+        time.sleep(0.2)
+    nodes: dict[str, Any] = {}
+    for n in cluster.net.nodes:
+        try:
+            r = httpx.get(f"{cluster.url(n)}/v1/queues/{QUEUE}", timeout=5.0)
+            stats = r.json()["stats"]
+            nodes[f"n{n}"] = {"pending": stats["pending"], "next_id": stats["next_id"]}
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            nodes[f"n{n}"] = {"error": repr(exc)}
+    return {"leader": f"n{leader}", "caught_up": caught_up, "nodes": nodes}
+
+
 def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     summary: dict[str, Any] = {"seconds": args.seconds, "nodes": args.nodes}
     prefix = f"h5j{os.getppid() % 100000}"
@@ -112,6 +142,8 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         summary["leader_after_heal"] = monitor.wait_leader(60)
         workload.stop_producers()
         summary.update(_drain(workload, args.drain_seconds))
+        workload.stop()
+        summary["replicas"] = _replicas(cluster, monitor)
     finally:
         if nemesis is not None:
             nemesis.stopping.set()

@@ -3,9 +3,10 @@ namespaces, a workload, every fault of ``tests/jepsen/nemesis.py``, then the che
 
 Needs root (namespaces, iptables, tc) and etcd; skips with the reason otherwise. The
 nemesis runs ``DQ_JEPSEN_SECONDS`` (default 40; for a longer run set it higher), and at
-least one of each fault. A failed run's artifacts (history, checker report, every
-process's log) stay in ``$DQ_JEPSEN_ARTIFACTS`` or ``tests/jepsen/artifacts/<time>-<pid>/``
-and the failure message names the directory; a passing run's are removed.
+least one of each fault. Once drained, every member must hold the same items. A failed
+run's artifacts (history, checker report, every process's log) stay in
+``$DQ_JEPSEN_ARTIFACTS`` or ``tests/jepsen/artifacts/<time>-<pid>/`` and the failure
+message names the directory; a passing run's are removed.
 """
 
 from __future__ import annotations
@@ -57,5 +58,8 @@ def test_replicated_queue_survives_the_nemesis() -> None:
     ]  # fmt: skip
     assert not kept, f"the leader outlived a fault that takes it away ({where}): {kept}"
     assert summary["missing"] == 0, where
+    replicas = summary["replicas"]
+    views = {tuple(sorted(v.items())) for v in replicas["nodes"].values()}
+    assert replicas["caught_up"] and len(views) == 1, f"members disagree ({where}): {replicas}"
     assert report.summary["enqueue"].get("ok", 0) >= 100, f"too few acknowledged ({where})"
     shutil.rmtree(out)
