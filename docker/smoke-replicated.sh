@@ -73,7 +73,10 @@ build_log=/tmp/dq-smoke-replicated-build.log
 timeout 1200 "${compose[@]}" build etcd1 dq1 >"$build_log" 2>&1 \
     || { tail -n 40 "$build_log"; fail "image build (log: $build_log)"; }
 ok "images built"
-etcd_version="$("$engine" run --rm --entrypoint etcd "$DQ_ETCD_IMAGE" --version | head -n 1)"
+# The whole output, then its first line (a pipe into `head` may cut the engine's write).
+etcd_version="$("$engine" run --rm --entrypoint etcd "$DQ_ETCD_IMAGE" --version)" \
+    || fail "etcd --version in $DQ_ETCD_IMAGE"
+etcd_version="${etcd_version%%$'\n'*}"
 ok "etcd image: $etcd_version"
 
 # Both compose implementations label their containers with project and service.
