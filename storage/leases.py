@@ -61,6 +61,12 @@ class Leases:
         self._push(expires, item_id, d)
         return f"{self.epoch}.{item_id:x}.{d:x}"
 
+    def restore(self, item_id: int, lease: Lease) -> None:
+        """Put back a lease taken out for a write that was then refused: the same
+        delivery, so its receipt still works (a refusal changes nothing)."""
+        self._by_id[item_id] = lease
+        self._push(lease.expires, item_id, lease.delivery)
+
     def _push(self, expires: int, item_id: int, delivery: int) -> None:
         """Add an expiry; rebuild the heap when entries of ended leases dominate it.
 

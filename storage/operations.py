@@ -41,6 +41,8 @@ from dq.storage.errors import (
     InvalidArgument,
     ItemNotFound,
     NotADeadLetterQueue,
+    ReplicationStalled,
+    ReplicationTimeout,
     StorageError,
     WriteStall,
 )
@@ -227,7 +229,8 @@ class Operations:
                 )
             if found.lease is not None:
                 q.leases.pop(item_id)
-                fut = q.tombstone_keys([found.key])
+                # a refused write (a stalled replica group) gives the lease back
+                fut = q.tombstone_keys([found.key], rollback=q._restore([(item_id, found.lease)]))
             else:
                 fut = _tombstones_ahead(q, [found.key])
         fut.result()
@@ -244,7 +247,8 @@ class Operations:
             leased = q.leases.values()
             for item_id, _lease in leased:
                 q.leases.pop(item_id)
-            futures = [q.tombstone_keys([lease.key for _, lease in leased])] if leased else []
+            keys = [lease.key for _, lease in leased]
+            futures = [q.tombstone_keys(keys, rollback=q._restore(leased))] if leased else []
             removed += len(leased)
         after = b""
         while True:
@@ -258,7 +262,16 @@ class Operations:
                     if not found:
                         break
                     keys = [k for k, _ in found]
-                    futures.append(_tombstones_ahead(q, keys))
+                    try:
+                        futures.append(_tombstones_ahead(q, keys))
+                    except ReplicationStalled as exc:
+                        if not futures:
+                            raise  # nothing written: a plain refusal
+                        raise ReplicationTimeout(
+                            "the replica group stalled part way through the purge: some "
+                            "items are removed, the rest are not; its outcome is unknown",
+                            queue=name,
+                        ) from exc
                     after = tombstone_key(keys[-1])
                     removed += len(keys)
             if stalled:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from dq.storage.codec import PENDING_HEADER, encode_stats, tombstone_of
 from dq.storage.dedup import enqueue_keyed
-from dq.storage.errors import StorageError, WriteStall
+from dq.storage.errors import ReplicationStalled, StorageError, WriteStall
 from dq.storage.itemmeta import encode_origin_entry
 from dq.storage.leases import Lease
 from dq.storage.queue_core import QueueCore
@@ -150,14 +150,7 @@ class ItemsMixin(QueueCore):
         def rollback() -> None:
             for item_id, lease in taken:
                 if item_id not in self.leases:
-                    self.leases.add(
-                        item_id,
-                        lease.key,
-                        (lease.enqueue_time, lease.requeue_time, lease.dequeue_count),
-                        lease.expires,
-                        lease.source,
-                        lease.since,
-                    )
+                    self.leases.restore(item_id, lease)
 
         return rollback
 
@@ -258,7 +251,13 @@ class ItemsMixin(QueueCore):
         moved: list[ItemOutcome] = []
         built = self._requeue_locked([(i, lease, now) for i, lease in expired], now, moved)
         if built is not None:
-            self._write_moves(built, moved, None)
+            try:
+                self._write_moves(built, moved, self._restore(expired))
+            except ReplicationStalled:
+                # a stalled replica group takes no write: the leases are put back as
+                # they were (expired), and a later look moves their items again
+                self.lease_expired -= len(expired)
+                return 0
             self.engine.emit("lease_expired", self.name, [o.id for o in moved])
         return len(expired)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from dq.storage import Engine, EngineConfig, NewItem, QueueConfig, fileio
+from dq.storage import Engine, EngineConfig, NewItem, QueueConfig, Release, fileio
 from dq.storage.errors import ReplicationTimeout, StorageError
 from dq.storage.replication import KIND_CONTROL, Frame
 
@@ -290,3 +290,54 @@ def test_a_write_waiting_for_the_sync_set_when_its_queue_is_deleted_is_answered_
     assert isinstance(info.value, ReplicationTimeout), (
         f"answered {info.value.code}: {info.value} (refused) for a write the followers hold"
     )
+
+
+def _stalled_leader_with_a_lease(engines: Any, clock: Any) -> tuple[Engine, ListSink, Any]:
+    leader = engines("leader")
+    leader.enqueue("jobs", [NewItem(b"held", 0), NewItem(b"waiting", 0)])
+    [got] = leader.dequeue("jobs", 1, 1000)
+    sink = ListSink()
+    leader.set_replication(sink)
+    sink.admitting = False  # the sync set has acknowledged nothing for a commit timeout
+    return leader, sink, got
+
+
+def _values(engine: Engine) -> list[bytes]:
+    return sorted(i.value for i in engine.browse("jobs", "all", with_values=True).items)
+
+
+def test_a_lease_expiring_while_the_group_is_stalled_keeps_its_item(
+    engines: Any, clock: Any
+) -> None:
+    leader, sink, _got = _stalled_leader_with_a_lease(engines, clock)
+    clock.advance(5000)  # the lease ends: its item is due again
+    try:
+        leader.expire_leases("jobs")
+    except StorageError:
+        pass  # refused for now: the item must still be there
+    assert _values(leader) == [b"held", b"waiting"], "a refused lease expiry lost its item"
+    sink.admitting = True
+    # once the group acknowledges again, the item is due again, once
+    leader.expire_leases("jobs")
+    _wait_for(lambda: (leader.commit(len(sink.frames)), len(_values(leader)) == 2)[1])
+    assert sorted(d.value for d in leader.dequeue("jobs", 10)) == [b"held", b"waiting"]
+
+
+@pytest.mark.parametrize("how", ["delete_item", "purge"])
+def test_a_removal_refused_while_the_group_is_stalled_changes_nothing(
+    engines: Any, clock: Any, how: str
+) -> None:
+    leader, sink, got = _stalled_leader_with_a_lease(engines, clock)
+    with pytest.raises(StorageError):
+        if how == "delete_item":
+            leader.delete_item("jobs", got.id)
+        else:
+            leader.purge("jobs")
+    assert _values(leader) == [b"held", b"waiting"], f"a refused {how} removed items"
+    sink.admitting = True
+    leader.commit(len(sink.frames))
+    # the lease is still held: its receipt releases it
+    fut = leader.release_nowait("jobs", [Release(got.id, got.receipt)])
+    _wait_for(lambda: (leader.commit(len(sink.frames)), fut.done())[1])
+    [outcome] = fut.result(timeout=0)
+    assert outcome.ok, f"the lease a refused {how} touched is gone: {outcome}"
