@@ -330,8 +330,11 @@ class CommandHandler:
 
         A worker may start before its producer (as over HTTP): while the queue does not
         exist the wait goes on, checking for it as often as the session checks for a stop.
+        A follower refuses first (``not_leader``), as over HTTP, whether the queue exists
+        here or not.
         """
         engine = self._engine
+        engine.check_writable()  # a follower sends the dequeue to the leader, queue or not
         end = time.monotonic() + min(args.wait_ms, self._max_wait_ms) / 1000
         while not engine.has_queue(queue):
             check_queue_name(queue)  # a bad name is an error, not an endless wait

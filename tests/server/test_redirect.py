@@ -247,6 +247,31 @@ def test_shm_falls_back_to_http_at_the_leader(
     assert pending(leader, queue) == 2 and pending(follower, queue) == 0
 
 
+def test_shm_batches_refused_by_a_follower_go_to_the_leader(
+    leader: ThreadedServer,
+    follower: ThreadedServer,
+    queue: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every call tries the ring first (no spell of HTTP calls): the follower refuses a
+    PUT_MANY, a FIND with PARTs before it and a DELETE_MANY before doing anything, and each
+    is sent again to the leader, whole, with one answer per item."""
+    from dq.client import shm_transport
+
+    monkeypatch.setattr(shm_transport, "HTTP_SPELL_S", 0.0)
+    with Client(f"shm://{follower.settings.data_dir}") as dq:
+        done = dq.enqueue_many(queue, [b"v" * 300] * 20)
+        assert [e.id for e in done] == list(range(done[0].id, done[0].id + 20))
+        got = dq.dequeue(queue, count=10)
+        assert [i.id for i in got] == [e.id for e in done[:10]]
+        assert all(o.ok for o in dq.release_many(queue, got[:5]))
+        more = dq.dequeue(queue, count=10, release=got[5:])
+        assert [o.ok for o in more.released] == [True] * 5 and len(more) == 10
+        assert all(o.ok for o in dq.release_many(queue, more))
+    assert leader.engine.stats(queue).next_id == done[-1].id + 1
+    assert pending(leader, queue) == 0 and pending(follower, queue) == 0
+
+
 def test_a_leader_turned_follower_drops_its_consumer_logs(
     pair: tuple[ThreadedServer, ThreadedServer], queue: str
 ) -> None:
