@@ -427,7 +427,14 @@ class Operations:
                 if token is not None:
                     src._unpublished.pop(token, None)
                     token = None
-                tombs = _tombstones_ahead(src, done) if done else None
+                try:
+                    tombs = _tombstones_ahead(src, done) if done else None
+                except ReplicationStalled as exc:  # the copies are written: no refusal
+                    raise ReplicationTimeout(
+                        f"{len(done)} item(s) were copied to {sorted(targets)} but the replica "
+                        "group stalled before their removal here: they may be in both queues",
+                        queue=src.name,
+                    ) from exc
         finally:
             if token is not None:
                 with src.lock:

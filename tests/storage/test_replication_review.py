@@ -341,3 +341,39 @@ def test_a_removal_refused_while_the_group_is_stalled_changes_nothing(
     _wait_for(lambda: (leader.commit(len(sink.frames)), fut.done())[1])
     [outcome] = fut.result(timeout=0)
     assert outcome.ok, f"the lease a refused {how} touched is gone: {outcome}"
+
+
+class StallAfter(ListSink):
+    """Commits every frame at once (a follower that always acks) until ``stall_at``
+    frames were shipped; from then on the group is stalled (admits no write)."""
+
+    def __init__(self, engine: Engine, stall_at: int) -> None:
+        super().__init__()
+        self.engine, self.stall_at = engine, stall_at
+
+    def admits_writes(self) -> bool:
+        return len(self.frames) < self.stall_at
+
+    def ship(self, queue: str, kind: int, payload: bytes) -> int:
+        lsn = super().ship(queue, kind, payload)
+        threading.Timer(0.01, self.engine.commit, args=(lsn,)).start()
+        return lsn
+
+
+def test_a_redrive_the_group_stalls_half_way_is_not_answered_as_refused(engines: Any) -> None:
+    leader = engines("leader")
+    leader.enqueue("dead", [NewItem(b"d", 0)])
+    sink = StallAfter(leader, stall_at=0)
+    leader.set_replication(sink)
+    leader.ensure_queue("home")
+    shipped = len(sink.frames)
+    sink.stall_at = shipped + 1  # the copy into "home" is written, the removal is refused
+    try:
+        result = leader.redrive("dead", to="home")
+    except StorageError as exc:
+        assert len(sink.frames) == shipped + 1
+        assert isinstance(exc, ReplicationTimeout), (
+            f"answered {exc.code} (refused: nothing happened) after the item was copied"
+        )
+    else:
+        raise AssertionError(f"the removal was refused, yet redrive answered {result}")
