@@ -75,6 +75,7 @@ _ZERO_KEY = bytes(KEY_SIZE)
 _DELIVERY_GUESS = 330  # bytes per delivery in a FIND answer before one was seen
 Command = tuple[int, bytes, bytes]
 Span = list[Command]  # one command: its PART slots, then the op's own slot
+_RELEASED = Response(Status.OK, 0, b"")  # one item's answer in a DELETE_MANY that released all
 
 
 def _status(status: int) -> Status:
@@ -220,7 +221,7 @@ class ShmTransport:
                         slots = inflight.popleft()
                         used -= len(slots)
                         out.append(ring.collect(slots, timeout))
-                    slots = [ring.submit(op, k, v, timeout, wake=False) for op, k, v in span]
+                    slots = ring.submit_span(span, timeout)
                     inflight.append(slots)
                     used += len(slots)
                 ring.wake_server()  # once per burst: the server takes it in one pass
@@ -249,6 +250,8 @@ class ShmTransport:
         """A DELETE_MANY's answer as the ``count`` DELETE answers it stands for."""
         if response.status != Status.OK:  # refused as a whole: the same for every item
             return [response] * count
+        if response.body == bytes(count):  # every item released
+            return [_RELEASED] * count
         return [
             Response(status, 0, message.encode())
             for status, message in codec.decode_delete_many_ok(response.body, count)

@@ -266,6 +266,36 @@ class ClientRing:
             at.futex_wake(mm, HEAD_OFF, 1)
         return head
 
+    def submit_span(
+        self, slots: list[tuple[int, bytes, bytes]], timeout_s: float = 30.0
+    ) -> list[int]:
+        """Fill consecutive slots (a command's PARTs, then the op) and publish them with
+        one store of ``head``, without waking the server; their indexes. Caller holds
+        lock. With fewer free slots than that, slot by slot (``submit``) instead."""
+        mm, view, capacity = self._mm, self._view, self.capacity
+        head = at.load_u64(mm, HEAD_OFF)
+        if (at.load_u64(mm, TAIL_OFF) - head - 1) % capacity < len(slots):
+            return [self.submit(op, key, value, timeout_s, wake=False) for op, key, value in slots]
+        indexes = []
+        for op, key, value in slots:
+            if len(value) > VALUE_MAX:
+                raise ValueTooLargeForRing("value does not fit a command slot", size=len(value))
+            if len(key) != KEY_SIZE:
+                raise ValueError("key must be 16 bytes")
+            off = slot_offset(head)
+            at.store_u8(mm, off + READY, 0)
+            view[off + OP] = op
+            view[off + KEY : off + KEY + KEY_SIZE] = key
+            U32.pack_into(view, off + VALUE_SIZE, len(value))
+            view[off + VALUE : off + VALUE + len(value)] = value
+            U32.pack_into(view, off + RESPONSE_SIZE, 0)
+            at.store_u8(mm, off + RESPONSE_READY, 0)
+            at.store_u8(mm, off + READY, 1)
+            indexes.append(head)
+            head = (head + 1) % capacity
+        at.store_u64(mm, HEAD_OFF, head)
+        return indexes
+
     def wake_server(self) -> None:
         """Wake the server to take the commands submitted with ``wake=False``."""
         at.futex_wake(self._mm, HEAD_OFF, 1)
@@ -314,18 +344,18 @@ class ClientRing:
         if len(indexes) == 1:
             return last
         mm = self._mm
-        chunks = []
-        for index in indexes[:-1]:
+        parts = []
+        status = None
+        for index in indexes[:-1]:  # up to the first chunk the answer does not go on from
             if at.load_u8(mm, slot_offset(index) + RESPONSE_READY) != 1:
                 raise ProtocolError("a command's slot answered out of order", slot=index)
-            chunks.append(self._response(index))
-        chunks.append(last)
-        parts = []
-        for chunk in chunks:
+            chunk = self._response(index)
+            status = chunk.status if status is None else status
             parts.append(chunk.body)
             if not chunk.more:
-                return Response(chunks[0].status, 0, b"".join(parts))
-        return Response(chunks[0].status, FLAG_MORE, b"".join(parts))
+                return Response(status, 0, b"".join(parts))
+        parts.append(last.body)
+        return Response(last.status if status is None else status, last.flags, b"".join(parts))
 
     def call(self, op: int, key: bytes, value: bytes = b"", timeout_s: float = 30.0) -> Response:
         """One command and its whole response (following continuations)."""
