@@ -129,7 +129,9 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         cluster.start_dq()
         monitor.start()
         summary["first_leader"] = monitor.wait_leader(60)
-        workload = Workload(cluster.urls(), history, keys=not args.no_keys)
+        workload = Workload(
+            cluster.urls(), history, keys=not args.no_keys, value_bytes=args.value_bytes
+        )
         workload.create_queue()
         workload.start()
         faults = tuple(args.faults.split(",")) if args.faults else FAULTS
@@ -179,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data-root", default=None, help="where node data directories go")
     p.add_argument("--keep-data", action="store_true")
     p.add_argument("--no-keys", action="store_true", help="no keyed producer")
+    p.add_argument(
+        "--value-bytes", type=int, default=0, help="pad values to this size (checked on delivery)"
+    )
     p.add_argument(
         "--disk-mb",
         type=int,

@@ -13,6 +13,7 @@ the same keys; half the consumers carry their releases on their next dequeue.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import threading
@@ -46,6 +47,24 @@ def outcome_of(exc: BaseException) -> str:
     return "unknown"
 
 
+def payload(value: str, size: int) -> bytes:
+    """The bytes sent for ``value``: the value, then (``size`` > 0) filler derived from it,
+    so a delivery can be checked byte for byte while the history keeps only the value."""
+    head = value.encode()
+    if size <= len(head):
+        return head
+    seed = hashlib.sha256(head).digest()
+    fill = (seed * (size // len(seed) + 1))[: size - len(head) - 1]
+    return head + b"|" + fill
+
+
+def value_of(data: bytes, size: int) -> str:
+    """The value a delivered payload carries; ``corrupt:...`` when its bytes are not the
+    ones sent (the checker then finds a value nobody enqueued)."""
+    head = data.split(b"|", 1)[0].decode(errors="replace")
+    return head if payload(head, size) == data else f"corrupt:{head}"
+
+
 def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]
 
@@ -58,11 +77,13 @@ class Workload:
         *,
         producers: int = 2,
         keys: bool = True,
+        value_bytes: int = 0,
         consumers: int = 2,
         timeout_s: float = 5.0,
         pause_s: float = 0.01,
     ) -> None:
         self.urls = list(urls)
+        self.value_bytes = value_bytes
         self.history = history
         self.timeout_s = timeout_s
         self.pause_s = pause_s
@@ -141,7 +162,7 @@ class Workload:
                 time.sleep(self.pause_s)
 
     def _enqueue(self, client: Client, values: list[str], delay_ms: int, keyed: bool) -> str:
-        items = [NewItem(v.encode(), delay_ms=delay_ms or None, key=v if keyed else None) for v in values]  # fmt: skip
+        items = [NewItem(payload(v, self.value_bytes), delay_ms=delay_ms or None, key=v if keyed else None) for v in values]  # fmt: skip
         invoke = now_floor()
         base: dict[str, Any] = {"type": "enqueue", "invoke": invoke, "delay_ms": delay_ms}
         if keyed:
@@ -187,7 +208,7 @@ class Workload:
                 self._record_releases(carried, invoke, complete, items.released, None)
                 carried = []
                 for it in items:
-                    value = it.value.decode()
+                    value = value_of(it.value, self.value_bytes)
                     self.history.add({
                         "type": "deliver", "value": value, "id": it.id, "deadline": it.deadline,
                         "receipt": it.receipt, "lease_expires": it.lease_expires,
@@ -221,7 +242,7 @@ class Workload:
     ) -> None:
         for i, it in enumerate(items):
             event: dict[str, Any] = {
-                "type": "release", "id": it.id, "value": it.value.decode(), "receipt": it.receipt,
+                "type": "release", "id": it.id, "value": value_of(it.value, self.value_bytes), "receipt": it.receipt,
                 "invoke": invoke, "complete": complete,
             }  # fmt: skip
             if exc is not None:
