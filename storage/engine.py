@@ -305,11 +305,11 @@ class Engine(Operations, ReplicaEngine):
             existing = self._queues.get(name)
             if existing is None:
                 created = self._create(name, config)
-                lsn = created.last_lsn
+                lsn, sink = created.last_lsn, self.replication
         if existing is None:
             # waited for with no engine lock held: a node that stops leading swaps the
             # sink (``set_replication``) meanwhile, and a snapshot lists the queues
-            self._await_commit(lsn)
+            self._await_commit(lsn, sink)
             return created.config
         q = existing
         with q.lock:
@@ -318,7 +318,8 @@ class Engine(Operations, ReplicaEngine):
             save_config(q.directory, config)
             q.config = config
             lsn = self._ship_control(name, "put_queue", config=asdict(config))
-        self._await_commit(lsn)
+            sink = self.replication
+        self._await_commit(lsn, sink)
         return config
 
     def _validate_config(self, name: str, config: QueueConfig) -> None:
@@ -347,8 +348,9 @@ class Engine(Operations, ReplicaEngine):
         with self._lock:
             self._queue(name)
             lsn = self._ship_control(name, "delete_queue")
+            sink = self.replication
             self._delete(name)
-        self._await_commit(lsn)
+        self._await_commit(lsn, sink)
 
     def _delete(self, name: str) -> None:
         with self._lock:

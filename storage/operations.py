@@ -61,6 +61,7 @@ from dq.storage.types import (
 if TYPE_CHECKING:
     from dq.storage.engine import EngineConfig
     from dq.storage.queue import Queue
+    from dq.storage.replication import ReplicationSink
 
 __all__ = ["MAX_BROWSE", "MAX_DEDUP_WINDOW_MS", "Operations", "effective_dead_letter_queue"]
 
@@ -120,6 +121,7 @@ class Operations:
         config: EngineConfig
         now: Callable[[], int]
         _queues: dict[str, Queue]
+        replication: ReplicationSink | None
 
         root: str
 
@@ -127,7 +129,7 @@ class Operations:
         def _queue_for_write(self, name: str) -> Queue: ...
         def _check_writable(self) -> None: ...
         def _ship_control(self, name: str, op: str, **fields: Any) -> int: ...
-        def _await_commit(self, lsn: int) -> None: ...
+        def _await_commit(self, lsn: int, sink: ReplicationSink | None) -> None: ...
         def stats(self, name: str) -> QueueStats: ...
 
     # ------------------------------------------------------------------ pause
@@ -145,7 +147,8 @@ class Operations:
                 q.state = state
                 lsn = self._ship_control(name, "paused", paused=True, since=state.paused_since)
                 log.info("queue %s paused", name)
-        self._await_commit(lsn)
+            sink = self.replication
+        self._await_commit(lsn, sink)
         return self.stats(name)
 
     def resume(self, name: str) -> QueueStats:
@@ -162,7 +165,8 @@ class Operations:
                 lsn = self._ship_control(name, "paused", paused=False)
                 log.info("queue %s resumed", name)
                 q._notify()
-        self._await_commit(lsn)
+            sink = self.replication
+        self._await_commit(lsn, sink)
         return self.stats(name)
 
     # ------------------------------------------------------------------ reading

@@ -197,14 +197,16 @@ class ReplicaEngine:
             return 0
         return sink.ship(name, KIND_CONTROL, control_frame_payload(op, **fields))
 
-    def _await_commit(self, lsn: int) -> None:
-        """Block until the sync set holds ``lsn`` (never call this on an event loop)."""
-        sink = self.replication
+    def _await_commit(self, lsn: int, sink: ReplicationSink | None) -> None:
+        """Block until the sync set holds ``lsn``, which ``sink`` numbered (read
+        ``self.replication`` under the lock the change was shipped under); never call
+        this on an event loop. If the node stops shipping to ``sink`` first, the change's
+        outcome is unknown: another epoch's commit lsn says nothing about it."""
         if lsn == 0 or sink is None:
             return
         deadline = time.monotonic() + sink.commit_timeout_s
         with self._committed:
-            while self.commit_lsn < lsn:
+            while self.commit_lsn < lsn or self.replication is not sink:
                 left = deadline - time.monotonic()
                 if left <= 0 or self.replication is not sink:
                     raise ReplicationTimeout(

@@ -377,3 +377,36 @@ def test_a_redrive_the_group_stalls_half_way_is_not_answered_as_refused(engines:
         )
     else:
         raise AssertionError(f"the removal was refused, yet redrive answered {result}")
+
+
+@pytest.mark.parametrize("change", ["pause", "put_queue", "create", "delete_queue"])
+def test_a_queue_change_whose_leader_stops_leading_before_its_commit_is_not_done(
+    engines: Any, change: str, monkeypatch: Any
+) -> None:
+    leader = engines("leader")
+    sink = ListSink()
+    leader.set_replication(sink)
+    t = threading.Thread(target=leader.ensure_queue, args=("jobs",), daemon=True)
+    t.start()
+    _wait_for(lambda: len(sink.frames) == 1)
+    _commit_all(leader, sink)
+    t.join(5)
+    # the lease is lost between shipping the change and waiting for its commit
+    original = type(leader)._await_commit
+
+    def step_down_first(self: Engine, *args: Any) -> None:
+        self.set_replication(None)
+        original(self, *args)
+
+    monkeypatch.setattr(type(leader), "_await_commit", step_down_first)
+    shipped = len(sink.frames)
+    with pytest.raises(ReplicationTimeout):  # never "done": the sync set may not have it
+        if change == "pause":
+            leader.pause("jobs")
+        elif change == "put_queue":
+            leader.put_queue("jobs", QueueConfig(dedup_window_ms=1000))
+        elif change == "create":
+            leader.put_queue("fresh", QueueConfig())
+        else:
+            leader.delete_queue("jobs")
+    assert len(sink.frames) == shipped + 1
