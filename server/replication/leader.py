@@ -240,8 +240,10 @@ class Replicator:
         self._stepping_down = False
         self._window_warned = 0.0
         #: ``admits_writes``: the commit lsn last seen, and since when it stood still
-        self._admit_commit = 0
-        self._admit_since = self._clock()
+        #: ``admits_writes``: when ``commit_lsn`` last moved, and since when frames
+        #: have waited above it (set as the first of them ships)
+        self._commit_moved_at = self._clock()
+        self._pending_since = self._commit_moved_at
         self._loop: asyncio.AbstractEventLoop | None = None
         self._upkeep: asyncio.Task[None] | None = None
         self._commit_wanted = threading.Event()
@@ -293,6 +295,8 @@ class Replicator:
         if name is None:
             name = self._names[queue] = queue.encode("ascii")
         with self._lock:
+            if self._commit_lsn >= self._last_lsn:  # the first frame to wait from now on
+                self._pending_since = self._clock()
             lsn = self._last_lsn + 1
             self._last_lsn = lsn
             if self._followers:
@@ -325,12 +329,11 @@ class Replicator:
         shipped frames wait above it (a leader cut off from its sync set, or below
         ``min_insync``): the engine then refuses new writes before writing them, so
         neither the window nor the writes waiting in memory grow without bound."""
-        commit = self._commit_lsn
-        now = self._clock()
-        if commit != self._admit_commit or commit >= self._last_lsn:
-            self._admit_commit, self._admit_since = commit, now
+        if self._commit_lsn >= self._last_lsn:
             return True
-        return now - self._admit_since < self.commit_timeout_s
+        # stalled: frames have waited, and the commit stood still, a whole timeout
+        waited = self._clock() - max(self._commit_moved_at, self._pending_since)
+        return waited < self.commit_timeout_s
 
     def local_failure(self, queue: str, error: BaseException) -> None:
         """A queue failed on this leader (its disk cannot be trusted): step down."""
@@ -506,6 +509,7 @@ class Replicator:
         target = min(counted) if counted else self._last_lsn
         if target > self._commit_lsn:
             self._commit_lsn = target
+            self._commit_moved_at = self._clock()
             return True
         return False
 

@@ -516,3 +516,18 @@ def test_writes_are_refused_up_front_while_commits_are_stalled() -> None:
         assert rep.admits_writes()
 
     run(body, min_insync=2, commit_timeout_s=10.0, clock=clock)
+
+
+def test_a_leader_idle_for_longer_than_a_commit_timeout_admits_its_next_write() -> None:
+    """The stall is measured from the first frame left waiting, not from the last
+    commit: a group idle for minutes is not 'stalled' when a write finally comes."""
+    clock = Clock()
+
+    async def body(rep: Replicator, engine: RecordingEngine, coord: FakeCoordinator) -> None:
+        clock.now += 600.0  # elected, then nothing to do for ten minutes
+        ship(rep, 1)  # a queue's creation waits for the followers
+        assert rep.admits_writes()  # so the enqueue right behind it is taken
+        clock.now += 11.0
+        assert not rep.admits_writes()  # now it has waited a whole commit timeout
+
+    run(body, min_insync=2, commit_timeout_s=10.0, clock=clock)
