@@ -142,15 +142,16 @@ def latencies(url: str, requests: int) -> list[float]:
 class Writer(threading.Thread):
     """Enqueues unique values one at a time to whoever leads, recording every outcome.
 
-    ``acked`` holds (monotonic time, value) for each 200; anything else (an error, a
-    timeout, a dropped connection) is unknown or refused, never counted as acknowledged.
+    ``acked`` holds (monotonic time sent, time answered, value) for each 200; anything
+    else (an error, a timeout, a dropped connection) is unknown or refused, never counted
+    as acknowledged.
     """
 
     def __init__(self, urls: list[str], prefix: str) -> None:
         super().__init__(name=f"bench-writer-{prefix}", daemon=True)
         self.prefix = prefix
         self.urls, self.target = urls, urls[0]
-        self.acked: list[tuple[float, str]] = []
+        self.acked: list[tuple[float, float, str]] = []
         self.unknown = self.refused = 0
         self.stopping = threading.Event()
 
@@ -158,6 +159,7 @@ class Writer(threading.Thread):
         poster, seq = Poster(timeout=5.0), 0
         while not self.stopping.is_set():
             value = f"{self.prefix}{seq}"
+            sent = time.monotonic()
             try:
                 status, headers, _ = poster.post(
                     self.target, f"/v1/queues/{QUEUE}/items", enqueue_body([value])
@@ -169,7 +171,7 @@ class Writer(threading.Thread):
                 continue
             seq += 1
             if status == 200:
-                self.acked.append((time.monotonic(), value))
+                self.acked.append((sent, time.monotonic(), value))
                 continue
             self.refused += status != 503
             self.unknown += status == 503
@@ -184,13 +186,14 @@ class Writer(threading.Thread):
         self.stopping.wait(0.02)
 
     def first_ack_after(self, t: float, timeout: float) -> float | None:
-        """When the first write after ``t`` was acknowledged (None if none in ``timeout``)."""
+        """When the first write *sent* after ``t`` was acknowledged (None if none in
+        ``timeout``): an answer the old leader sent just before its kill does not count."""
         give_up = time.monotonic() + timeout
         while time.monotonic() < give_up:
-            times = [when for when, _ in self.acked[-1000:]]
-            i = bisect.bisect_right(times, t)
-            if i < len(times):
-                return times[i]
+            recent = self.acked[-1000:]
+            i = bisect.bisect_right([sent for sent, _, _ in recent], t)
+            if i < len(recent):
+                return recent[i][1]
             time.sleep(0.005)
         return None
 
@@ -214,13 +217,13 @@ def follower_stall(cluster: Cluster, log: Callable[[str], None]) -> tuple[float,
     finally:
         writer.stopping.set()
         writer.join(30)
-    times = [t_kill, *(t for t, _ in writer.acked if t_kill < t < t_end), t_end]
+    times = [t_kill, *(t for _, t, _ in writer.acked if t_kill < t < t_end), t_end]
     stall = max(b - a for a, b in itertools.pairwise(times))
     log(f"  follower {follower.name} killed: writes waited at most {stall:.2f} s")
     follower.start()
     follower.wait_up()
     cluster.wait_in_sync(3, timeout=120)
-    return stall, {v for _, v in writer.acked}
+    return stall, {v for _, _, v in writer.acked}
 
 
 def failovers(
@@ -252,7 +255,7 @@ def failovers(
     finally:
         writer.stopping.set()
         writer.join(30)
-    acked = {v for _, v in writer.acked} | acked_before
+    acked = {v for _, _, v in writer.acked} | acked_before
     lost = lost_acks(cluster, acked)
     return {
         "kills": kills,
