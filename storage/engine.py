@@ -497,6 +497,41 @@ class Engine(Operations, ReplicaEngine):
         if self.config.auto_merge and not self.closed:
             self.merge_policy.consider(q)
 
+    def _retry_dead_letter(
+        self,
+        source: Queue,
+        entries: list[tuple[bytes, bytes, bytes]],
+        target: str,
+        error: StorageError,
+    ) -> None:
+        """The move was refused (a write stall, a replica group that acknowledges
+        nothing): the items are no longer leased nor ahead of the cursor, so only a
+        retry brings them anywhere. Retried every second while this node takes writes
+        (a follower gets the leader's copy instead); until then they stay at the source
+        on disk and a restart delivers them."""
+        log.warning(
+            "queue %s: cannot dead-letter %d item(s) to %s yet (%s); retrying in 1 s",
+            source.name,
+            len(entries),
+            target,
+            error,
+        )
+        if self.closed or source.closed or not self.writable:
+            return
+
+        def again() -> None:
+            with source.lock:
+                source._timers.discard(timer)
+                if source.closed or self.closed or not self.writable:
+                    return
+            self.dead_letter(source, entries)
+
+        timer = threading.Timer(1.0, again)
+        timer.daemon = True
+        with source.lock:
+            source._timers.add(timer)
+        timer.start()
+
     def dead_letter(self, source: Queue, entries: list[tuple[bytes, bytes, bytes]]) -> None:
         """Move entries to ``source``'s dead-letter queue, then cancel them at the source.
 
@@ -508,15 +543,15 @@ class Engine(Operations, ReplicaEngine):
         now = self.now()
         try:
             target = self._queue_for_write(target_name)
-        except StorageError:
-            log.exception("queue %s: cannot dead-letter to %s", source.name, target_name)
+        except StorageError as exc:
+            self._retry_dead_letter(source, entries, target_name, exc)
             return
-        for key, stats, value in entries:
+        for i, (key, stats, value) in enumerate(entries):
             enq, _req, cnt = decode_stats(stats)
             try:
                 fut = target.enqueue([(now, value)], stats=(enq, now, cnt), origin=source.name)
-            except StorageError:  # left pending at the source: delivered after a restart
-                log.exception("queue %s: cannot dead-letter to %s", source.name, target_name)
+            except StorageError as exc:  # a passing refusal (a stall): try again shortly
+                self._retry_dead_letter(source, entries[i:], target_name, exc)
                 return
 
             def moved(f: Future[Any], key: bytes = key) -> None:

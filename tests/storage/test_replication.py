@@ -298,6 +298,41 @@ def test_a_replaced_sinks_commit_publishes_nothing(engines: Any) -> None:
     fut.result(timeout=5)
 
 
+def test_a_dead_letter_move_refused_by_a_stall_is_retried(engines: Any, clock: Any) -> None:
+    """An item past its deliveries leaves its queue's view for the dead-letter queue;
+    if the group refuses the move (a stall), the move is retried until it lands
+    (it must not wait for a restart)."""
+    leader = engines("leader")
+    leader.put_queue("jobs", QueueConfig(max_deliveries=1, dead_letter_queue="dlq"))
+    leader.ensure_queue("dlq")
+    leader.enqueue("jobs", [NewItem(b"poison", 0)])
+    sink = ListSink()
+    leader.set_replication(sink)
+    auto = AutoCommit(leader, sink)
+    try:
+        [d] = leader.dequeue("jobs", 1, 1000)
+        clock.advance(2000)
+        leader.expire_leases("jobs")  # delivered once: the next look moves it
+        deadline = time.monotonic() + 10
+        while leader.queue("jobs")._waiting:  # the expiry's record commits
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        sink.admitting = False  # the group acknowledges nothing: the move is refused
+        assert leader.dequeue("jobs", 1, 1000) == []
+        leader.expire_leases("jobs")
+        assert _items(leader, "dlq") == []
+        sink.admitting = True
+        deadline = time.monotonic() + 10
+        while not _items(leader, "dlq"):
+            assert time.monotonic() < deadline, "the move was never retried"
+            time.sleep(0.05)
+    finally:
+        auto.close()
+    assert [v for _i, _d, v in _items(leader, "dlq")] == [b"poison"]
+    assert d.value == b"poison"
+    assert leader.dequeue("jobs", 1, 1000) == []
+
+
 def test_replication_needs_fsync_always(engines: Any) -> None:
     e = engines("interval", fsync="interval")
     with pytest.raises(InvalidArgument, match="always"):
