@@ -38,7 +38,7 @@ from urllib.parse import quote, urlencode
 from dq.client import _wire
 from dq.client._connection import AsyncConnection, Connection, Lost, NotSent, Response
 from dq.client._routing import DEFAULT_FAILOVER_S, Cluster, Endpoint, Walk, split_urls
-from dq.client.errors import NotLeaderError, TransportError
+from dq.client.errors import ClientError, NotLeaderError, TransportError
 from dq.client.types import (
     BackupResult,
     BrowsedItem,
@@ -114,11 +114,23 @@ def _redirect(response: Response) -> tuple[bool, str | None] | None:
     return True, leader if isinstance(leader, str) and leader else None
 
 
-def _not_leader(call: Call, walk: Walk, leader: str | None) -> NotLeaderError:
+def _not_leader(call: Call, walk: Walk, leader: str | None) -> ClientError:
     message = f"{call.method} {call.path}: no leader answered: {walk.story()}"
+    if walk.lost is not None:
+        return _in_doubt(call, walk, message)
     error = NotLeaderError(421, "not_leader", message, queue=call.queue)
     error.leader = leader
     return error
+
+
+def _in_doubt(call: Call, walk: Walk, why: str) -> TransportError:
+    """The call ends on a refusal, but an earlier try's answer was lost: that try may
+    have been carried out, so the outcome is unknown (``TransportError``), never a
+    refusal that says nothing was done."""
+    return TransportError(
+        f"{call.method} {call.path}: outcome unknown: the answer to a try at {walk.lost} "
+        f"was lost, and the later tries were refused ({why})"
+    )
 
 
 def _result(call: Call, response: Response) -> Any:
@@ -197,10 +209,14 @@ class _Base:
             if pause is not None:
                 return False, pause
             if not named:
+                if walk.lost is not None:
+                    raise _in_doubt(call, walk, f"no leader: {walk.story()}")
                 return True, None  # the follower's own 503 no_leader
             raise _not_leader(call, walk, leader)
         if response.status in self.retry.statuses and call.idempotent:
             pause = walk.again()
+            if pause is None and walk.lost is not None:
+                raise _in_doubt(call, walk, f"status {response.status}")
             return pause is None, pause
         walk.answered()
         return True, None
@@ -216,6 +232,7 @@ class _Base:
 
     @staticmethod
     def _lost(call: Call, walk: Walk, exc: Lost) -> float:
+        walk.lost = f"{walk.endpoint.url} ({exc})"
         pause = walk.again() if call.idempotent else None
         if pause is None:
             raise TransportError(f"{call.method} {walk.endpoint.url}{call.path}: {exc}") from exc

@@ -168,6 +168,7 @@ class Walk:
         "cluster",
         "endpoint",
         "failover_s",
+        "lost",
         "policy",
         "trail",
     )
@@ -183,6 +184,9 @@ class Walk:
         self.attempt = 0
         #: what each node said, for the message of the error that ends the call
         self.trail: list[str] = []
+        #: a try whose answer was lost (it may have been carried out), if any: then
+        #: no refusal that ends the call may claim that nothing was done
+        self.lost: str | None = None
 
     def answered(self) -> None:
         """The node served the call: later calls start there."""

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from dq.client import AsyncClient, Client, NotLeaderError, TransportError, Unavailable
-from tests.client.scripted import Answer, ScriptedServer, scripted
+from tests.client.scripted import DROP, Answer, ScriptedServer, scripted
 from tests.server.live import free_port
 
 ENQUEUED = Answer(200, {"items": [{"id": 7, "deadline": 1}]})
@@ -130,3 +130,19 @@ def test_a_new_client_of_the_same_nodes_starts_at_the_last_leader() -> None:
         assert len(follower.seen) == 1 and len(leader.seen) == 2
         with Client(follower.url) as dq:  # one URL: that server first, as always
             assert dq.transport.leader == follower.url  # type: ignore[attr-defined]
+
+
+def test_refusals_after_a_lost_answer_end_as_an_unknown_outcome() -> None:
+    """A keyed enqueue whose first answer was lost (the node may have written it) and
+    whose retries only met refusals must not end with NotLeaderError ("not carried
+    out"): its outcome is unknown, a TransportError that says so."""
+    with scripted(not_leader(None)) as a, scripted(not_leader(a.url)) as b:
+        a.script[:] = [DROP, not_leader(b.url)]
+        with Client(a.url, retries=1, failover_s=0.4) as dq:
+            with pytest.raises(TransportError, match="outcome unknown") as err:
+                dq.enqueue("q", b"x", key="k")
+    assert not isinstance(err.value, NotLeaderError)
+    assert a.url in str(err.value)
+    with scripted(DROP, NO_LEADER) as lone, Client(lone.url, retries=1) as dq:
+        with pytest.raises(TransportError, match="outcome unknown"):
+            dq.enqueue("q", b"x", key="k")
