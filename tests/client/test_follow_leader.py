@@ -138,11 +138,16 @@ def test_refusals_after_a_lost_answer_end_as_an_unknown_outcome() -> None:
     out"): its outcome is unknown, a TransportError that says so."""
     with scripted(not_leader(None)) as a, scripted(not_leader(a.url)) as b:
         a.script[:] = [DROP, not_leader(b.url)]
-        with Client(a.url, retries=1, failover_s=0.4) as dq:
-            with pytest.raises(TransportError, match="outcome unknown") as err:
-                dq.enqueue("q", b"x", key="k")
+        with (
+            Client(a.url, retries=1, failover_s=0.4) as dq,
+            pytest.raises(TransportError, match="outcome unknown") as err,
+        ):
+            dq.enqueue("q", b"x", key="k")
     assert not isinstance(err.value, NotLeaderError)
     assert a.url in str(err.value)
-    with scripted(DROP, NO_LEADER) as lone, Client(lone.url, retries=1) as dq:
-        with pytest.raises(TransportError, match="outcome unknown"):
-            dq.enqueue("q", b"x", key="k")
+    with (
+        scripted(DROP, NO_LEADER) as lone,
+        Client(lone.url, retries=1) as dq,
+        pytest.raises(TransportError, match="outcome unknown"),
+    ):
+        dq.enqueue("q", b"x", key="k")
