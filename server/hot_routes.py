@@ -43,10 +43,12 @@ from dq.storage.types import ItemOutcome
 if TYPE_CHECKING:
     from dq.server.dependencies import Service
 
-__all__ = ["HOT_ROUTES", "HotRoutes", "Responder"]
+__all__ = ["HOT_ROUTES", "PULL_ROUTE", "HotRoutes", "Responder"]
 
 #: The last path segment of each hot route.
 HOT_ROUTES = frozenset({"items", "dequeue", "release"})
+#: The route name of ``POST /v1/replica/pull`` (a replica group's follower pulling).
+PULL_ROUTE = "replica/pull"
 
 
 class Responder(Protocol):
@@ -54,9 +56,10 @@ class Responder(Protocol):
     (``server/protocol.py``). Exactly one of ``reply`` and ``fall_back`` is called,
     once."""
 
-    def reply(self, status: int, body: bytes, headers: bytes) -> None:
+    def reply(self, status: int, body: bytes, headers: bytes, content_type: bytes = b"") -> None:
         """Write the answer; ``headers``: an error's own header lines, rendered by
-        ``dq.server.errors.header_lines`` (``b""``: none)."""
+        ``dq.server.errors.header_lines`` (``b""``: none); ``content_type``: the body's
+        when it is not JSON."""
 
     def fall_back(self) -> None:
         """Hand the request, unanswered, to the FastAPI app."""
@@ -76,8 +79,10 @@ _DEQUEUE = TypeAdapter(DequeueRequest)
 class HotRoutes:
     """Serves the hot routes of one running service."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, state: Any = None) -> None:
         self.service = service
+        #: the app's state: ``node`` and ``replicator`` of a replica group's member
+        self.state = state
         self.max_batch = service.settings.max_batch
         self._too_large = error_json("batch_too_large", batch_too_large_message(self.max_batch))
 
@@ -90,6 +95,12 @@ class HotRoutes:
     ) -> None:
         """Answer through ``responder``: reply, or fall back having answered nothing."""
         reply = responder.reply
+        if route == PULL_ROUTE:
+            try:
+                self._pull(body, responder)
+            except _FallBack:
+                responder.fall_back()
+            return
         if over_batch(body, self.max_batch):
             reply(413, self._too_large, b"")
             return
@@ -224,6 +235,26 @@ class HotRoutes:
             self._failed(m, exc, reply, queue)
             return
         reply(200, routes.delivered(service, m, got, request.encoding, released), b"")
+
+    # ------------------------------------------------------------------ replica pull
+
+    def _pull(self, body: bytes, responder: Responder) -> None:
+        """A follower's pull, as ``server/replication/routes.py`` answers it when all
+        is well; anything else (no replicator, a body the schema refuses, a refusal)
+        falls back to that route, which words it."""
+        from dq.server.replication.hot_pull import PULL_REQUEST, answer_pull
+
+        state = self.state
+        rep = getattr(state, "replicator", None)
+        if getattr(state, "node", None) is None or rep is None or rep.closed:
+            raise _FallBack
+        try:
+            request = PULL_REQUEST.validate_json(body)
+        except ValidationError:
+            raise _FallBack from None
+        task = asyncio.get_running_loop().create_task(answer_pull(rep, request, responder, state))
+        _tasks.add(task)
+        task.add_done_callback(_tasks.discard)
 
     # ------------------------------------------------------------------ shared
 

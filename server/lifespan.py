@@ -137,7 +137,7 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
             groups,
             open_keyed_batches(opened, settings),
         )
-        app.state.hot_routes = HotRoutes(service)
+        app.state.hot_routes = HotRoutes(service, app.state)
         if not getattr(app.state, "engine_watched", False):
             app.state.metrics.watch_engine(
                 lambda: _current_engine(app), settings.metrics_max_queues

@@ -38,7 +38,7 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from dq.server.auth import token_ok
 from dq.server.errors import error_json
-from dq.server.hot_routes import HOT_ROUTES, HotRoutes
+from dq.server.hot_routes import HOT_ROUTES, PULL_ROUTE, HotRoutes
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 __all__ = ["protocol_for"]
 
 _QUEUES = "/v1/queues/"
+#: a replica group follower's pull (``server/replication/routes.py``): served here too
+_PULL = "/v1/replica/pull"
+_PULL_B = _PULL.encode()
 _QUEUES_B = _QUEUES.encode()
 _SWEEP_S = 1.0
 _JSON_TYPE = b"application/json"
@@ -164,7 +167,7 @@ class DqHttpProtocol(HttpToolsProtocol):
         if (
             self.dq_fast
             and (previous is None or previous.response_complete)  # not pipelined
-            and url.startswith(_QUEUES_B)
+            and (url.startswith(_QUEUES_B) or url == _PULL_B)
             and b"%" not in url
             and b"?" not in url
             and self.parser.get_method() == b"POST"
@@ -236,11 +239,14 @@ class DqHttpProtocol(HttpToolsProtocol):
         self, path: str, headers: Iterable[tuple[bytes, bytes]]
     ) -> tuple[str, str] | None:
         """(route, queue) if the fast path may take this POST, else ``None``."""
-        if not path.startswith(_QUEUES):
+        if path == _PULL:
+            queue, route = "", PULL_ROUTE
+        elif not path.startswith(_QUEUES):
             return None
-        queue, _, route = path[len(_QUEUES) :].partition("/")
-        if route not in HOT_ROUTES or not queue:
-            return None
+        else:
+            queue, _, route = path[len(_QUEUES) :].partition("/")
+            if route not in HOT_ROUTES or not queue:
+                return None
         length = -1
         json_body = False
         auth = None
@@ -312,7 +318,14 @@ class DqHttpProtocol(HttpToolsProtocol):
             self.cycle = cycle
         return cycle
 
-    def _reply(self, cycle: RequestResponseCycle, status: int, body: bytes, headers: bytes) -> None:
+    def _reply(
+        self,
+        cycle: RequestResponseCycle,
+        status: int,
+        body: bytes,
+        headers: bytes,
+        content_type: bytes = b"",
+    ) -> None:
         if self._hot_cycle is cycle:
             self._hot_cycle = None
         if cycle.response_complete:
@@ -320,9 +333,14 @@ class DqHttpProtocol(HttpToolsProtocol):
         cycle.response_started = cycle.response_complete = True
         if cycle.disconnected:
             return
-        self.transport.write(
-            _message(self.server_state.default_headers, status, body, headers, cycle.keep_alive)
-        )
+        defaults = self.server_state.default_headers
+        if content_type:
+            message = _binary_message(
+                defaults, status, body, headers, content_type, cycle.keep_alive
+            )
+        else:
+            message = _message(defaults, status, body, headers, cycle.keep_alive)
+        self.transport.write(message)
         if self.access_log:
             self.access_logger.info(
                 '%s - "POST %s HTTP/%s" %d',
@@ -391,8 +409,8 @@ class _HotCycle:
     def scope(self) -> dict[str, Any]:
         return {"path": self.path, "http_version": self.http_version}
 
-    def reply(self, status: int, body: bytes, headers: bytes) -> None:
-        self.protocol._reply(self, status, body, headers)  # type: ignore[arg-type]
+    def reply(self, status: int, body: bytes, headers: bytes, content_type: bytes = b"") -> None:
+        self.protocol._reply(self, status, body, headers, content_type)  # type: ignore[arg-type]
 
     def fall_back(self) -> None:
         self.protocol._fall_back(self)  # type: ignore[arg-type]
@@ -411,8 +429,8 @@ class _Responder:
         self.protocol = protocol
         self.cycle = cycle
 
-    def reply(self, status: int, body: bytes, headers: bytes) -> None:
-        self.protocol._reply(self.cycle, status, body, headers)
+    def reply(self, status: int, body: bytes, headers: bytes, content_type: bytes = b"") -> None:
+        self.protocol._reply(self.cycle, status, body, headers, content_type)
 
     def fall_back(self) -> None:
         self.protocol._fall_back(self.cycle)
@@ -485,3 +503,26 @@ def _message(
             + b"\r\n",
         )
     return b"%s%d%s%s" % (parts[0], len(body), parts[1], body)
+
+
+def _binary_message(
+    defaults: list[tuple[bytes, bytes]],
+    status: int,
+    body: bytes,
+    headers: bytes,
+    content_type: bytes,
+    keep_alive: bool,
+) -> bytes:
+    """Like ``_message`` for an answer whose header lines change every time (a pull's
+    lsns) and whose body is not JSON: built whole, never cached."""
+    return b"".join(
+        (
+            STATUS_LINE[status],
+            *(b"%s: %s\r\n" % pair for pair in defaults),
+            headers,
+            b"content-length: %d\r\ncontent-type: %s\r\n" % (len(body), content_type),
+            b"" if keep_alive else b"connection: close\r\n",
+            b"\r\n",
+            body,
+        )
+    )

@@ -33,7 +33,7 @@ from dq.server.routers._common import ERRORS, json_response
 from dq.server.schemas import ErrorBody
 from dq.storage.replication import NotLeader
 
-__all__ = ["ClusterDoc", "PullRequest", "SnapshotRequest", "router"]
+__all__ = ["ClusterDoc", "PullRequest", "SnapshotRequest", "not_leader", "router"]
 
 router = APIRouter(prefix="/v1", tags=["replication"])
 
@@ -110,14 +110,19 @@ _AUTH: dict[int | str, dict[str, Any]] = {s: ERRORS[s] for s in (400, 401, 403, 
 
 
 def _not_leader(request: Request) -> NotLeader:
+    return not_leader(request.app.state)
+
+
+def not_leader(state: Any) -> NotLeader:
+    """The refusal of a node that does not lead, naming the leader the node knows."""
     return NotLeader(
         "this node does not lead the replica group: replicate from the leader",
-        leader=_leader_url(request),
+        leader=_leader_url(state),
     )
 
 
-def _leader_url(request: Request) -> str | None:
-    node = getattr(request.app.state, "node", None)
+def _leader_url(state: Any) -> str | None:
+    node = getattr(state, "node", None)
     if node is None:
         return None
     leader = node.describe().get("leader")

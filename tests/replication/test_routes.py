@@ -296,3 +296,71 @@ def test_a_snapshot_is_served_while_the_default_executor_is_full(leader: Leader)
             assert pull(c, doc["lsn"]).status_code == 200
     finally:
         release.set()
+
+
+def _raw_post(url: str, path: str, body: bytes, chunked: bool) -> bytes:
+    """One POST over a fresh socket, ``Connection: close``; the whole answer."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {TOKEN}\r\n"
+        "Content-Type: application/json\r\nConnection: close\r\n"
+    ).encode()
+    if chunked:
+        data = head + b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    else:
+        data = head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    with socket.create_connection((parts.hostname, parts.port), timeout=20) as sock:
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+def _without_date(answer: bytes) -> bytes:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = [ln for ln in head.split(b"\r\n") if not ln.lower().startswith(b"date:")]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+def test_a_pull_answers_the_same_bytes_on_the_fast_path_and_through_the_route(
+    leader: Leader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The protocol serves a follower's pull itself (it is on every replicated write's
+    path); its answer is the FastAPI route's, byte for byte, refusals included (those
+    it hands to the route)."""
+    import dq.server.replication.hot_pull as hot_pull
+
+    served: list[int] = []
+    real = hot_pull.answer_pull
+
+    async def counting(*args: Any) -> None:
+        served.append(1)
+        await real(*args)
+
+    monkeypatch.setattr(hot_pull, "answer_pull", counting)
+    with leader.client() as c:
+        doc, _names, _tar = snapshot(c)
+    start = doc["lsn"]
+    leader.engine.enqueue_nowait("q", [NewItem(b"shipped")])
+    leader.wait(lambda: leader.rep.last_lsn > start)
+    body = json.dumps({"node": "f1", "epoch": EPOCH, "after": start}).encode()
+    fast = _raw_post(leader.server.url, "/v1/replica/pull", body, chunked=False)
+    route = _raw_post(leader.server.url, "/v1/replica/pull", body, chunked=True)
+    assert served == [1]  # the first was the fast path's, the chunked one the route's
+    assert fast.startswith(b"HTTP/1.1 200 ")
+    assert b"content-type: application/octet-stream" in fast
+    frames = decode_frames(fast.partition(b"\r\n\r\n")[2])
+    assert frames[0].payload.endswith(b"shipped")
+    assert _without_date(fast) == _without_date(route)
+    # a refusal (an unknown follower) is the route's on both paths
+    served.clear()
+    stranger = json.dumps({"node": "f9", "epoch": EPOCH, "after": 0}).encode()
+    fast = _raw_post(leader.server.url, "/v1/replica/pull", stranger, chunked=False)
+    route = _raw_post(leader.server.url, "/v1/replica/pull", stranger, chunked=True)
+    assert fast.startswith(b"HTTP/1.1 409 ") and b"resync_needed" in fast
+    assert _without_date(fast) == _without_date(route)
+    assert served == [1]
