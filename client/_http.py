@@ -32,6 +32,7 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -75,8 +76,12 @@ class RetryPolicy:
         return float(min(self.max_s, self.base_s * 2**attempt))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Call:
+    """One API call (not frozen: one is built per request, and a frozen dataclass costs an
+    ``object.__setattr__`` per field). ``body``: a JSON value, or ``bytes`` that already
+    are its compact JSON text (``client/_wire.py`` writes the hot calls' bodies so)."""
+
     method: str
     path: str
     body: Any = None
@@ -86,9 +91,51 @@ class Call:
     params: dict[str, Any] | None = None  # the query string
 
 
-#: What ``json.dumps(body, separators=(",", ":"))`` uses, made once: ``dumps`` builds a
-#: new encoder per call when given any option.
-_COMPACT = json.JSONEncoder(separators=(",", ":"))
+#: ``json.dumps(body, separators=(",", ":"))``'s C encoder, made once: ``JSONEncoder``
+#: makes a new one per call. No circular-reference check (a body is built here from
+#: plain values); otherwise the same text, and the same ``TypeError`` for a value JSON
+#: cannot hold.
+_ENCODE = (
+    c_make_encoder(
+        None,
+        json.JSONEncoder().default,
+        encode_basestring_ascii,
+        None,
+        ":",
+        ",",
+        False,
+        False,
+        True,
+    )
+    if c_make_encoder is not None
+    else None
+)
+#: ``json.loads``'s scanner, called directly on an answer that is a JSON object
+_SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def _json_bytes(body: Any) -> bytes:
+    if type(body) is bytes:
+        return body
+    if _ENCODE is None:  # no C accelerator in this Python
+        return json.dumps(body, separators=(",", ":")).encode()
+    return "".join(_ENCODE(body, 0)).encode()
+
+
+def _loads(body: bytes) -> Any:
+    """``json.loads(body)``, skipping its encoding detection and wrappers when ``body``
+    starts as a JSON object does (then it is UTF-8): the same value, or the same error
+    (anything unusual goes to ``json.loads`` itself)."""
+    if body[:2] == b'{"':
+        try:
+            text = body.decode("utf-8", "surrogatepass")
+            doc, end = _SCAN(text, 0)
+        except (StopIteration, ValueError):
+            pass
+        else:
+            if end == len(text):
+                return doc
+    return json.loads(body)
 
 
 @lru_cache(maxsize=4096)
@@ -103,7 +150,7 @@ def _redirect(response: Response) -> tuple[bool, str | None] | None:
     if status not in (421, 503):
         return None
     try:
-        doc = json.loads(response.body)
+        doc = _loads(response.body)
     except ValueError:
         doc = None
     if not isinstance(doc, dict):
@@ -137,7 +184,7 @@ def _result(call: Call, response: Response) -> Any:
     if response.status == 204:
         return None
     try:
-        doc = json.loads(response.body)
+        doc = _loads(response.body)
     except ValueError:
         doc = response.body.decode("utf-8", "replace")
     if response.status >= 400:
@@ -179,8 +226,14 @@ class _Base:
         """Start the next calls at ``url`` (a leader learnt outside this transport)."""
         self.cluster.prefer(url)
 
-    def _walk(self) -> Walk:
-        return Walk(self.cluster, self.retry, self.failover_s)
+    def _walk(self, endpoint: Endpoint, started: float) -> Walk:
+        return Walk(self.cluster, self.retry, self.failover_s, endpoint, started)
+
+    def _plain(self, response: Response) -> bool:
+        """An answer that ends a first try as it is: no follower's refusal, nothing to
+        retry (then no ``Walk`` is made for the call: most calls need none)."""
+        status = response.status
+        return status != 421 and status != 503 and status not in self.retry.statuses
 
     @staticmethod
     def _encode(call: Call, ep: Endpoint) -> bytes:
@@ -190,7 +243,7 @@ class _Base:
             if call.method in ("GET", "DELETE"):
                 return line + ep.head + b"\r\n"
             return line + ep.head + b"Content-Length: 0\r\n\r\n"
-        body = _COMPACT.encode(call.body).encode()
+        body = _json_bytes(call.body)
         return b"%s%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
             line,
             ep.head,
@@ -237,9 +290,6 @@ class _Base:
         if pause is None:
             raise TransportError(f"{call.method} {walk.endpoint.url}{call.path}: {exc}") from exc
         return pause
-
-    def _timeout_of(self, call: Call) -> float:
-        return call.timeout if call.timeout is not None else self._timeout
 
     @staticmethod
     def _enqueue(queue: str, items: Sequence[NewItem]) -> Call:
@@ -327,17 +377,24 @@ class HttpTransport(_Base):
     def call(self, call: Call) -> Any:
         """Send ``call`` (retrying and following redirects as the module docstring
         says); its decoded JSON answer."""
-        timeout = self._timeout_of(call)
-        walk = self._walk()
+        timeout = call.timeout if call.timeout is not None else self._timeout
+        ep = self.cluster.leader
+        started = time.monotonic()
+        walk: Walk | None = None
         while True:
-            ep = walk.endpoint
             try:
                 response = self._connection(ep, timeout).request(self._encode(call, ep), timeout)
             except NotSent as exc:
+                walk = walk or self._walk(ep, started)
                 pause = self._unreachable(call, walk, exc)
             except Lost as exc:
+                walk = walk or self._walk(ep, started)
                 pause = self._lost(call, walk, exc)
             else:
+                if walk is None and self._plain(response):
+                    self.cluster.answered_by(ep)
+                    return _result(call, response)
+                walk = walk or self._walk(ep, started)
                 done, next_pause = self._step(call, walk, response)
                 if done:
                     return _result(call, response)
@@ -345,6 +402,7 @@ class HttpTransport(_Base):
                 pause = next_pause
             if pause > 0:
                 time.sleep(pause)
+            ep = walk.endpoint
 
     def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]:
         return _wire.parse_enqueued(self.call(self._enqueue(queue, items)))
@@ -462,17 +520,24 @@ class AsyncHttpTransport(_Base):
             return response
 
     async def call(self, call: Call) -> Any:
-        timeout = self._timeout_of(call)
-        walk = self._walk()
+        timeout = call.timeout if call.timeout is not None else self._timeout
+        ep = self.cluster.leader
+        started = time.monotonic()
+        walk: Walk | None = None
         while True:
-            ep = walk.endpoint
             try:
                 response = await self._request(ep, self._encode(call, ep), timeout)
             except NotSent as exc:
+                walk = walk or self._walk(ep, started)
                 pause = self._unreachable(call, walk, exc)
             except Lost as exc:
+                walk = walk or self._walk(ep, started)
                 pause = self._lost(call, walk, exc)
             else:
+                if walk is None and self._plain(response):
+                    self.cluster.answered_by(ep)
+                    return _result(call, response)
+                walk = walk or self._walk(ep, started)
                 done, next_pause = self._step(call, walk, response)
                 if done:
                     return _result(call, response)
@@ -480,6 +545,7 @@ class AsyncHttpTransport(_Base):
                 pause = next_pause
             if pause > 0:
                 await asyncio.sleep(pause)
+            ep = walk.endpoint
 
     async def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]:
         return _wire.parse_enqueued(await self.call(self._enqueue(queue, items)))

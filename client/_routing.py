@@ -173,14 +173,23 @@ class Walk:
         "trail",
     )
 
-    def __init__(self, cluster: Cluster, policy: RetryPolicy, failover_s: float) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        policy: RetryPolicy,
+        failover_s: float,
+        endpoint: Endpoint | None = None,
+        started: float | None = None,
+    ) -> None:
+        """``endpoint``, ``started``: where the first try went and when the call began
+        (``time.monotonic()``), when the walk is made only after that try failed."""
         self.cluster = cluster
         self.policy = policy
         self.failover_s = failover_s
-        self.endpoint = cluster.leader
+        self.endpoint = endpoint if endpoint is not None else cluster.leader
         self._tried: list[Endpoint] = [self.endpoint]
         self._named: Endpoint | None = None
-        self._started = time.monotonic()
+        self._started = started if started is not None else time.monotonic()
         self.attempt = 0
         #: what each node said, for the message of the error that ends the call
         self.trail: list[str] = []

@@ -13,6 +13,7 @@ import contextlib
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,9 @@ class ScriptedServer:
         self.script = script
         self.seen: list[tuple[str, str, bytes]] = []
         self.connections = 0
+        #: connections this server has closed so far
+        self.closed = 0
+        self._closed_lock = threading.Lock()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -65,6 +69,21 @@ class ScriptedServer:
             threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
 
     def _connection(self, conn: socket.socket) -> None:
+        try:
+            self._answer(conn)
+        finally:
+            with self._closed_lock:
+                self.closed += 1
+
+    def wait_closed(self, count: int, timeout: float = 5.0) -> None:
+        """Until this server has closed ``count`` connections (its closing races the
+        client otherwise)."""
+        give_up = time.monotonic() + timeout
+        while self.closed < count:
+            assert time.monotonic() < give_up, f"{self.closed} of {count} connections closed"
+            time.sleep(0.005)
+
+    def _answer(self, conn: socket.socket) -> None:
         conn.settimeout(10)
         reader = conn.makefile("rb")
         with contextlib.suppress(OSError), conn, reader:

@@ -123,6 +123,7 @@ def test_keep_alive_and_a_connection_the_server_closed_while_idle() -> None:
         assert server.connections == 1  # one connection carried all three
         # the server closed it after the third answer without saying so: an enqueue
         # (never resent) still goes out, on a new connection
+        server.wait_closed(1)
         assert dq.enqueue("q", b"x") == 1
     assert (len(server.seen), server.connections) == (4, 2)
 
