@@ -7,6 +7,10 @@ request; a group commit of 30 requests would wake the loop 30 times. ``Completio
 queues the resolved futures and schedules one drain for all that arrive before the
 loop gets to them.
 
+When the loop commits its own writes (``Syncer.commit_inline``, set up in
+``server/lifespan.py``), the futures are resolved on the loop itself, inside that
+commit: their callbacks then run at once, with no round trip through the loop's queue.
+
 Invariant: a callback runs on the loop exactly once per future, after the future is
 done; the engine's future is never cancelled from here (a cancelled one would make
 the syncer's ``set_result`` fail for the rest of its batch).
@@ -15,6 +19,7 @@ the syncer's ``set_result`` fail for the rest of its batch).
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -33,6 +38,12 @@ class Completions:
         self._loop = loop
         self._ready: deque[tuple[Future[Any], Done]] = deque()
         self._scheduled = False
+        #: the loop's thread: set by ``bind_thread`` on it
+        self._loop_thread = -1
+
+    def bind_thread(self) -> None:
+        """Called on the loop's thread: futures resolved there run their callbacks at once."""
+        self._loop_thread = threading.get_ident()
 
     def when_done(self, fut: Future[T], callback: Callable[[Future[T]], None]) -> None:
         """``callback(fut)`` on the loop; at once if ``fut`` is already done."""
@@ -42,6 +53,9 @@ class Completions:
         ready = self._ready
 
         def arrived(f: Future[Any]) -> None:  # the thread that resolved it
+            if threading.get_ident() == self._loop_thread:
+                self._run(f, callback)
+                return
             ready.append((f, callback))
             if not self._scheduled:
                 self._scheduled = True
@@ -72,9 +86,12 @@ class Completions:
         ready = self._ready
         while ready:
             fut, callback = ready.popleft()
-            try:
-                callback(fut)
-            except Exception as exc:  # one broken callback must not strand the rest
-                self._loop.call_exception_handler(
-                    {"message": "durable completion callback failed", "exception": exc}
-                )
+            self._run(fut, callback)
+
+    def _run(self, fut: Future[Any], callback: Done) -> None:
+        try:
+            callback(fut)
+        except Exception as exc:  # one broken callback must not strand the rest
+            self._loop.call_exception_handler(
+                {"message": "durable completion callback failed", "exception": exc}
+            )

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
     from dq.server.settings import Settings
     from dq.storage import Engine
+    from dq.storage.syncer import InlineCommits
 
 __all__ = ["make_lifespan", "open_consumer_groups", "open_engine", "open_keyed_batches"]
 
@@ -121,6 +122,17 @@ def open_keyed_batches(engine: Engine, settings: Settings) -> IdempotentBatches:
     )
 
 
+def commit_on_loop(
+    engine: Engine, settings: Settings, loop: asyncio.AbstractEventLoop
+) -> InlineCommits | None:
+    """The loop commits the writes it serves itself, once per turn (``storage/syncer.py``),
+    when the engine syncs every write and ``commit_on_loop`` is on."""
+    syncer = engine.syncer
+    if not settings.commit_on_loop or syncer is None or syncer.mode != "always":
+        return None
+    return syncer.commit_inline(loop.call_soon)
+
+
 def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -128,12 +140,15 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
         opened = await asyncio.to_thread(open_engine, settings) if engine is None else engine
         loop = asyncio.get_running_loop()
         groups = open_consumer_groups(opened, settings)
+        completions = Completions(loop)
+        completions.bind_thread()
+        inline = commit_on_loop(opened, settings, loop)
         app.state.service = service = Service(
             opened,
             settings,
             app.state.metrics,
             LongPoll(opened, loop),
-            Completions(loop),
+            completions,
             groups,
             open_keyed_batches(opened, settings),
         )
@@ -183,6 +198,8 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
                 app.state.shm = None
                 await asyncio.to_thread(shm.close)
             await asyncio.to_thread(groups.close)
+            if inline is not None:
+                inline.close()
             app.state.hot_routes = None
             app.state.service = None
             if owned:

@@ -222,8 +222,10 @@ class CommitMixin(QueueCore):
 
     # ------------------------------------------------------------------ group commit
 
-    def sync_round(self: Queue) -> None:
+    def sync_round(self: Queue) -> float:
         """Called by the syncer: write and sync what is buffered, then publish it.
+        Returns the seconds the write and the sync took (a committing thread backs off
+        a slow disk with it, ``storage/syncer.py``).
 
         The log's ``io_lock`` is taken before the queue lock is let go, so no one can
         close the log between taking its buffer and writing it. Any write or sync error
@@ -232,11 +234,12 @@ class CommitMixin(QueueCore):
         mode = self.engine.config.fsync
         with self.lock:
             if not self.loaded or self.failed is not None or self.closed:
-                return
+                return 0.0
             wal = self.wal
             data, seq = wal.take_buffer()
             wal.io_lock.acquire()
         error: BaseException | None = None
+        started = time.perf_counter()
         try:
             wal.write(data)
             if mode != "never":
@@ -247,6 +250,7 @@ class CommitMixin(QueueCore):
             error = exc
         finally:
             wal.io_lock.release()
+        took = time.perf_counter() - started
         with self.lock:
             if error is not None:
                 answers = self._fail_locked(error, "syncing the log")
@@ -259,3 +263,4 @@ class CommitMixin(QueueCore):
             if any(e is None for _f, _r, e in answers):
                 self._notify()
         answer(answers)
+        return took

@@ -6,6 +6,16 @@ it with one ``fdatasync``, then publishes every batch that sync covered and reso
 their futures. Writers that arrive while a sync is in flight ride on the next one, so
 under load one fsync serves many requests. In ``interval`` mode the thread only
 syncs dirty logs every ``interval_ms``; acknowledgements do not wait for it.
+
+A thread that serves many writers itself — the server's event loop — may commit its own
+writes instead (``Syncer.commit_inline``): its ``mark_dirty`` calls only note the queue,
+and the thread runs one group commit for everything it wrote when it has nothing else
+ready (the loop: at its next turn, after reading every request that arrived together).
+That is Redis's ``appendfsync always`` design: no wake-up of this thread per write and
+no hand-off of each answer back to the loop, which on a fast disk cost more CPU than the
+fsync itself (``docs/performance.md``, "Server CPU"). A slow fsync blocks the committing
+thread, so while the recent average write-and-sync takes longer than ``SLOW_COMMIT_S``
+(a slow disk), that thread's writes go to this one again.
 """
 
 from __future__ import annotations
@@ -13,15 +23,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["FsyncStats", "SyncTarget", "Syncer"]
+__all__ = ["FsyncStats", "InlineCommits", "SyncTarget", "Syncer"]
+
+#: While the recent average write-and-sync of a group commit takes longer than this,
+#: committing threads leave their commits to the syncer thread: the event loop must not
+#: stall on a slow disk (reads would wait behind every fsync).
+SLOW_COMMIT_S = 0.002
+#: Weight of the newest group commit in that average (about the last 20 count).
+_AVERAGE_WEIGHT = 0.05
 
 log = logging.getLogger(__name__)
 
 
 class SyncTarget(Protocol):
-    def sync_round(self) -> None: ...
+    def sync_round(self) -> float:
+        """Write and sync what is buffered, publish and answer it; the seconds the
+        write and sync took."""
+        ...
 
 
 class FsyncStats:
@@ -63,10 +84,33 @@ class Syncer:
         self._cond = threading.Condition()
         self._dirty: dict[SyncTarget, None] = {}
         self._stopping = False
+        #: the committing thread of the calling thread, if it has one
+        self._local = threading.local()
+        self._inline: list[InlineCommits] = []
+        #: recent average seconds of one group commit's write and sync (any thread's)
+        self.average_commit_s = 0.0
         self._thread = threading.Thread(target=self._run, name="dq-syncer", daemon=True)
         self._thread.start()
 
+    def commit_inline(self, schedule: Callable[[Callable[[], None]], object]) -> InlineCommits:
+        """Let the calling thread commit its own writes (``always`` mode only).
+
+        From now on a ``mark_dirty`` made on this thread only notes the queue, and the
+        first one of a round calls ``schedule(commit)``: the thread must call
+        ``commit()`` soon (the event loop passes its ``call_soon``). ``close()`` the
+        result to stop."""
+        inline = InlineCommits(self, schedule)
+        with self._cond:
+            if self.mode != "always" or self._stopping:
+                raise RuntimeError("inline commits need fsync=always and a running syncer")
+            self._inline.append(inline)
+        self._local.inline = inline
+        return inline
+
     def mark_dirty(self, target: SyncTarget) -> None:
+        inline: InlineCommits | None = getattr(self._local, "inline", None)
+        if inline is not None and inline.take(target):
+            return
         with self._cond:
             if target not in self._dirty:
                 self._dirty[target] = None
@@ -86,7 +130,7 @@ class Syncer:
                 stopping = self._stopping
             for target in batch:
                 try:
-                    target.sync_round()
+                    self.observe(target.sync_round())
                 except Exception:  # the target has failed its waiters; keep serving others
                     log.exception("sync round failed")
             if stopping:
@@ -94,9 +138,76 @@ class Syncer:
                     if not self._dirty:
                         return
 
+    def observe(self, took: float) -> None:
+        """Count one group commit's write-and-sync time into the recent average (a
+        race between two threads loses one sample, which an average can spare)."""
+        self.average_commit_s += (took - self.average_commit_s) * _AVERAGE_WEIGHT
+
     def stop(self) -> None:
         with self._cond:
             self._stopping = True
+            inline, self._inline = self._inline, []
             self._cond.notify_all()
+        for committer in inline:  # what a committing thread noted and has not committed
+            committer.close()
         deadline = time.monotonic() + 30
         self._thread.join(timeout=max(deadline - time.monotonic(), 0))
+
+
+class InlineCommits:
+    """The group commits of one thread that commits its own writes (``Syncer.commit_inline``).
+
+    Only that thread notes queues and commits; ``close`` may come from another thread
+    once it has stopped writing (the engine closing), hence the lock.
+    """
+
+    def __init__(self, syncer: Syncer, schedule: Callable[[Callable[[], None]], object]) -> None:
+        self._syncer = syncer
+        self._schedule = schedule
+        self._lock = threading.Lock()
+        self._dirty: dict[SyncTarget, None] = {}
+        self._scheduled = False
+        self._closed = False
+        #: group commits run on this thread, and writes left to the syncer thread
+        #: because the disk was slow
+        self.commits = 0
+        self.handed_back = 0
+
+    def take(self, target: SyncTarget) -> bool:
+        """Note ``target`` for this thread's next commit; False: the syncer thread's."""
+        if self._closed:
+            return False
+        if self._syncer.average_commit_s > SLOW_COMMIT_S:
+            self.handed_back += 1
+            return False
+        with self._lock:
+            self._dirty[target] = None
+            if self._scheduled:
+                return True
+            self._scheduled = True
+        self._schedule(self.commit)
+        return True
+
+    def commit(self) -> None:
+        """Write and sync every queue noted since the last commit, then publish and
+        answer; one that fails has answered its own waiters (``sync_round``)."""
+        with self._lock:
+            batch = list(self._dirty)
+            self._dirty.clear()
+            self._scheduled = False
+        observe = self._syncer.observe
+        for target in batch:
+            try:
+                observe(target.sync_round())
+            except Exception:
+                log.exception("sync round failed")
+        self.commits += 1
+
+    def close(self) -> None:
+        """Stop committing on this thread; commit what is noted (from whichever thread
+        closes) so no write is left waiting."""
+        self._closed = True
+        local = self._syncer._local
+        if getattr(local, "inline", None) is self:
+            del local.inline
+        self.commit()
