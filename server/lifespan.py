@@ -94,6 +94,7 @@ def _start_shm(engine: Engine, settings: Settings) -> Any:
             max_clients=settings.shm_max_clients,
             spin_us=settings.shm_spin_us,
             max_wait_ms=settings.max_wait_ms,
+            inline_commit=settings.inline_commit,
         ).start()
     except (ShmError, OSError) as exc:
         logger.warning("shared memory not served (HTTP only): %s", exc)
@@ -126,9 +127,9 @@ def commit_on_loop(
     engine: Engine, settings: Settings, loop: asyncio.AbstractEventLoop
 ) -> InlineCommits | None:
     """The loop commits the writes it serves itself, once per turn (``storage/syncer.py``),
-    when the engine syncs every write and ``commit_on_loop`` is on."""
+    when the engine syncs every write and ``inline_commit`` is on."""
     syncer = engine.syncer
-    if not settings.commit_on_loop or syncer is None or syncer.mode != "always":
+    if not settings.inline_commit or syncer is None or syncer.mode != "always":
         return None
     return syncer.commit_inline(loop.call_soon)
 

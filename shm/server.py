@@ -8,7 +8,10 @@ Owns the sessions' life cycle (``docs/shm.md``, "Attach" and "Command ring"). In
     out of its session thread or reach the engine unchecked (``shm/command_handler.py``);
   - commands of one ring are answered in ring order; a session waits for its own durable
     writes only, so one client's fsync never holds up another's ring;
-  - idle costs nothing: session threads park on a futex, the control thread in ``select``.
+  - idle costs nothing: session threads park on a futex, the control thread in ``select``;
+  - with ``fsync=always`` a session commits its own writes (``Syncer.commit_inline``): it
+    starts every command of a burst, then runs one group commit for them before it
+    parks or waits for an answer, rather than waking the syncer thread per burst.
 
 The HTTP lifespan (``server/lifespan.py``) builds it from the typed settings:
 ``ShmServer(engine, data_dir, http_url=..., max_clients=..., spin_us=...).start()`` and
@@ -53,6 +56,7 @@ from dq.shm.command_ring import (
     ring_size,
 )
 from dq.shm.errors import ShmError
+from dq.storage.syncer import InlineCommits
 from dq.storage.types import check_queue_name
 
 __all__ = ["ShmServer"]
@@ -65,6 +69,10 @@ IDLE_PARK_S = 2.0  # a safety net: stopping a session futex-wakes it (a wake can
 POLL_MIN_S = 0.0005  # clients that do not futex-wake are polled, backing off to POLL_MAX_S
 POLL_MAX_S = 0.02
 STOP_POLL_S = 0.2  # how soon a session waiting for answers notices it is stopping
+
+
+def _commit_after_burst(commit: object) -> None:
+    """A session commits after each burst of commands anyway: nothing to schedule."""
 
 
 class _Refused(ShmError):
@@ -105,6 +113,8 @@ class Session:
         self._next = 0  # the next slot to read; ``tail`` trails it while answers are due
         self._parts: list[Command] = []  # PARTs read, waiting for their command
         self._closed = False
+        #: this thread's own group commits, when it runs them (``_commit_here``)
+        self._inline: InlineCommits | None = None
 
     def stop(self) -> None:
         self.stopping.set()
@@ -118,6 +128,7 @@ class Session:
         try:
             handler = self._handshake()
             self.server._watch(self)
+            self._commit_here()
             self._serve(handler)
         except _Refused as exc:
             log.info("shm client %d refused: %s", self.number, exc.message)
@@ -168,6 +179,18 @@ class Session:
         sock.settimeout(None)
         return CommandHandler(self.server.engine, queue, self.stopping, self.server.max_wait_ms)
 
+    def _commit_here(self) -> None:
+        """Run the group commits of this session's writes on its own thread, after each
+        burst, when the engine syncs every write (``storage/syncer.py``)."""
+        syncer = getattr(self.server.engine, "syncer", None)
+        if self.server.inline_commit and syncer is not None and syncer.mode == "always":
+            self._inline = syncer.commit_inline(_commit_after_burst)
+
+    def _commit(self) -> None:
+        """Write and sync what this session's commands wrote (nothing if none)."""
+        if self._inline is not None:
+            self._inline.commit()
+
     def _serve(self, handler: CommandHandler) -> None:
         ring = self.ring
         assert ring is not None
@@ -181,6 +204,7 @@ class Session:
                 continue
             poll_s = POLL_MIN_S
             self._process(ring, handler, head)
+            self._commit()
 
     def _process(self, ring: ServerRing, handler: CommandHandler, head: int) -> None:
         """Take every command in [next, head): durable ops are started together (they
@@ -287,6 +311,7 @@ class Session:
 
     def _wait_answered(self) -> bool:
         """Wait until every started command is answered; False if the session stops."""
+        self._commit()  # the started writes may be this thread's to commit
         with self._answers:
             while self._pending:
                 if self.stopping.is_set():
@@ -296,6 +321,8 @@ class Session:
 
     def _cleanup(self) -> None:
         self.stopping.set()
+        if self._inline is not None:  # what was started still becomes durable, or fails
+            self._inline.close()
         with self._answers:
             self._closed = True  # answers still due are dropped: the client is gone
         if self.ring is not None:
@@ -322,9 +349,12 @@ class ShmServer:
         max_clients: int = 256,
         spin_us: float = DEFAULT_SPIN_US,
         max_wait_ms: int = 20_000,
+        inline_commit: bool = True,
     ) -> None:
         self.engine = engine
         self.max_wait_ms = max_wait_ms
+        #: sessions run the group commits of their own writes (``storage/syncer.py``)
+        self.inline_commit = inline_commit
         self.data_dir = Path(data_dir)
         self.http_url = http_url
         self.max_clients = max_clients

@@ -192,6 +192,9 @@ class InlineCommits:
         """Write and sync every queue noted since the last commit, then publish and
         answer; one that fails has answered its own waiters (``sync_round``)."""
         with self._lock:
+            if not self._dirty:
+                self._scheduled = False
+                return
             batch = list(self._dirty)
             self._dirty.clear()
             self._scheduled = False
