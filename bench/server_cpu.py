@@ -25,6 +25,10 @@ thread) and prints, per phase, the loop thread's µs per request in parsing and
 dispatch, durable answers, answer writes and the engine's calls. The probes cost a few
 µs a call, so take the whole-process figures from a run without ``--split``.
 
+``--batch N`` sends N items per request instead (enqueue N items, dequeue ``count: N``,
+release N deliveries, and the combined request with N of each) and prints µs per item
+as well: what a batch of 100 costs the server item by item.
+
 ``DQ_FAST_PATH=0`` in the environment measures the FastAPI routes instead of the fast
 path; ``--command`` runs another server command line (e.g. an older checkout's).
 """
@@ -104,13 +108,20 @@ def _post(conn: http.client.HTTPConnection, path: str, body: bytes) -> Any:
 
 
 def _worker(
-    port: int, phase: str, queue: str, n: int, barrier: Any, out: Any, receipts: list[Any]
+    port: int,
+    phase: str,
+    queue: str,
+    n: int,
+    barrier: Any,
+    out: Any,
+    receipts: list[Any],
+    batch: int = 1,
 ) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port)
     conn.connect()
     base = f"/v1/queues/{queue}"
-    enqueue = json.dumps({"items": [{"value": VALUE}]}).encode()
-    one = json.dumps({"count": 1}).encode()
+    enqueue = json.dumps({"items": [{"value": VALUE}] * batch}).encode()
+    one = json.dumps({"count": batch}).encode()
     barrier.wait()
     got: list[Any] = []
     if phase == "enqueue":
@@ -120,13 +131,13 @@ def _worker(
         for _ in range(n):
             got += [(i["id"], i["receipt"]) for i in _post(conn, base + "/dequeue", one)["items"]]
     elif phase == "release":
-        for item_id, receipt in receipts:
-            body = json.dumps({"items": [{"id": item_id, "receipt": receipt}]}).encode()
-            _post(conn, base + "/release", body)
+        for at in range(0, len(receipts), batch):
+            chunk = [{"id": i, "receipt": r} for i, r in receipts[at : at + batch]]
+            _post(conn, base + "/release", json.dumps({"items": chunk}).encode())
     else:  # dequeue+release
         previous: list[dict[str, Any]] = []
         for _ in range(n):
-            body = json.dumps({"count": 1, "release": previous}).encode()
+            body = json.dumps({"count": batch, "release": previous}).encode()
             items = _post(conn, base + "/dequeue", body)["items"]
             previous = [{"id": i["id"], "receipt": i["receipt"]} for i in items]
         if previous:
@@ -145,13 +156,17 @@ def run_phase(
     clients: int,
     receipts: list[Any],
     split: Split | None = None,
+    batch: int = 1,
 ) -> tuple[float, list[Any]]:
     """CPU µs per request of one phase, and the receipts it collected."""
     barrier = mp.Barrier(clients + 1)
     out: Any = mp.Queue()
     share = [receipts[k::clients] for k in range(clients)]
     procs = [
-        mp.Process(target=_worker, args=(port, phase, queue, n // clients, barrier, out, share[k]))
+        mp.Process(
+            target=_worker,
+            args=(port, phase, queue, n // clients, barrier, out, share[k], batch),
+        )
         for k in range(clients)
     ]
     for p in procs:
@@ -169,9 +184,20 @@ def run_phase(
         got += out.get(timeout=60)
     for p in procs:
         p.join(30)
-    requests = len(receipts) if phase == "release" else (n // clients) * clients
+    if phase == "release":
+        requests = sum(-(-len(part) // batch) for part in share)
+        items = len(receipts)
+    else:
+        requests = (n // clients) * clients
+        items = len(got) if phase == "dequeue" else requests * batch
+    per_item = (
+        f"{(c1 - c0) / max(items, 1) * 1e6:6.1f} µs CPU/item "
+        f"({(l1 - l0) / max(items, 1) * 1e6:.1f} on the loop, {items} items), "
+        if batch > 1
+        else ""
+    )
     print(
-        f"{phase:>16}: {(c1 - c0) / requests * 1e6:7.1f} µs CPU/request, "
+        f"{phase:>16}: {per_item}{(c1 - c0) / requests * 1e6:7.1f} µs CPU/request, "
         f"{(l1 - l0) / requests * 1e6:6.1f} of it on the event loop thread "
         f"({requests} requests, {requests / (t1 - t0):6.0f} req/s, {clients} clients, "
         f"{(x1 - x0) / requests:.1f} loop-thread context switches a request)",
@@ -216,6 +242,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=3000, help="per phase")
     ap.add_argument("--clients", type=int, default=4, help="client processes")
     ap.add_argument("--fsync", default="always")
+    ap.add_argument("--batch", type=int, default=1, help="items per request")
     ap.add_argument("--command", help="server command line; {port} and {data} are filled in")
     ap.add_argument("--pid", type=int, help="measure a running server (with --port)")
     ap.add_argument("--port", type=int)
@@ -260,14 +287,14 @@ def main() -> int:
             f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} CPUs",
             flush=True,
         )
-        n, c = args.requests, args.clients
-        run_phase(pid, port, "enqueue", "cpu", n, c, [], split)  # creates the queue, warms up
-        run_phase(pid, port, "enqueue", "cpu", n, c, [], split)
-        _, got = run_phase(pid, port, "dequeue", "cpu", n, c, [], split)
-        run_phase(pid, port, "release", "cpu", n, c, got, split)
+        n, c, b = args.requests, args.clients, args.batch
+        run_phase(pid, port, "enqueue", "cpu", n, c, [], split, b)  # creates the queue, warms up
+        run_phase(pid, port, "enqueue", "cpu", n, c, [], split, b)
+        _, got = run_phase(pid, port, "dequeue", "cpu", n, c, [], split, b)
+        run_phase(pid, port, "release", "cpu", n, c, got, split, b)
         if not args.no_combined:
-            _fill(port, "cpu", n + c)
-            run_phase(pid, port, "dequeue+release", "cpu", n, c, [], split)
+            _fill(port, "cpu", (n + c) * b)
+            run_phase(pid, port, "dequeue+release", "cpu", n, c, [], split, b)
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     finally:
         if proc is not None:
