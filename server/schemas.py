@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from dataclasses import fields
 from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator, with_config
@@ -154,10 +155,33 @@ class InvalidItem(ValueError):
         return [{"loc": loc, "msg": self.reason, "type": "value_error"}]
 
 
+#: ``NewItem`` is a frozen dataclass: its ``__init__`` sets each field through
+#: ``object.__setattr__``, ~3x what writing its four slots directly costs, once per item
+#: of every enqueue. ``_new_item`` writes the slots (the same object, compared equal and
+#: hashed alike); the assertion keeps it in step with the fields.
+assert [f.name for f in fields(NewItem)] == ["value", "deadline", "delay_ms", "key"]
+_make = object.__new__
+_slots = NewItem.__dict__  # the slots' member descriptors
+_set_value = _slots["value"].__set__
+_set_deadline = _slots["deadline"].__set__
+_set_delay = _slots["delay_ms"].__set__
+_set_key = _slots["key"].__set__
+
+
+def _new_item(value: bytes, deadline: int | None, delay_ms: int | None, key: str | None) -> NewItem:
+    item: NewItem = _make(NewItem)
+    _set_value(item, value)
+    _set_deadline(item, deadline)
+    _set_delay(item, delay_ms)
+    _set_key(item, key)
+    return item
+
+
 def to_new_items(items: list[NewItemIn]) -> list[NewItem]:
     """Decode values and check ``deadline``/``delay_ms`` in one tight loop."""
     out: list[NewItem] = []
     append = out.append
+    new_item = _new_item
     for n, i in enumerate(items):
         deadline, delay = i.get("deadline"), i.get("delay_ms")
         if deadline is not None and delay is not None:
@@ -172,7 +196,7 @@ def to_new_items(items: list[NewItemIn]) -> list[NewItem]:
             raise InvalidItem(n, "value is not valid UTF-8 text; send it as base64") from None
         except ValueError as exc:  # bad base64: decode_value says how
             raise InvalidItem(n, str(exc)) from None
-        append(NewItem(data, deadline, delay, i.get("key")))
+        append(new_item(data, deadline, delay, i.get("key")))
     return out
 
 

@@ -102,7 +102,8 @@ class EventPublisher:
         self._thread = threading.Thread(target=self._run, name="dq-broadcast", daemon=True)
 
     def start(self) -> EventPublisher:
-        self._unsubscribe = self.engine.on_event(self._on_event)
+        # while nobody reads the ring the engine builds no event for it
+        self._unsubscribe = self.engine.on_event(self._on_event, wanted=self.writer.has_readers)
         self._thread.start()
         return self
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from dq.shm.telemetry_ring import TelemetryRing
-from dq.storage.events import Event
 
 __all__ = ["MSG_WORDS", "QueueFigures", "TelemetryPublisher", "decode", "encode", "latest"]
 
@@ -104,7 +103,7 @@ class TelemetryPublisher:
         self._thread = threading.Thread(target=self._run, name="dq-telemetry", daemon=True)
 
     def start(self) -> TelemetryPublisher:
-        self._unsubscribe = self.engine.on_event(self._on_event)
+        self._unsubscribe = self.engine.on_count(self._on_count)
         self._thread.start()
         return self
 
@@ -114,9 +113,9 @@ class TelemetryPublisher:
         self._stop.set()
         self._thread.join(timeout_s)
 
-    def _on_event(self, event: Event) -> None:
+    def _on_count(self, queue: str, kind: str, items: int) -> None:
         with self._counts_lock:  # engine threads add keys while a snapshot copies
-            self._counts[(event.queue, event.kind)] += max(1, len(event.ids))
+            self._counts[(queue, kind)] += max(1, items)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

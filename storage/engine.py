@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from dq.storage import fileio
-from dq.storage.codec import decode_stats, key_id
+from dq.storage.codec import MAX_DEADLINE, decode_stats, key_id
 from dq.storage.compactor import Compactor
 from dq.storage.config import EngineConfig
 from dq.storage.errors import (
@@ -69,6 +69,7 @@ from dq.storage.types import (
     check_queue_name,
 )
 from dq.storage.validation import check_lease_ms, resolve_deadline
+from dq.storage.write_future import resolved
 
 __all__ = ["Engine", "EngineConfig"]
 
@@ -141,7 +142,10 @@ class Engine(Operations, ReplicaEngine):
         )
         self.compactor = Compactor(config.compaction)
         self.merge_policy = MergePolicy()
-        self._listeners: list[Callable[[Event], None]] = []
+        #: (callback, wanted): ``wanted()`` False skips the callback and, when no one
+        #: wants it, building the event at all
+        self._listeners: list[tuple[Callable[[Event], None], Callable[[], bool] | None]] = []
+        self._counters: list[Callable[[str, str, int], None]] = []
         self.closed = False
         self._init_replica()
         self._stop_maintenance = threading.Event()
@@ -373,20 +377,21 @@ class Engine(Operations, ReplicaEngine):
         if n > self.config.max_batch:
             raise BatchTooLarge(f"at most {self.config.max_batch} items per batch", count=n)
 
-    def _keys(self, items: Sequence[NewItem]) -> list[str | None] | None:
-        """The items' idempotency keys (validated), or None if no item has one."""
-        if all(getattr(i, "key", None) is None for i in items):
-            return None
-        for n, item in enumerate(items):
-            if item.key is not None:
-                check_key(item.key, n)
-        return [i.key for i in items]
-
-    def _prepare(self, items: Sequence[NewItem]) -> list[tuple[int, bytes]]:
+    def _prepare(
+        self, items: Sequence[NewItem], now: int
+    ) -> tuple[list[tuple[int, bytes]], list[str | None] | None]:
+        """The batch's (deadline, value) pairs and its idempotency keys (None when no
+        item has one), all validated: the size of the batch, then each item's value and
+        deadline in order, then the keys — so bad input is refused before anything is
+        written, and the first error found is the same whichever way the batch is sent."""
         self._check_batch(len(items))
-        now = self.now()
         limit = self.config.max_value_bytes
-        out = []
+        # an item without deadline or delay is due now: ``resolve_deadline``'s answer,
+        # without a call per item when the clock reads a valid deadline
+        now_ok = type(now) is int and 0 <= now <= MAX_DEADLINE
+        out: list[tuple[int, bytes]] = []
+        append = out.append
+        keyed = False
         for i, item in enumerate(items):
             value = item.value
             if not isinstance(value, bytes | bytearray | memoryview):
@@ -395,20 +400,29 @@ class Engine(Operations, ReplicaEngine):
                 raise ValueTooLarge(
                     f"value is {len(value)} bytes; the limit is {limit}", index=i, limit=limit
                 )
-            out.append((resolve_deadline(item.deadline, item.delay_ms, now), bytes(value)))
-        return out
+            deadline, delay_ms = item.deadline, item.delay_ms
+            if deadline is None and delay_ms is None and now_ok:
+                append((now, bytes(value)))
+            else:
+                append((resolve_deadline(deadline, delay_ms, now), bytes(value)))
+            if not keyed and getattr(item, "key", None) is not None:
+                keyed = True
+        if not keyed:
+            return out, None
+        for n, item in enumerate(items):
+            if item.key is not None:
+                check_key(item.key, n)
+        return out, [i.key for i in items]
 
     # ------------------------------------------------------------------ operations
 
     def enqueue_nowait(self, name: str, items: Sequence[NewItem]) -> Future[list[Enqueued]]:
         """Enqueue a batch; never blocks. The future resolves when the batch is durable."""
-        prepared = self._prepare(items)
-        keys = self._keys(items)
+        now = self.now()
+        prepared, keys = self._prepare(items, now)
         if not prepared:
-            done: Future[list[Enqueued]] = Future()
-            done.set_result([])
-            return done
-        return self._queue_for_write(name).enqueue(prepared, keys=keys)
+            return resolved([])
+        return self._queue_for_write(name).enqueue(prepared, keys=keys, now=now)
 
     def enqueue(
         self, name: str, items: Sequence[NewItem], timeout: float | None = None
@@ -466,17 +480,42 @@ class Engine(Operations, ReplicaEngine):
         q.watchers.append(callback)
         return _remover(q.watchers, callback)
 
-    def on_event(self, callback: Callable[[Event], None]) -> Callable[[], None]:
-        """Subscribe to engine events (enqueued, released, lease_expired, ...)."""
-        self._listeners.append(callback)
-        return _remover(self._listeners, callback)
+    def on_event(
+        self, callback: Callable[[Event], None], *, wanted: Callable[[], bool] | None = None
+    ) -> Callable[[], None]:
+        """Subscribe to engine events (enqueued, released, lease_expired, ...).
 
-    def emit(self, kind: str, queue: str, ids: list[int]) -> None:
+        ``wanted``: asked before each event; while it answers False the callback is
+        skipped (a publisher with no subscribers), and an event nobody wants is never
+        built — an ``Event`` per write costs the writer's thread several µs."""
+        entry = (callback, wanted)
+        self._listeners.append(entry)
+        return _remover(self._listeners, entry)
+
+    def on_count(self, callback: Callable[[str, str, int], None]) -> Callable[[], None]:
+        """Subscribe to ``callback(queue, kind, items)`` for every event: for counters,
+        which need neither the ids nor an ``Event``."""
+        self._counters.append(callback)
+        return _remover(self._counters, callback)
+
+    def emit(self, kind: str, queue: str, ids: Sequence[int]) -> None:
+        """Tell listeners; ``ids`` may be any sequence (a ``range`` for a batch)."""
+        if self._counters:
+            n = len(ids)
+            for count in list(self._counters):
+                try:
+                    count(queue, kind, n)
+                except Exception:
+                    log.exception("event counter failed")
         if not self._listeners:
             return
-        event = Event(kind, queue, tuple(ids), self.now())
-        for cb in list(self._listeners):
+        event = None
+        for cb, wanted in list(self._listeners):
             try:
+                if wanted is not None and not wanted():
+                    continue
+                if event is None:
+                    event = Event(kind, queue, tuple(ids), self.now())
                 cb(event)
             except Exception:
                 log.exception("event listener failed")

@@ -68,6 +68,10 @@ class MemSegment:
         """
         self.tombstone_count += 1
 
+    def add_tombstones_behind(self, n: int) -> None:
+        """``add_tombstone_behind`` of ``n`` tombstones at once."""
+        self.tombstone_count += n
+
     def add(self, key: bytes, stats: bytes | None, value: bytes | None) -> None:
         entries = self.entries
         if key in entries:
@@ -84,6 +88,24 @@ class MemSegment:
             self.bytes += ENTRY_MEMORY + len(value)
         self.keys.add(key)
         self._version += 1
+
+    def add_pending(self, entries: list[tuple[bytes, bytes]], stats: bytes) -> None:
+        """``add`` of a written batch's pending entries (key, value), all with ``stats``:
+        one call for the batch on the path that publishes every write."""
+        known = self.entries
+        add_key = self.keys.add
+        added = size = 0
+        for key, value in entries:
+            if key in known:
+                continue  # replaying the same record twice is harmless
+            known[key] = (stats, value)
+            add_key(key)
+            added += 1
+            size += len(value)
+        if added:
+            self.pending_count += added
+            self.bytes += ENTRY_MEMORY * added + size
+            self._version += 1
 
     def next_after(self, after: bytes) -> bytes | None:
         if self._seen == self._version and after == self._after:

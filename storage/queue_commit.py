@@ -29,6 +29,7 @@ from dq.storage.errors import ReplicationStalled, ReplicationTimeout, StorageErr
 from dq.storage.futures import settle
 from dq.storage.queue_core import QueueCore
 from dq.storage.wal import WalWriter, record_body
+from dq.storage.write_future import WriteFuture
 
 if TYPE_CHECKING:
     from dq.storage.queue import Queue
@@ -114,12 +115,11 @@ class CommitMixin(QueueCore):
                 "the write was refused before anything was written: retry later",
                 queue=self.name,
             )
-        fut: Future[Any] = Future()
+        fut: Future[Any] = WriteFuture()
         wal = self.wal
         seq = wal.append(payload, meta)
         self.last_write = now = time.monotonic()
         mode = self.engine.config.fsync
-        answers: list[Answer] = []
         lsn = 0
         deadline = 0.0
         if sink is not None:  # a leader: the followers get the record as appended
@@ -150,8 +150,7 @@ class CommitMixin(QueueCore):
             if mode == "interval" and self.engine.syncer is not None:
                 self.engine.syncer.mark_dirty(self)
         if self.fill() >= self.engine.config.memseg_bytes:
-            answers = self._request_rotation()
-        answer(answers)
+            answer(self._request_rotation())
         return fut
 
     def _complete(self: Queue, wal: WalWriter, seq: int) -> list[Answer]:

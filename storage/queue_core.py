@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from dq.storage.compactor import Compactor
@@ -49,7 +49,7 @@ class QueueHost(Protocol):
     #: the highest lsn the sync set holds (``docs/replication.md``)
     commit_lsn: int
 
-    def emit(self, kind: str, queue: str, ids: list[int]) -> None: ...
+    def emit(self, kind: str, queue: str, ids: Sequence[int]) -> None: ...
 
     def merge_policy_hook(self, q: Queue) -> None: ...
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from dq.storage.codec import PENDING_HEADER, encode_stats, tombstone_of
+from dq.storage.codec import PENDING_HEADER, encode_key, encode_stats, tombstone_of
 from dq.storage.dedup import enqueue_keyed
 from dq.storage.errors import ReplicationStalled, StorageError, WriteStall
 from dq.storage.itemmeta import encode_origin_entry
@@ -26,6 +26,7 @@ from dq.storage.leases import Lease
 from dq.storage.queue_core import QueueCore
 from dq.storage.types import Enqueued, Extend, ItemOutcome, Release, Requeue
 from dq.storage.validation import check_lease_ms, resolve_deadline
+from dq.storage.write_future import resolved
 
 if TYPE_CHECKING:
     from dq.storage.queue import Queue
@@ -46,15 +47,19 @@ class ItemsMixin(QueueCore):
         stats: tuple[int, int, int] | None = None,
         keys: Sequence[str | None] | None = None,
         origin: str | None = None,
+        now: int | None = None,
     ) -> Future[list[Enqueued]]:
         """Enqueue (deadline, value) pairs, already validated. ``stats`` for dead letters
         and redrives; ``keys`` (idempotency) and ``origin`` (the queue a dead letter came
-        from) travel in the same log record as the items (``storage/itemmeta.py``)."""
-        now = self.engine.now()
+        from) travel in the same log record as the items (``storage/itemmeta.py``);
+        ``now``: the engine's clock as the caller read it (read here if not given)."""
+        if now is None:
+            now = self.engine.now()
         st = encode_stats(*stats) if stats is not None else encode_stats(now, 0, 0)
         pack = PENDING_HEADER.pack
         with self.lock:
-            self._check_open()
+            if self.failed is not None or self.closed:
+                self._check_open()
             if self.stalled():
                 self._retry_rotation()
                 raise WriteStall("writes are stalled while segment files are written; retry")
@@ -62,28 +67,31 @@ class ItemsMixin(QueueCore):
             if keys is not None and window > 0 and any(k is not None for k in keys):
                 return enqueue_keyed(self, prepared, st, keys, now, window)
             first = self.next_id
-            self.next_id += len(prepared)
+            n = len(prepared)
+            self.next_id += n
             parts: list[bytes] = []
             keyed: list[tuple[bytes, bytes]] = []
             results: list[Enqueued] = []
             meta: list[bytes] = []
-            for i, (deadline, value) in enumerate(prepared):
-                deadline, key = self._place(deadline, first + i)
-                parts.append(pack(key, st, len(value)))
-                parts.append(value)
+            cursor = self.cursor
+            item_id = first
+            for deadline, value in prepared:
+                key = encode_key(deadline, item_id)
+                if key <= cursor:  # placed after the cursor (``Queue._place``)
+                    deadline, key = self._place(deadline, item_id)
+                parts += (pack(key, st, len(value)), value)
                 keyed.append((key, value))
-                results.append(Enqueued(first + i, deadline))
+                results.append(Enqueued(item_id, deadline))
                 if origin is not None:
-                    meta.append(encode_origin_entry(first + i, origin))
-                    self.meta.origins[first + i] = origin
-            self.rates.add("enqueue", len(prepared), now)
-            token = self._hold(min(k for k, _ in keyed))
+                    meta.append(encode_origin_entry(item_id, origin))
+                    self.meta.origins[item_id] = origin
+                item_id += 1
+            self.rates.add("enqueue", n, now)
+            token = self._hold(keyed[0][0] if n == 1 else min(keyed)[0])
             mem = self.memseg
 
             def publish() -> None:
-                add = mem.add
-                for key, value in keyed:
-                    add(key, st, value)
+                mem.add_pending(keyed, st)
                 del self._unpublished[token]
                 self._notify()
 
@@ -91,7 +99,7 @@ class ItemsMixin(QueueCore):
                 self._unpublished.pop(token, None)
 
             fut = self._submit(b"".join(parts), publish, results, rollback, b"".join(meta))
-        self.engine.emit("enqueued", self.name, [r.id for r in results])
+        self.engine.emit("enqueued", self.name, range(first, first + n))
         return fut
 
     def _requeue_locked(
@@ -170,12 +178,11 @@ class ItemsMixin(QueueCore):
                 taken.append((r.id, lease))
                 outcomes.append(ItemOutcome(r.id))
             if not taken:
-                done: Future[list[ItemOutcome]] = Future()
-                done.set_result(outcomes)
-                return done
-            keys = [lease.key for _, lease in taken]
+                return resolved(outcomes)
             self.rates.add("release", len(taken), now)
-            fut = self.tombstone_keys(keys, outcomes, self._restore(taken))
+            fut = self._write_tombstones(
+                [tombstone_of(lease.key) for _, lease in taken], outcomes, self._restore(taken)
+            )
         self.engine.emit("released", self.name, [i for i, _ in taken])
         return fut
 
@@ -206,9 +213,7 @@ class ItemsMixin(QueueCore):
                 results.get(i, ItemOutcome(i, "item_not_found", "value not found")) for i in order
             ]
             if built is None:
-                done: Future[list[ItemOutcome]] = Future()
-                done.set_result(outcomes)
-                return done
+                return resolved(outcomes)
             fut = self._write_moves(built, outcomes, self._restore(taken))
         self.engine.emit("requeued", self.name, [o.id for o in moved])
         return fut
@@ -270,11 +275,15 @@ class ItemsMixin(QueueCore):
         """Cancel delivered pending entries (a release, or a move to a dead-letter queue)."""
         with self.lock:
             self._check_open()
-            tombs = [tombstone_of(k) for k in keys]
-            mem = self.memseg
+            return self._write_tombstones([tombstone_of(k) for k in keys], result, rollback)
 
-            def publish() -> None:
-                for t in tombs:
-                    mem.add_tombstone_behind(t)
+    def _write_tombstones(
+        self: Queue, tombs: list[bytes], result: Any, rollback: Callable[[], None] | None
+    ) -> Future[Any]:
+        """Append the record of ``tombs`` (under the lock, the queue checked open)."""
+        mem = self.memseg
 
-            return self._submit(b"".join(tombs), publish, result, rollback)
+        def publish() -> None:
+            mem.add_tombstones_behind(len(tombs))
+
+        return self._submit(b"".join(tombs), publish, result, rollback)

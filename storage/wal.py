@@ -84,9 +84,18 @@ def split_meta(body: bytes) -> tuple[bytes, bytes]:
     return body[_META_LENGTH.size : _META_LENGTH.size + n], body[_META_LENGTH.size + n :]
 
 
+#: crc32 of each record type's byte: where a record's checksum starts
+_KIND_CRC = {kind: zlib.crc32(bytes((kind,))) for kind in _RECORD_KINDS}
+
+
+def frame_header(payload: bytes, kind: int = RECORD_ENTRIES) -> bytes:
+    """The 9-byte header that frames ``payload`` as a record of type ``kind``."""
+    crc = zlib.crc32(payload, _KIND_CRC[kind])
+    return RECORD_HEADER.pack(len(payload), crc, kind)
+
+
 def frame_record(payload: bytes, kind: int = RECORD_ENTRIES) -> bytes:
-    crc = zlib.crc32(payload, zlib.crc32(bytes((kind,))))
-    return RECORD_HEADER.pack(len(payload), crc, kind) + payload
+    return frame_header(payload, kind) + payload
 
 
 @dataclass
@@ -265,10 +274,14 @@ class WalWriter:
 
     def append(self, payload: bytes, meta: bytes = b"") -> int:
         """Frame one record (with item metadata if ``meta``); returns its sequence number."""
-        kind, body = record_body(payload, meta)
-        record = frame_record(body, kind)
-        self._buffer += record
-        self.size += len(record)
+        if meta:
+            kind, body = record_body(payload, meta)
+        else:
+            kind, body = RECORD_ENTRIES, payload
+        buffer = self._buffer
+        buffer += frame_header(body, kind)  # header and body appended apart: no copy of both
+        buffer += body
+        self.size += RECORD_HEADER.size + len(body)
         self.appended_seq += 1
         return self.appended_seq
 

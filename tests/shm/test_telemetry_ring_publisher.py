@@ -31,7 +31,7 @@ def test_snapshots_carry_the_engine_figures(tmp_path: Path) -> None:
     with Engine.open(tmp_path, EngineConfig(fsync="always")) as eng:
         buf = ring()
         pub = TelemetryPublisher(eng, buf, interval_s=60)
-        unsubscribe = eng.on_event(pub._on_event)
+        unsubscribe = eng.on_count(pub._on_count)
         try:
             eng.enqueue("big", [NewItem(b"x") for _ in range(5)])
             eng.enqueue("small", [NewItem(b"y", delay_ms=60_000)])

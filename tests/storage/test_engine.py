@@ -9,10 +9,12 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dq.storage import Engine, EngineConfig, Extend, NewItem, QueueConfig, Release, Requeue
+from dq.storage import engine as engine_module
 from dq.storage.errors import (
     BatchTooLarge,
     ConfigConflict,
@@ -242,6 +244,43 @@ def test_events(open_engine: Callable[..., Engine]) -> None:
     ]
     assert e.list_queues() == []
     assert not (Path(e.root) / "queues" / "q").exists()
+
+
+def test_counters_and_unwanted_events(
+    open_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A counter hears every event as (queue, kind, items); a listener whose ``wanted``
+    says no is skipped, and while nobody wants an event none is built."""
+    e = open_engine()
+    counted: list[tuple[str, str, int]] = []
+    seen: list[tuple[str, tuple[int, ...]]] = []
+    asked: list[bool] = []
+    reading = False
+
+    def wanted() -> bool:
+        asked.append(reading)
+        return reading
+
+    stop_count = e.on_count(lambda q, kind, n: counted.append((q, kind, n)))
+    e.on_event(lambda ev: seen.append((ev.kind, ev.ids)), wanted=wanted)
+    built: list[object] = []
+    real_event = engine_module.Event
+
+    def counting_event(*args: Any) -> Any:
+        built.append(args)
+        return real_event(*args)
+
+    monkeypatch.setattr(engine_module, "Event", counting_event)
+    first = e.enqueue("q", [NewItem(b"a"), NewItem(b"b")])
+    assert built == [] and seen == [] and len(asked) == 2  # queue_created, enqueued
+    reading = True
+    later = e.enqueue("q", [NewItem(b"c"), NewItem(b"d"), NewItem(b"e")])
+    assert seen == [("enqueued", tuple(x.id for x in later))] and len(built) == 1
+    assert counted == [("q", "queue_created", 0), ("q", "enqueued", 2), ("q", "enqueued", 3)]
+    assert [x.id for x in later] == [first[-1].id + 1, first[-1].id + 2, first[-1].id + 3]
+    stop_count()
+    e.enqueue("q", [NewItem(b"f")])
+    assert len(counted) == 3
 
 
 def test_ids_are_never_reused_after_everything_is_merged_away(
