@@ -66,6 +66,10 @@ class AsyncClient:
     ) -> int:
         """Enqueue one item; returns its id once it is durable. With ``key``, a repeat
         within the queue's dedup window returns the first item's id (safe to retry)."""
+        enqueue_one = getattr(self.transport, "enqueue_one", None)
+        if enqueue_one is not None:  # the HTTP transport's shortcut for one item
+            item_id: int = await enqueue_one(queue, value, deadline, delay_ms, key)
+            return item_id
         item = as_new_item(value, deadline, delay_ms, key)
         done = await self.transport.enqueue(queue, [item])
         return done[0].id
@@ -90,6 +94,12 @@ class AsyncClient:
         )
 
     async def release(self, queue: str, id: int, receipt: str) -> None:
+        release_one = getattr(self.transport, "release_one", None)
+        if release_one is not None:  # the HTTP transport's shortcut for one item
+            failed = await release_one(queue, id, receipt)
+            if failed is not None:
+                check_outcome(failed, queue)
+            return
         check_outcome((await self.transport.release(queue, [Release(id, receipt)]))[0], queue)
 
     async def release_many(self, queue: str, items: Iterable[Item | Release]) -> list[Outcome]:

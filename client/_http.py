@@ -37,6 +37,7 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from dq.client import _wire
+from dq.client._common import as_new_item
 from dq.client._connection import AsyncConnection, Connection, Lost, NotSent, Response
 from dq.client._routing import DEFAULT_FAILOVER_S, Cluster, Endpoint, Walk, split_urls
 from dq.client.errors import ClientError, NotLeaderError, TransportError
@@ -294,8 +295,33 @@ class _Base:
     @staticmethod
     def _enqueue(queue: str, items: Sequence[NewItem]) -> Call:
         keyed = bool(items) and all(i.key is not None for i in items)
-        body = _wire.enqueue_body(items)
+        body: Any = _wire.enqueue_json(items)
+        if body is None:
+            body = _wire.enqueue_body(items)
         return Call("POST", queue_path(queue) + "/items", body, idempotent=keyed, queue=queue)
+
+    @staticmethod
+    def _enqueue_one(
+        queue: str, value: bytes | str, deadline: Any, delay_ms: Any, key: Any
+    ) -> Call | None:
+        """A one-item enqueue's call straight from ``Client.enqueue``'s arguments (no
+        ``NewItem`` in between); ``None`` when they need ``as_new_item``'s handling."""
+        if type(value) is str:
+            value = value.encode("utf-8")
+        body = _wire.enqueue_one_json(value, deadline, delay_ms, key)  # type: ignore[arg-type]
+        if body is None:
+            return None
+        path = queue_path(queue) + "/items"
+        return Call("POST", path, body, idempotent=key is not None, queue=queue)
+
+    @staticmethod
+    def _release_one(queue: str, item_id: int, receipt: str) -> Call | None:
+        body = _wire.release_one_json(item_id, receipt)
+        return (
+            None
+            if body is None
+            else Call("POST", queue_path(queue) + "/release", body, queue=queue)
+        )
 
     @staticmethod
     def _pause(queue: str, resume: bool) -> Call:
@@ -337,13 +363,18 @@ class _Base:
         wait_ms: int,
         release: Sequence[Release],
     ) -> Call:
-        body: dict[str, Any] = {"count": count, "wait_ms": wait_ms}
-        if lease_ms is not None:
-            body["lease_ms"] = lease_ms
-        if release:
-            body["release"] = _wire.release_body(release)["items"]
+        body: Any = _wire.dequeue_json(count, wait_ms, lease_ms, release)
+        if body is None:
+            body = _wire.dequeue_body(count, wait_ms, lease_ms, release)
         timeout = self._timeout + wait_ms / 1000.0
         return Call("POST", queue_path(queue) + "/dequeue", body, queue=queue, timeout=timeout)
+
+    @staticmethod
+    def _release(queue: str, batch: Sequence[Release]) -> Call:
+        body: Any = _wire.release_json(batch)
+        if body is None:
+            body = _wire.release_body(batch)
+        return Call("POST", queue_path(queue) + "/release", body, queue=queue)
 
     @staticmethod
     def _batch(queue: str, verb: str, body: dict[str, Any]) -> Call:
@@ -419,8 +450,30 @@ class HttpTransport(_Base):
         return _wire.parse_dequeued(self.call(call))
 
     def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]:
-        call = self._batch(queue, "release", _wire.release_body(batch))
-        return _wire.parse_outcomes(self.call(call))
+        return _wire.parse_outcomes(self.call(self._release(queue, batch)))
+
+    def enqueue_one(
+        self,
+        queue: str,
+        value: bytes | str,
+        deadline: int | None = None,
+        delay_ms: int | None = None,
+        key: str | None = None,
+    ) -> int:
+        """``Client.enqueue``'s call: the new item's id."""
+        call = self._enqueue_one(queue, value, deadline, delay_ms, key)
+        if call is None:
+            item = as_new_item(value, deadline, delay_ms, key)
+            return self.enqueue(queue, [item])[0].id
+        item_id: int = self.call(call)["items"][0]["id"]
+        return item_id
+
+    def release_one(self, queue: str, item_id: int, receipt: str) -> Outcome | None:
+        """``Client.release``'s call: ``None`` once released, else the failed outcome."""
+        call = self._release_one(queue, item_id, receipt)
+        if call is None:
+            return self.release(queue, [Release(item_id, receipt)])[0]
+        return _wire.failed_outcome(self.call(call))
 
     def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]:
         call = self._batch(queue, "requeue", _wire.requeue_body(batch))
@@ -562,8 +615,30 @@ class AsyncHttpTransport(_Base):
         return _wire.parse_dequeued(await self.call(call))
 
     async def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]:
-        call = self._batch(queue, "release", _wire.release_body(batch))
-        return _wire.parse_outcomes(await self.call(call))
+        return _wire.parse_outcomes(await self.call(self._release(queue, batch)))
+
+    async def enqueue_one(
+        self,
+        queue: str,
+        value: bytes | str,
+        deadline: int | None = None,
+        delay_ms: int | None = None,
+        key: str | None = None,
+    ) -> int:
+        """``AsyncClient.enqueue``'s call: the new item's id."""
+        call = self._enqueue_one(queue, value, deadline, delay_ms, key)
+        if call is None:
+            item = as_new_item(value, deadline, delay_ms, key)
+            return (await self.enqueue(queue, [item]))[0].id
+        item_id: int = (await self.call(call))["items"][0]["id"]
+        return item_id
+
+    async def release_one(self, queue: str, item_id: int, receipt: str) -> Outcome | None:
+        """``AsyncClient.release``'s call: ``None`` once released, else the failed outcome."""
+        call = self._release_one(queue, item_id, receipt)
+        if call is None:
+            return (await self.release(queue, [Release(item_id, receipt)]))[0]
+        return _wire.failed_outcome(await self.call(call))
 
     async def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]:
         call = self._batch(queue, "requeue", _wire.requeue_body(batch))

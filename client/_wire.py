@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Sequence
+from json.encoder import encode_basestring_ascii as _quote  # type: ignore[attr-defined]
 from typing import Any
 
 from dq.client.errors import ServerError, error_for
@@ -32,9 +33,14 @@ from dq.client.types import (
 
 __all__ = [
     "config_body",
+    "dequeue_body",
+    "dequeue_json",
     "enqueue_body",
+    "enqueue_json",
+    "enqueue_one_json",
     "error_from_response",
     "extend_body",
+    "failed_outcome",
     "parse_backup",
     "parse_browsed",
     "parse_dequeued",
@@ -46,6 +52,8 @@ __all__ = [
     "parse_redrive",
     "queue_from_stats",
     "release_body",
+    "release_json",
+    "release_one_json",
     "requeue_body",
 ]
 
@@ -69,6 +77,105 @@ def _keyed(d: dict[str, Any], key: str | None) -> dict[str, Any]:
     if key is not None:
         d["key"] = key
     return d
+
+
+# The hot calls' bodies written as text: the same bytes as the compact JSON of the
+# ``*_body`` dicts (the client's tests compare both), without building the dicts or
+# walking them in the encoder. ``None`` when a field is not of the plain type (an ``int``
+# subclass, say): then the dict goes through the encoder as before.
+
+
+def _item_json(value: bytes, deadline: Any, delay_ms: Any, key: Any) -> str | None:
+    if type(value) is not bytes:
+        return None
+    try:
+        text = value.decode("utf-8")
+    except UnicodeDecodeError:
+        out = '{"value":"' + base64.b64encode(value).decode("ascii") + '","encoding":"base64"'
+    else:
+        out = '{"value":' + _quote(text) + ',"encoding":"utf-8"'
+    if deadline is not None:
+        if type(deadline) is not int:
+            return None
+        out += f',"deadline":{deadline}'
+    if delay_ms is not None:
+        if type(delay_ms) is not int:
+            return None
+        out += f',"delay_ms":{delay_ms}'
+    if key is not None:
+        if type(key) is not str:
+            return None
+        out += ',"key":' + _quote(key)
+    return out + "}"
+
+
+def enqueue_one_json(value: bytes, deadline: Any, delay_ms: Any, key: Any) -> bytes | None:
+    """``enqueue_body([NewItem(value, deadline, delay_ms, key)])`` as JSON bytes."""
+    item = _item_json(value, deadline, delay_ms, key)
+    return None if item is None else ('{"items":[' + item + "]}").encode()
+
+
+def enqueue_json(items: Sequence[NewItem]) -> bytes | None:
+    """``enqueue_body(items)`` as JSON bytes."""
+    parts = []
+    for i in items:
+        item = _item_json(i.value, i.deadline, i.delay_ms, i.key)
+        if item is None:
+            return None
+        parts.append(item)
+    return ('{"items":[' + ",".join(parts) + "]}").encode()
+
+
+def _releases_json(batch: Sequence[Release]) -> str | None:
+    parts = []
+    for r in batch:
+        if type(r.id) is not int or type(r.receipt) is not str:
+            return None
+        parts.append(f'{{"id":{r.id},"receipt":{_quote(r.receipt)}}}')
+    return "[" + ",".join(parts) + "]"
+
+
+def release_json(batch: Sequence[Release]) -> bytes | None:
+    """``release_body(batch)`` as JSON bytes."""
+    items = _releases_json(batch)
+    return None if items is None else ('{"items":' + items + "}").encode()
+
+
+def release_one_json(item_id: Any, receipt: Any) -> bytes | None:
+    """``release_body([Release(item_id, receipt)])`` as JSON bytes."""
+    if type(item_id) is not int or type(receipt) is not str:
+        return None
+    return f'{{"items":[{{"id":{item_id},"receipt":{_quote(receipt)}}}]}}'.encode()
+
+
+def dequeue_json(
+    count: Any, wait_ms: Any, lease_ms: Any, release: Sequence[Release]
+) -> bytes | None:
+    """``dequeue_body(count, wait_ms, lease_ms, release)`` as JSON bytes."""
+    if type(count) is not int or type(wait_ms) is not int:
+        return None
+    out = f'{{"count":{count},"wait_ms":{wait_ms}'
+    if lease_ms is not None:
+        if type(lease_ms) is not int:
+            return None
+        out += f',"lease_ms":{lease_ms}'
+    if release:
+        items = _releases_json(release)
+        if items is None:
+            return None
+        out += ',"release":' + items
+    return (out + "}").encode()
+
+
+def dequeue_body(
+    count: int, wait_ms: int, lease_ms: int | None, release: Sequence[Release]
+) -> dict[str, Any]:
+    body: dict[str, Any] = {"count": count, "wait_ms": wait_ms}
+    if lease_ms is not None:
+        body["lease_ms"] = lease_ms
+    if release:
+        body["release"] = release_body(release)["items"]
+    return body
 
 
 def enqueue_body(items: Sequence[NewItem]) -> dict[str, Any]:
@@ -125,6 +232,12 @@ def parse_items(doc: Any) -> list[Item]:
 
 def parse_dequeued(doc: Any) -> Dequeued:
     return Dequeued(parse_items(doc), _outcomes(doc.get("released") or []))
+
+
+def failed_outcome(doc: Any) -> Outcome | None:
+    """A one-item answer's outcome if it failed; ``None`` if it succeeded."""
+    result = doc["results"][0]
+    return None if result["ok"] else _outcomes([result])[0]
 
 
 def parse_outcomes(doc: Any) -> list[Outcome]:

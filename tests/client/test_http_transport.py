@@ -203,3 +203,48 @@ def test_timeout_after_a_longer_one_on_the_same_connection() -> None:
             dq.enqueue("q", b"x")
         assert time.monotonic() - t0 < 2.0
     assert server.connections == 1
+
+
+def test_one_item_shortcuts_send_and_raise_as_the_general_calls() -> None:
+    """``enqueue`` and ``release`` of one item skip the value objects, not the rules: the
+    same bodies for every kind of value, the same errors, keyed enqueues still retried."""
+    done = Answer(200, {"items": [{"id": 4, "deadline": 1}]})
+    with scripted(done) as server, Client(server.url) as dq:
+        assert dq.enqueue("q", "é", deadline=5, key="k") == 4
+        assert dq.enqueue("q", bytearray(b"ab")) == 4
+        assert dq.enqueue("q", memoryview(b"\xff")) == 4
+        assert dq.enqueue("q", b"x", delay_ms=True) == 4  # type: ignore[arg-type]
+        with pytest.raises(UnicodeEncodeError):
+            dq.enqueue("q", "\ud800")
+    assert [json.loads(body)["items"] for _, _, body in server.seen] == [
+        [{"value": "é", "encoding": "utf-8", "deadline": 5, "key": "k"}],
+        [{"value": "ab", "encoding": "utf-8"}],
+        [{"value": "/w==", "encoding": "base64"}],
+        [{"value": "x", "encoding": "utf-8", "delay_ms": True}],
+    ]
+    lost_then_done = [Answer(503, {"error": "unavailable", "message": "x"}), done]
+    with scripted(*lost_then_done) as server, Client(server.url) as dq:
+        assert dq.enqueue("q", b"x", key="k") == 4  # keyed: idempotent, so retried
+    assert len(server.seen) == 2
+    stale = {"results": [{"id": 3, "ok": False, "error": "stale_receipt", "message": "over"}]}
+
+    async def main() -> None:
+        with scripted(done) as server:
+            async with AsyncClient(server.url) as dq:
+                assert await dq.enqueue("q", "é", delay_ms=2) == 4
+                assert await dq.enqueue("q", memoryview(b"\xff")) == 4
+            assert [json.loads(body)["items"] for _, _, body in server.seen] == [
+                [{"value": "é", "encoding": "utf-8", "delay_ms": 2}],
+                [{"value": "/w==", "encoding": "base64"}],
+            ]
+        with scripted(Answer(200, stale)) as server:
+            async with AsyncClient(server.url) as dq:
+                with pytest.raises(StaleReceipt) as err:
+                    await dq.release("q", 3, "r")
+                assert err.value.id == 3
+                ok = {"results": [{"id": 3, "ok": True}]}
+                server.script[:] = [Answer(200, ok)]
+                assert await dq.release("q", 3, "r") is None
+            assert json.loads(server.seen[0][2]) == {"items": [{"id": 3, "receipt": "r"}]}
+
+    asyncio.run(asyncio.wait_for(main(), 30))
