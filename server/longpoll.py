@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -104,9 +105,13 @@ class LongPoll:
             signal.unsubscribe()
             signal.unsubscribe = None
         loop, notify = self._loop, self._notify
+        loop_thread = threading.get_ident()  # subscribing happens on the loop
 
-        def on_publish() -> None:  # any thread
-            loop.call_soon_threadsafe(notify, queue)
+        def on_publish() -> None:  # any thread; the loop's own when it committed the write
+            if threading.get_ident() == loop_thread:
+                loop.call_soon(notify, queue)  # no wake-up write to the loop's self-pipe
+            else:
+                loop.call_soon_threadsafe(notify, queue)
 
         try:
             signal.unsubscribe = self._engine.watch(queue, on_publish)
