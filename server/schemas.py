@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator, with_config
 from typing_extensions import TypedDict
 
 from dq.storage.codec import MAX_DEADLINE, MAX_ID
-from dq.storage.types import NewItem
+from dq.storage.types import NewItem, Release
 
 __all__ = [
     "QUEUE_NAME_REGEX",
@@ -62,6 +62,7 @@ __all__ = [
     "Results",
     "decode_value",
     "encode_value",
+    "new_release",
     "to_new_items",
 ]
 
@@ -155,17 +156,21 @@ class InvalidItem(ValueError):
         return [{"loc": loc, "msg": self.reason, "type": "value_error"}]
 
 
-#: ``NewItem`` is a frozen dataclass: its ``__init__`` sets each field through
-#: ``object.__setattr__``, ~3x what writing its four slots directly costs, once per item
-#: of every enqueue. ``_new_item`` writes the slots (the same object, compared equal and
-#: hashed alike); the assertion keeps it in step with the fields.
+#: ``NewItem`` and ``Release`` are frozen dataclasses: their ``__init__`` sets each field
+#: through ``object.__setattr__``, ~3x what writing their slots directly costs, once per
+#: item of every enqueue and release. ``_new_item`` and ``new_release`` write the slots
+#: (the same objects, compared equal and hashed alike); the assertions keep them in step
+#: with the fields.
 assert [f.name for f in fields(NewItem)] == ["value", "deadline", "delay_ms", "key"]
+assert [f.name for f in fields(Release)] == ["id", "receipt"]
 _make = object.__new__
-_slots = NewItem.__dict__  # the slots' member descriptors
-_set_value = _slots["value"].__set__
-_set_deadline = _slots["deadline"].__set__
-_set_delay = _slots["delay_ms"].__set__
-_set_key = _slots["key"].__set__
+_item_slots = NewItem.__dict__  # the slots' member descriptors
+_set_value = _item_slots["value"].__set__
+_set_deadline = _item_slots["deadline"].__set__
+_set_delay = _item_slots["delay_ms"].__set__
+_set_key = _item_slots["key"].__set__
+_set_id = Release.__dict__["id"].__set__
+_set_receipt = Release.__dict__["receipt"].__set__
 
 
 def _new_item(value: bytes, deadline: int | None, delay_ms: int | None, key: str | None) -> NewItem:
@@ -175,6 +180,14 @@ def _new_item(value: bytes, deadline: int | None, delay_ms: int | None, key: str
     _set_delay(item, delay_ms)
     _set_key(item, key)
     return item
+
+
+def new_release(item_id: int, receipt: str) -> Release:
+    """``Release(item_id, receipt)``, made as ``_new_item`` makes a ``NewItem``."""
+    release: Release = _make(Release)
+    _set_id(release, item_id)
+    _set_receipt(release, receipt)
+    return release
 
 
 def to_new_items(items: list[NewItemIn]) -> list[NewItem]:

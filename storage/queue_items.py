@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from dq.storage.codec import PENDING_HEADER, encode_key, encode_stats, tombstone_of
+from dq.storage.codec import PENDING_HEADER, encode_stats, tombstone_of
 from dq.storage.dedup import enqueue_keyed
 from dq.storage.errors import ReplicationStalled, StorageError, WriteStall
 from dq.storage.itemmeta import encode_origin_entry
@@ -76,7 +76,7 @@ class ItemsMixin(QueueCore):
             cursor = self.cursor
             item_id = first
             for deadline, value in prepared:
-                key = encode_key(deadline, item_id)
+                key = ((deadline << 66) | (item_id << 2)).to_bytes(16, "big")  # encode_key
                 if key <= cursor:  # placed after the cursor (``Queue._place``)
                     deadline, key = self._place(deadline, item_id)
                 parts += (pack(key, st, len(value)), value)

@@ -14,7 +14,14 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from dq.storage.codec import MAX_ID, TOMBSTONE, decode_stats, encode_key, key_deadline, key_id
+from dq.storage.codec import (
+    MAX_DEADLINE,
+    MAX_ID,
+    TOMBSTONE,
+    decode_stats,
+    encode_key,
+    key_deadline,
+)
 from dq.storage.queue_core import QueueCore
 from dq.storage.segment import SegmentReader
 from dq.storage.types import Delivery, ItemStats, QueueStats
@@ -68,24 +75,28 @@ class ReadsMixin(QueueCore):
             expires = now + lease_ms
             view, leases = self.view, self.leases
             after = self.cursor
+            from_bytes = int.from_bytes
             while len(out) < count:
                 after, hit = view.next_live(after, limit, barrier)
                 if hit is None:
                     break
                 key, stats, value, source = hit
                 enq, req, cnt = decode_stats(stats)
-                item_id = key_id(key)
+                # ``key_id`` and ``key_deadline`` of the key, read once (``docs/format.md``)
+                k = from_bytes(key, "big")
+                item_id = (k >> 2) & MAX_ID
                 if max_deliveries is not None and cnt >= max_deliveries:
                     dead.append((key, stats, value))
                     continue
-                receipt = leases.add(item_id, key, (enq, req, cnt + 1), expires, source, now)
+                cnt += 1
+                receipt = leases.add(item_id, key, (enq, req, cnt), expires, source, now)
                 out.append(
                     Delivery(
                         item_id,
                         receipt,
                         value,
-                        key_deadline(key),
-                        ItemStats(enq, req, cnt + 1),
+                        (k >> 66) & MAX_DEADLINE,
+                        ItemStats(enq, req, cnt),
                         expires,
                     )
                 )

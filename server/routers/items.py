@@ -44,6 +44,7 @@ from dq.server.schemas import (
     RequeueRequest,
     Results,
     encode_value,
+    new_release,
     to_new_items,
 )
 from dq.storage.codec import MAX_ID
@@ -159,7 +160,8 @@ async def serve_dequeue(
 
 
 def releases(items: Sequence[ReleaseItem]) -> list[Release]:
-    return [Release(i["id"], i["receipt"]) for i in items]
+    new = new_release
+    return [new(i["id"], i["receipt"]) for i in items]
 
 
 async def release_durable(

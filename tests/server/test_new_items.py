@@ -1,5 +1,6 @@
-"""``to_new_items`` builds the same ``NewItem`` its constructor would (it writes the
-frozen dataclass's slots directly, for speed), and refuses what the route refuses."""
+"""``to_new_items`` and ``new_release`` build the same ``NewItem`` and ``Release`` their
+constructors would (they write the frozen dataclasses' slots directly, for speed), and
+``to_new_items`` refuses what the route refuses."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from dq.server.schemas import InvalidItem, NewItemIn, to_new_items
-from dq.storage.types import NewItem
+from dq.server.schemas import InvalidItem, NewItemIn, new_release, to_new_items
+from dq.storage.types import NewItem, Release
 
 
 def test_items_equal_what_the_constructor_makes() -> None:
@@ -37,3 +38,11 @@ def test_refusals_name_the_item() -> None:
     with pytest.raises(InvalidItem) as bad:
         to_new_items([{"value": "!!", "encoding": "base64"}])
     assert bad.value.index == 0
+
+
+def test_releases_equal_what_the_constructor_makes() -> None:
+    made = new_release(12, "e.c.1")
+    assert made == Release(12, "e.c.1") and hash(made) == hash(Release(12, "e.c.1"))
+    assert type(made) is Release and (made.id, made.receipt) == (12, "e.c.1")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.id = 1  # type: ignore[misc]
