@@ -24,6 +24,7 @@ ones kept for reuse).
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import ssl
 import threading
@@ -538,6 +539,37 @@ class HttpTransport(_Base):
             conn.close()
 
 
+class _Slots:
+    """At most ``n`` requests in flight, the others waiting their turn in order: what
+    ``asyncio.Semaphore`` does, without its two coroutines (acquire, release) per request."""
+
+    __slots__ = ("_free", "_waiters")
+
+    def __init__(self, n: int) -> None:
+        self._free = n
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def take(self) -> asyncio.Future[None] | None:
+        """``None``: a slot is taken. Else a future to await: done once a slot is handed
+        over (the caller then holds it, even if cancelled right after)."""
+        if self._free > 0 and not self._waiters:
+            self._free -= 1
+            return None
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        return waiter
+
+    def give(self) -> None:
+        """A slot back: to the first caller still waiting, else to the free ones."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
+
+
 class AsyncHttpTransport(_Base):
     """Asyncio transport: a connection per request in flight, idle ones reused (per node)."""
 
@@ -547,12 +579,23 @@ class AsyncHttpTransport(_Base):
         super().__init__(url, **options)
         self._idle: dict[str, list[AsyncConnection]] = {}
         self._busy: set[AsyncConnection] = set()
-        self._slots = asyncio.Semaphore(max_connections)
+        self._slots = _Slots(max_connections)
 
     async def _request(self, ep: Endpoint, data: bytes, timeout: float) -> Response:
-        async with self._slots:
+        slots = self._slots
+        waiter = slots.take()
+        if waiter is not None:
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if not waiter.cancelled():  # a slot was handed over: pass it on
+                    slots.give()
+                raise
+        try:
             conn: AsyncConnection | None = None
-            idle = self._idle.setdefault(ep.url, [])
+            idle = self._idle.get(ep.url)
+            if idle is None:
+                idle = self._idle[ep.url] = []
             while idle:
                 candidate = idle.pop()
                 if candidate.usable():
@@ -571,6 +614,8 @@ class AsyncHttpTransport(_Base):
             else:
                 conn.close()
             return response
+        finally:
+            slots.give()
 
     async def call(self, call: Call) -> Any:
         timeout = call.timeout if call.timeout is not None else self._timeout

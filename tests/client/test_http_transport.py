@@ -21,6 +21,7 @@ from dq.client import (
     Unavailable,
     UnsupportedAddress,
     _connection,
+    _http,
 )
 from tests.client.scripted import DROP, HANG, Answer, scripted
 
@@ -248,3 +249,44 @@ def test_one_item_shortcuts_send_and_raise_as_the_general_calls() -> None:
             assert json.loads(server.seen[0][2]) == {"items": [{"id": 3, "receipt": "r"}]}
 
     asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_async_requests_beyond_max_connections_wait_their_turn() -> None:
+    """``max_connections`` bounds the requests in flight; a request cancelled while it
+    waits, or just as a slot is handed to it, leaves no slot taken."""
+
+    async def slots() -> None:
+        limit = _http._Slots(1)
+        assert limit.take() is None  # the one slot
+        first, second, third = limit.take(), limit.take(), limit.take()
+        assert first is not None and second is not None and third is not None
+
+        async def holder(waiter: asyncio.Future[None]) -> None:
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if not waiter.cancelled():
+                    limit.give()
+                raise
+
+        tasks = [asyncio.ensure_future(holder(w)) for w in (first, second)]
+        await asyncio.sleep(0)
+        tasks[0].cancel()  # cancelled while waiting: skipped when a slot comes back
+        await asyncio.sleep(0)
+        limit.give()  # handed to `second`, whose task is cancelled before it resumes
+        tasks[1].cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert third.done()  # `second` passed its slot on
+        limit.give()
+        assert limit.take() is None and limit.take() is not None
+
+    asyncio.run(asyncio.wait_for(slots(), 10))
+
+    async def many(url: str) -> list[int]:
+        async with AsyncClient(url, max_connections=2) as dq:
+            return await asyncio.gather(*(dq.enqueue("q", b"x") for _ in range(6)))
+
+    done = Answer(200, {"items": [{"id": 5, "deadline": 1}]})
+    with scripted(done) as server:
+        assert asyncio.run(asyncio.wait_for(many(server.url), 30)) == [5] * 6
+    assert len(server.seen) == 6 and server.connections <= 2
