@@ -1,4 +1,5 @@
-"""The hand-formatted dequeue body is valid JSON that matches ``DequeueResponse``."""
+"""The hand-formatted dequeue and enqueue bodies are valid JSON that matches
+``DequeueResponse`` and ``EnqueueResponse``."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dq.server.routers.items import deliveries_json
-from dq.server.schemas import DequeueResponse, decode_value
-from dq.storage.types import Delivery, ItemStats
+from dq.server.routers.items import deliveries_json, enqueued_json
+from dq.server.schemas import DequeueResponse, EnqueueResponse, decode_value
+from dq.storage.types import Delivery, Enqueued, ItemStats
 
 _ids = st.integers(min_value=0, max_value=(1 << 64) - 1)
 _times = st.integers(min_value=0, max_value=(1 << 48) - 1)
@@ -35,3 +36,12 @@ def test_round_trip(got: list[Delivery], encoding: str | None) -> None:
         assert item["stats"]["dequeue_count"] == d.stats.dequeue_count
         if encoding == "base64":
             assert item["encoding"] == "base64"
+
+
+@given(st.lists(st.builds(Enqueued, _ids, _times, st.booleans()), max_size=5))
+def test_enqueued_is_what_pydantic_writes(done: list[Enqueued]) -> None:
+    body = enqueued_json(done)
+    model = EnqueueResponse.model_validate(
+        {"items": [{"id": e.id, "deadline": e.deadline, "duplicate": e.duplicate} for e in done]}
+    )
+    assert body == model.model_dump_json().encode()
