@@ -29,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import os
 import random
 import threading
 import time
@@ -125,6 +127,72 @@ class _JobState:
         return self.backoff.delay_ms(self.item.stats.dequeue_count)
 
 
+_LINGER_S = 1.0  # how long the keeper starter waits for more jobs before it sleeps for good
+
+
+class _KeeperStarter:
+    """Starts a job's lease keeper (a thread) only once the job has run for one extension
+    period. Most jobs end long before their first extension, and a thread started and
+    stopped per job cost more CPU than the job's requests; a job that runs longer gets
+    its own keeper as before, extending its lease at the same times. One per process,
+    on one thread that wakes when the earliest job it holds falls due."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._jobs: dict[int, tuple[float, Job]] = {}  # id(job) → (when it falls due, job)
+        self._wake_at = math.inf  # when the thread looks next (inf: when told)
+        self._thread: threading.Thread | None = None
+
+    def add(self, job: Job, due: float) -> None:
+        with self._cond:
+            self._jobs[id(job)] = (due, job)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="dq-lease-starter", daemon=True
+                )
+                self._thread.start()
+            elif due < self._wake_at:
+                self._cond.notify()
+
+    def remove(self, job: Job) -> None:
+        with self._cond:
+            self._jobs.pop(id(job), None)
+
+    def _run(self) -> None:
+        lingered = False
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for key, (due, job) in list(self._jobs.items()):
+                    if due <= now:
+                        del self._jobs[key]
+                        try:
+                            job.start_keeper()
+                        except Exception:  # no thread to be had: the lease may run out
+                            logger.exception("cannot keep the lease of item %s", job.item.id)
+                if self._jobs:
+                    self._wake_at = min(due for due, _ in self._jobs.values())
+                    lingered = False
+                elif not lingered:
+                    self._wake_at = now + _LINGER_S
+                    lingered = True
+                else:
+                    self._wake_at = math.inf
+                self._cond.wait(None if self._wake_at == math.inf else self._wake_at - now)
+
+
+_starter = _KeeperStarter()
+
+
+def _forked() -> None:
+    """The starter's thread (and perhaps its lock) stayed in the parent."""
+    global _starter
+    _starter = _KeeperStarter()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 class Job(_JobState):
     """One leased item; ``with job:`` keeps the lease and settles the item at exit."""
 
@@ -137,16 +205,27 @@ class Job(_JobState):
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._keeper: threading.Thread | None = None
+        self._starter: _KeeperStarter | None = None
 
     def __enter__(self) -> Job:
-        self._keeper = threading.Thread(
-            target=self._keep, name=f"dq-lease-{self.item.id}", daemon=True
-        )
-        self._keeper.start()
+        self._starter = _starter
+        self._starter.add(self, time.monotonic() + self.extend_every_s)
         return self
 
-    def _keep(self) -> None:
-        while not self._done.wait(self.extend_every_s):
+    def start_keeper(self) -> None:
+        """The job has run for one extension period: its keeper extends the lease now,
+        then every period (called by ``_KeeperStarter``)."""
+        if self._done.is_set():
+            return
+        self._keeper = threading.Thread(
+            target=self._keep, args=(0.0,), name=f"dq-lease-{self.item.id}", daemon=True
+        )
+        self._keeper.start()
+
+    def _keep(self, first_wait: float) -> None:
+        wait = first_wait
+        while not self._done.wait(wait):
+            wait = self.extend_every_s
             with self._lock:
                 if self._done.is_set() or not self.may_extend():
                     return
@@ -164,6 +243,8 @@ class Job(_JobState):
     def __exit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> bool:
+        if self._starter is not None:
+            self._starter.remove(self)
         self._done.set()
         with self._lock:
             if self._keeper is not None:
@@ -266,14 +347,24 @@ class AsyncJob(_JobState):
         self._stats = stats
         self._lock = asyncio.Lock()
         self._keeper: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     async def __aenter__(self) -> AsyncJob:
-        self._keeper = asyncio.create_task(self._keep())
+        # the keeper task starts once the job has run for one extension period: most
+        # jobs end before, and a task made and cancelled per job costs several loop turns
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self.extend_every_s, self._start_keeper)
         return self
 
-    async def _keep(self) -> None:
+    def _start_keeper(self) -> None:
+        self._timer = None
+        self._keeper = asyncio.create_task(self._keep(0.0))
+
+    async def _keep(self, first_wait: float) -> None:
+        wait = first_wait
         while True:
-            await asyncio.sleep(self.extend_every_s)
+            await asyncio.sleep(wait)
+            wait = self.extend_every_s
             async with self._lock:
                 if not self.may_extend():
                     return
@@ -293,6 +384,9 @@ class AsyncJob(_JobState):
     async def __aexit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> bool:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._keeper is not None:
             self._keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections import Counter
@@ -133,3 +134,71 @@ def test_a_release_that_comes_too_late_counts_as_lost(dq: Client, queue: str) ->
     jobs.close()  # leaving the loop releases what is left
     assert (consumer.stats.released, consumer.stats.lost) == (1, 1)
     assert dq.queue(queue).stats.pending == 0
+
+
+def _lease_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("dq-lease-")]
+
+
+def test_a_job_gets_a_lease_keeper_only_once_it_needs_an_extension(dq: Client, queue: str) -> None:
+    """A job that ends before its first extension starts no keeper thread; one that runs
+    longer gets its own and keeps its lease (the slow-handler test above)."""
+    dq.enqueue_many(queue, [b"%d" % i for i in range(10)])
+    keepers: list[list[str]] = []
+
+    def quick(item: Item) -> None:
+        keepers.append([n for n in _lease_threads() if n != "dq-lease-starter"])
+
+    stats = dq.consumer(queue, lease_ms=3_000, wait_ms=500).run(quick, max_items=10)
+    assert stats.released == 10 and keepers == [[]] * 10
+    dq.enqueue(queue, b"slow")
+    consumer = dq.consumer(queue, lease_ms=600, wait_ms=500)
+
+    def slow(item: Item) -> None:
+        give_up = time.monotonic() + 5
+        while f"dq-lease-{item.id}" not in _lease_threads():
+            assert time.monotonic() < give_up, "no keeper after one extension period"
+            time.sleep(0.02)
+        time.sleep(0.7)  # past the first lease: kept alive
+
+    stats = consumer.run(slow, max_items=1)
+    assert (stats.released, stats.lost) == (1, 0)
+
+
+def test_async_jobs_keep_their_leases_without_a_task_per_quick_job(
+    server: LiveServer, queue: str
+) -> None:
+    async def run() -> None:
+        async with AsyncClient(server.url) as dq:
+            await dq.enqueue_many(queue, [b"quick", b"slow"])
+            others: list[Item] = []
+
+            async def handler(item: Item) -> None:
+                if item.value == b"quick":
+                    coros = [t.get_coro() for t in asyncio.all_tasks()]
+                    assert "AsyncJob._keep" not in [getattr(c, "__qualname__", "") for c in coros]
+                    return
+                give_up = time.monotonic() + 2.5  # two and a half lease lengths
+                while time.monotonic() < give_up:
+                    others.extend(await dq.dequeue(queue))  # nobody else may get it
+                    await asyncio.sleep(0.1)
+
+            stats = await dq.consumer(queue, lease_ms=1_000, wait_ms=500).run(handler, max_items=2)
+            assert others == [] and (stats.released, stats.lost) == (2, 0)
+            assert (await dq.queue(queue)).stats.pending == 0
+
+    asyncio.run(asyncio.wait_for(run(), 30))
+
+
+def test_a_forked_child_starts_lease_keepers_of_its_own() -> None:
+    from dq.client import jobs
+
+    parents = jobs._starter
+    pid = os.fork()
+    if pid == 0:  # the parent's starter thread did not come along: a fresh starter
+        os._exit(0 if jobs._starter is not parents and jobs._starter._thread is None else 1)
+    give_up = time.monotonic() + 10
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+        assert time.monotonic() < give_up
+        time.sleep(0.01)
+    assert os.waitstatus_to_exitcode(done[1]) == 0
