@@ -113,6 +113,18 @@ def _released_ok(item_id: int, body: bytes) -> Outcome:
     return Outcome(item_id, True)
 
 
+#: Bumped in a child after ``fork()`` (a ``getpid()`` per call was a syscall per call).
+_generation = 0
+
+
+def _forked() -> None:
+    global _generation
+    _generation += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 class ShmTransport:
     """Blocking transport over one command ring (``Transport`` of ``client/_transport.py``)."""
 
@@ -150,7 +162,7 @@ class ShmTransport:
         self._http: Any = None
         self._http_until = 0.0  # calls go over HTTP until then (the ring said: not the leader)
         self._bound: str | None = None
-        self._pid = os.getpid()
+        self._generation = _generation
         self._delivery_bytes = _DELIVERY_GUESS  # the last FIND answer's, per delivery
 
     # ---- plumbing ------------------------------------------------------------------------
@@ -197,7 +209,7 @@ class ShmTransport:
         response per command, in order."""
         ring = self._ring
         timeout = self._timeout if timeout is None else timeout
-        if os.getpid() != self._pid:
+        if self._generation != _generation:
             # a forked child shares the ring with its parent: two producers would collide
             raise TransportError(f"{self.url}: a shm client cannot cross fork(); open a new one")
         if not commands:

@@ -5,6 +5,8 @@ hold goes over HTTP, transparently."""
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,9 +123,19 @@ def test_a_client_refuses_to_be_used_across_fork(shm_url: str) -> None:
         transport = dq.transport
         assert isinstance(transport, ShmTransport)
         dq.enqueue("forked", b"parent")
-        transport._pid = -1  # what a forked child would see: a pid that is not the opener's
-        with pytest.raises(TransportError, match="fork"):
-            dq.enqueue("forked", b"child")
+        pid = os.fork()
+        if pid == 0:  # the child: refused before it touches the ring
+            try:
+                dq.enqueue("forked", b"child")
+            except TransportError as exc:
+                os._exit(0 if "fork" in str(exc) else 1)
+            os._exit(2)
+        give_up = time.monotonic() + 10
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            assert time.monotonic() < give_up
+            time.sleep(0.01)
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+        assert dq.enqueue("forked", b"parent again") > 0  # the parent's client goes on
 
 
 def test_batches_through_the_ring(shm_url: str) -> None:
