@@ -3,11 +3,12 @@
 Run from the repository root:  .venv/bin/python -m bench.client_cpu [--n 3000] [--runs 3]
 
 Starts ``dq serve --fsync never`` (the server's cost is not measured here) and, in this
-process, times N single-item enqueues (256-byte values) and N dequeue+release pairs over
-one keep-alive connection, reading this process's CPU time (``time.process_time``):
-with ``Client``, with ``AsyncClient``, and — the floor a Python client cannot go under —
-the standard library's ``http.client`` sending the same JSON and parsing the answer with
-``json``. Prints µs of client CPU per request (median of ``--runs``), the machine and
+process, times N single-item enqueues (256-byte values), N dequeue+release pairs and N items
+through the consumer helper (``Client.consumer(...).run``: each release rides on the next
+dequeue) over one keep-alive connection, reading this process's CPU time
+(``time.process_time``):
+with ``Client``, with ``AsyncClient``, and, for comparison, the standard library's
+``http.client`` sending the same JSON and parsing the answer with ``json``. Prints µs of client CPU per request (median of ``--runs``), the machine and
 its load average: the machine may be shared, so compare figures of one run.
 """
 
@@ -94,7 +95,17 @@ def _sync(url: str, n: int) -> dict[str, float]:
                 dq.release("cpu", item.id, item.receipt)
 
         pair = _per_call_us(n, take)
-    return {"enqueue": enqueue, "dequeue+release (per request)": pair / 2}
+        for _ in range(n + 1):
+            dq.enqueue("cpu", VALUE)
+        c0 = time.process_time()  # the consumer helper: one request per item
+        stats = dq.consumer("cpu", wait_ms=0).run(lambda item: None, max_items=n)
+        helper = (time.process_time() - c0) / n * 1e6
+        assert stats.released == n, stats
+    return {
+        "enqueue": enqueue,
+        "dequeue+release (per request)": pair / 2,
+        "consumer helper (per item)": helper,
+    }
 
 
 def _async(url: str, n: int) -> dict[str, float]:

@@ -323,6 +323,8 @@ class _Protocol(asyncio.BufferedProtocol):
         self.waiter: asyncio.Future[Response] | None = None
         #: the answer's parser once it came in parts (``None``: nothing received yet)
         self.parser: ResponseParser | None = None
+        #: the transport let go of the socket (``connection_lost``)
+        self.lost = False
         self._view = memoryview(bytearray(RECV_SIZE))
         self.closed = False
         #: When the request in flight times out (0: none in flight), and its timeout.
@@ -394,6 +396,7 @@ class _Protocol(asyncio.BufferedProtocol):
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
         self._ended()
 
     def _ended(self) -> None:
@@ -476,3 +479,11 @@ class AsyncConnection:
         protocol.disarm()
         if protocol.transport is not None:
             protocol.transport.close()
+
+    def released(self) -> bool:
+        """The socket is closed (a TLS connection closes only after its shutdown)."""
+        return self._protocol.lost or self._protocol.transport is None
+
+    def abort(self) -> None:
+        if self._protocol.transport is not None:
+            self._protocol.transport.abort()

@@ -62,6 +62,7 @@ __all__ = ["AsyncHttpTransport", "Call", "HttpTransport", "RetryPolicy", "queue_
 
 _DEFAULT_TIMEOUT = 30.0
 _MAX_IDLE = 16  # idle asyncio connections kept for reuse
+_CLOSE_WAIT_S = 1.0  # how long closing waits for TLS connections' shutdown
 
 
 @dataclass(frozen=True, slots=True)
@@ -744,6 +745,17 @@ class AsyncHttpTransport(_Base):
         return _wire.parse_backup(doc)
 
     async def close(self) -> None:
-        for conn in [*(c for idle in self._idle.values() for c in idle), *self._busy]:
+        """Close every connection and wait (at most ``_CLOSE_WAIT_S``) until their sockets
+        are: a TLS connection closes only after its shutdown exchange, and a loop that
+        ends first leaves it open. One still open then is aborted."""
+        conns = [*(c for idle in self._idle.values() for c in idle), *self._busy]
+        for conn in conns:
             conn.close()
         self._idle.clear()
+        await asyncio.sleep(0)  # a plain connection is released on the next loop turn
+        give_up = time.monotonic() + _CLOSE_WAIT_S
+        while any(not c.released() for c in conns) and time.monotonic() < give_up:
+            await asyncio.sleep(0.005)
+        for conn in conns:
+            if not conn.released():
+                conn.abort()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import shutil
@@ -16,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dq.client import Client, TransportError
+from dq.client import AsyncClient, Client, TransportError
 from tests.server.live import LiveServer, live_server
 
 pytestmark = pytest.mark.skipif(
@@ -122,3 +123,19 @@ def test_the_client_over_https_times_out_when_no_answer_comes(certs: tuple[Path,
         for c in held:
             c.close()
         listener.close()
+
+
+def test_the_async_client_over_https(tls: LiveServer) -> None:
+    """The asyncio client reads into its own buffer, under TLS too; an answer larger
+    than that buffer comes in several reads."""
+    value = bytes(range(256)) * 400  # 100 KiB, sent as base64: more than one read
+
+    async def run() -> None:
+        async with AsyncClient(tls.url, ssl_context=tls.verify, timeout=10) as dq:
+            item_id = await dq.enqueue("async-tls", value)
+            (item,) = await dq.dequeue("async-tls")
+            assert item.id == item_id and item.value == value
+            got = await dq.dequeue("async-tls", release=[item])
+            assert list(got) == [] and got.released[0].ok
+
+    asyncio.run(asyncio.wait_for(run(), 30))
