@@ -89,11 +89,17 @@ async def metered_durable(
 
 async def durable(service: Service, start: Callable[[], Future[R]], *, off_loop: bool = False) -> R:
     """A durable engine write awaited on the loop, short write stalls waited out; for
-    callers that count it themselves. Raises ``StorageError`` only."""
+    callers that count it themselves. ``start`` must only start the write (an engine
+    ``*_nowait`` call): on the loop it runs inside ``service.inline``. Raises
+    ``StorageError`` only."""
     give_up = _perf() + STALL_TIMEOUT_S
     while True:
         try:
-            fut = await asyncio.to_thread(start) if off_loop else start()
+            if off_loop:
+                fut = await asyncio.to_thread(start)
+            else:
+                with service.inline:  # ``start`` only starts the write: the loop commits it
+                    fut = start()
             return fut.result() if fut.done() else await service.completions.wait(fut)
         except WriteStall:
             if _perf() > give_up:

@@ -22,6 +22,7 @@ from dq.server.consumer_groups import ConsumerGroups
 from dq.server.errors import ApiError
 from dq.server.keyed_batches import IdempotentBatches
 from dq.server.schemas import QUEUE_NAME_REGEX
+from dq.storage.syncer import NOT_INLINE, InlineCommits, NotInline
 
 if TYPE_CHECKING:
     from dq.server.completions import Completions
@@ -53,6 +54,9 @@ class Service:
     completions: Completions
     groups: ConsumerGroups
     batches: IdempotentBatches
+    #: ``with service.inline:`` around an engine ``*_nowait`` write made on the loop: the
+    #: loop commits it at its next turn (``storage/syncer.py``; a no-op when off)
+    inline: InlineCommits | NotInline = NOT_INLINE
 
 
 def service_of(request: Request) -> Service:

@@ -129,7 +129,8 @@ class HotRoutes:
             raise _FallBack  # its creation syncs files: the route does it off the loop
         m = Metered(self.service, "enqueue")
         try:
-            fut = engine.enqueue_nowait(queue, new)
+            with self.service.inline:
+                fut = engine.enqueue_nowait(queue, new)
         except WriteStall:
             raise _FallBack from None  # the route waits it out
         except (StorageError, OSError) as exc:
@@ -157,7 +158,8 @@ class HotRoutes:
     ) -> None:
         m = Metered(self.service, "release")
         try:
-            fut = self.service.engine.release_nowait(queue, batch)
+            with self.service.inline:
+                fut = self.service.engine.release_nowait(queue, batch)
         except WriteStall:
             raise _FallBack from None
         except (StorageError, OSError) as exc:

@@ -32,6 +32,7 @@ from dq.server.hot_routes import HotRoutes
 from dq.server.keyed_batches import IdempotentBatches
 from dq.server.longpoll import LongPoll
 from dq.storage.errors import StorageError
+from dq.storage.syncer import NOT_INLINE
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -152,6 +153,7 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
             completions,
             groups,
             open_keyed_batches(opened, settings),
+            NOT_INLINE if inline is None else inline,
         )
         app.state.hot_routes = HotRoutes(service, app.state)
         if not getattr(app.state, "engine_watched", False):

@@ -56,7 +56,7 @@ from dq.shm.command_ring import (
     ring_size,
 )
 from dq.shm.errors import ShmError
-from dq.storage.syncer import InlineCommits
+from dq.storage.syncer import NOT_INLINE, InlineCommits, NotInline
 from dq.storage.types import check_queue_name
 
 __all__ = ["ShmServer"]
@@ -113,8 +113,10 @@ class Session:
         self._next = 0  # the next slot to read; ``tail`` trails it while answers are due
         self._parts: list[Command] = []  # PARTs read, waiting for their command
         self._closed = False
-        #: this thread's own group commits, when it runs them (``_commit_here``)
+        #: this thread's own group commits, when it runs them (``_commit_here``);
+        #: ``with self._noting:`` around a call that only starts its writes
         self._inline: InlineCommits | None = None
+        self._noting: InlineCommits | NotInline = NOT_INLINE
 
     def stop(self) -> None:
         self.stopping.set()
@@ -184,7 +186,7 @@ class Session:
         burst, when the engine syncs every write (``storage/syncer.py``)."""
         syncer = getattr(self.server.engine, "syncer", None)
         if self.server.inline_commit and syncer is not None and syncer.mode == "always":
-            self._inline = syncer.commit_inline(_commit_after_burst)
+            self._inline = self._noting = syncer.commit_inline(_commit_after_burst)
 
     def _commit(self) -> None:
         """Write and sync what this session's commands wrote (nothing if none)."""
@@ -248,13 +250,15 @@ class Session:
         started like any durable op; anything else runs once every earlier command is
         answered, its answer spread over its slots. False if the session stops."""
         indexes = [cmd.index for cmd in span]
-        outcome = handler.begin_span(span)
         if span[-1].op in MANY_OPS:
+            with self._noting:  # a batch op only starts its write
+                outcome = handler.begin_span(span)
             entry = _Pending(indexes)
             with self._answers:
                 self._pending.append(entry)
             self._settle(handler, entry, outcome)
             return True
+        outcome = handler.begin_span(span)
         if not self._wait_answered():
             return False
         responses = handler.finish_span(outcome, len(span))
@@ -268,7 +272,8 @@ class Session:
     def _start(self, handler: CommandHandler, run: list[Command]) -> None:
         if not run:
             return
-        outcomes = handler.begin_run(run)
+        with self._noting:
+            outcomes = handler.begin_run(run)
         entries = [_Pending([cmd.index]) for cmd in run]
         run.clear()
         with self._answers:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["FsyncStats", "InlineCommits", "SyncTarget", "Syncer"]
+__all__ = ["NOT_INLINE", "FsyncStats", "InlineCommits", "NotInline", "SyncTarget", "Syncer"]
 
 #: While the recent average write-and-sync of a group commit takes longer than this,
 #: committing threads leave their commits to the syncer thread: the event loop must not
@@ -95,10 +95,13 @@ class Syncer:
     def commit_inline(self, schedule: Callable[[Callable[[], None]], object]) -> InlineCommits:
         """Let the calling thread commit its own writes (``always`` mode only).
 
-        From now on a ``mark_dirty`` made on this thread only notes the queue, and the
-        first one of a round calls ``schedule(commit)``: the thread must call
-        ``commit()`` soon (the event loop passes its ``call_soon``). ``close()`` the
-        result to stop."""
+        From now on a ``mark_dirty`` made on this thread *inside* ``with inline:`` (the
+        returned object) only notes the queue, and the first one of a round calls
+        ``schedule(commit)``: the thread must call ``commit()`` soon (the event loop
+        passes its ``call_soon``). Only calls that never wait for their own write may
+        run inside (the ``*_nowait`` ones): a thread that blocked on a write it was
+        to commit itself would wait forever, so every other write on the thread still
+        goes to the syncer thread. ``close()`` the result to stop."""
         inline = InlineCommits(self, schedule)
         with self._cond:
             if self.mode != "always" or self._stopping:
@@ -158,7 +161,8 @@ class InlineCommits:
     """The group commits of one thread that commits its own writes (``Syncer.commit_inline``).
 
     Only that thread notes queues and commits; ``close`` may come from another thread
-    once it has stopped writing (the engine closing), hence the lock.
+    once it has stopped writing (the engine closing), hence the lock. Writes are noted
+    only inside ``with inline:`` around a call that does not wait for them.
     """
 
     def __init__(self, syncer: Syncer, schedule: Callable[[Callable[[], None]], object]) -> None:
@@ -168,14 +172,23 @@ class InlineCommits:
         self._dirty: dict[SyncTarget, None] = {}
         self._scheduled = False
         self._closed = False
+        self._noting = 0
         #: group commits run on this thread, and writes left to the syncer thread
         #: because the disk was slow
         self.commits = 0
         self.handed_back = 0
 
+    def __enter__(self) -> InlineCommits:
+        """Writes made until ``__exit__`` are this thread's to commit."""
+        self._noting += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._noting -= 1
+
     def take(self, target: SyncTarget) -> bool:
         """Note ``target`` for this thread's next commit; False: the syncer thread's."""
-        if self._closed:
+        if not self._noting or self._closed:
             return False
         if self._syncer.average_commit_s > SLOW_COMMIT_S:
             self.handed_back += 1
@@ -214,3 +227,16 @@ class InlineCommits:
         if getattr(local, "inline", None) is self:
             del local.inline
         self.commit()
+
+
+class NotInline:
+    """What a thread that does not commit its own writes uses for ``with inline:``."""
+
+    def __enter__(self) -> NotInline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+NOT_INLINE = NotInline()

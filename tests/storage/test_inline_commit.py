@@ -34,6 +34,7 @@ class CommittingThread:
         self._pool = ThreadPoolExecutor(max_workers=1)
         self._soon: list[Callable[[], None]] = []
         self.scheduled = 0
+        self.inline: InlineCommits | None = None
 
     def call_soon(self, fn: Callable[[], None]) -> None:  # called on the thread
         self.scheduled += 1
@@ -73,6 +74,7 @@ def loop() -> Iterator[CommittingThread]:
 def _inline(engine: Engine, loop: CommittingThread) -> InlineCommits:
     assert engine.syncer is not None
     inline: InlineCommits = loop.run(lambda: engine.syncer.commit_inline(loop.call_soon))
+    loop.inline = inline
     return inline
 
 
@@ -86,7 +88,14 @@ def fault(hook: Callable[[str, str], None]) -> Iterator[None]:
 
 
 def _enqueue(engine: Engine, loop: CommittingThread, value: bytes) -> Future[Any]:
-    fut: Future[Any] = loop.run(lambda: engine.enqueue_nowait("q", [NewItem(value)]))
+    """An enqueue started on the committing thread, as the server's hot path starts one."""
+
+    def start() -> Future[Any]:
+        assert loop.inline is not None
+        with loop.inline:
+            return engine.enqueue_nowait("q", [NewItem(value)])
+
+    fut: Future[Any] = loop.run(start)
     return fut
 
 
@@ -121,6 +130,18 @@ def test_writes_wait_for_the_threads_own_commit_and_one_commit_answers_all(
 def test_other_threads_still_use_the_syncer_thread(engine: Engine, loop: CommittingThread) -> None:
     _inline(engine, loop)
     assert engine.enqueue_nowait("q", [NewItem(b"x")]).result(timeout=10)  # no turn needed
+
+
+def test_a_write_the_thread_waits_for_goes_to_the_syncer_thread(
+    engine: Engine, loop: CommittingThread
+) -> None:
+    """Only writes started inside ``with inline:`` wait for the thread's own commit: a
+    blocking call on that thread (outside) must not wait for a commit it would run."""
+    _inline(engine, loop)
+    started = time.monotonic()
+    assert loop.run(lambda: engine.enqueue("q", [NewItem(b"blocking")], timeout=5))
+    assert time.monotonic() - started < 4
+    assert loop.scheduled == 0
 
 
 def test_a_failed_sync_on_the_committing_thread_fails_the_queue_loudly(
