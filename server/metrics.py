@@ -217,6 +217,7 @@ class _EngineCollector(Collector):
         fsync = self._fsync(engine)
         if fsync is not None:
             yield fsync
+        yield from self._group_commits(engine)
 
     def _depths(self, engine: Engine) -> Iterator[Metric]:
         labels = ["queue"]
@@ -287,6 +288,31 @@ class _EngineCollector(Collector):
         )
         fam.add_metric([], [(_bound(b), float(c)) for b, c in buckets], float(total))
         return fam
+
+
+    def _group_commits(self, engine: Engine) -> Iterator[Metric]:
+        """Who runs the group commits (``storage/syncer.py``): the syncer thread, or the
+        threads that serve requests (the event loop, shared-memory sessions) — and how
+        often a slow disk made those hand their writes to the syncer thread."""
+        syncer = getattr(engine, "syncer", None)
+        if syncer is None:
+            return
+        by_syncer, inline, handed_back = syncer.counts()
+        rounds = CounterMetricFamily(
+            "dq_group_commits",
+            "Sync rounds (one queue's log written and fsynced), by the thread that ran them",
+            labels=["thread"],
+        )
+        rounds.add_metric(["syncer"], float(by_syncer))
+        rounds.add_metric(["request"], float(inline))
+        yield rounds
+        slow = CounterMetricFamily(
+            "dq_group_commits_handed_back",
+            "Writes a request-serving thread left to the syncer thread because recent "
+            "group commits averaged over 2 ms (a slow disk)",
+        )
+        slow.add_metric([], float(handed_back))
+        yield slow
 
 
 def _bound(b: object) -> str:

@@ -89,6 +89,8 @@ class Syncer:
         self._inline: list[InlineCommits] = []
         #: recent average seconds of one group commit's write and sync (any thread's)
         self.average_commit_s = 0.0
+        #: sync rounds (one queue's write + fsync) this thread has run
+        self.rounds = 0
         self._thread = threading.Thread(target=self._run, name="dq-syncer", daemon=True)
         self._thread.start()
 
@@ -132,6 +134,7 @@ class Syncer:
                 self._dirty.clear()
                 stopping = self._stopping
             for target in batch:
+                self.rounds += 1
                 try:
                     self.observe(target.sync_round())
                 except Exception:  # the target has failed its waiters; keep serving others
@@ -140,6 +143,17 @@ class Syncer:
                 with self._cond:
                     if not self._dirty:
                         return
+
+    def counts(self) -> tuple[int, int, int]:
+        """(sync rounds run by this thread, sync rounds run by committing threads,
+        writes committing threads left to this thread because the disk was slow)."""
+        with self._cond:
+            inline = list(self._inline)
+        return (
+            self.rounds,
+            sum(c.rounds for c in inline),
+            sum(c.handed_back for c in inline),
+        )
 
     def observe(self, took: float) -> None:
         """Count one group commit's write-and-sync time into the recent average (a
@@ -173,9 +187,10 @@ class InlineCommits:
         self._scheduled = False
         self._closed = False
         self._noting = 0
-        #: group commits run on this thread, and writes left to the syncer thread
-        #: because the disk was slow
+        #: group commits run on this thread, sync rounds (one queue each) in them, and
+        #: writes left to the syncer thread because the disk was slow
         self.commits = 0
+        self.rounds = 0
         self.handed_back = 0
 
     def __enter__(self) -> InlineCommits:
@@ -212,6 +227,7 @@ class InlineCommits:
             self._dirty.clear()
             self._scheduled = False
         observe = self._syncer.observe
+        self.rounds += len(batch)
         for target in batch:
             try:
                 observe(target.sync_round())

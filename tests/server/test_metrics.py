@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from dq.client import Client
 from dq.server.metrics import Metrics
 from dq.storage import Engine, EngineConfig, NewItem
+from tests.server.live import live_server
 
 
 def _samples(m: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -43,6 +46,7 @@ def test_operations_and_engine_figures(tmp_path: Path) -> None:
     assert s[("dq_queue_pending", (("queue", "q"),))] == 2
     assert s[("dq_queue_delayed", (("queue", "q"),))] == 1
     assert s[("dq_fsync_duration_seconds_count", ())] >= 1
+    assert s[("dq_group_commits_total", (("thread", "syncer"),))] >= 1  # not a request thread
 
 
 def test_apps_do_not_share_registries() -> None:
@@ -65,3 +69,26 @@ def test_per_queue_series_are_bounded(tmp_path: Path) -> None:
         ("dq_queue_pending", (("queue", "a"),)),
         ("dq_queue_pending", (("queue", "b"),)),
     ]
+
+
+def test_group_commits_say_which_thread_ran_them(tmp_path: Path) -> None:
+    """A live server with fsync=always: single enqueues over HTTP are committed by the
+    event loop itself (``thread="request"``), a write from elsewhere by the syncer."""
+    with live_server(tmp_path / "data", fsync="always") as server:
+        with Client(server.url) as dq:
+            for n in range(20):
+                dq.enqueue("gc", b"v%d" % n)
+            assert len(dq.dequeue("gc", count=20)) == 20
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+    s = {
+        (x.name, tuple(sorted(x.labels.items()))): x.value
+        for fam in text_string_to_metric_families(text)
+        for x in fam.samples
+    }
+    # 20 writes, each answered before the next is sent. The first creates the queue, off
+    # the loop (a worker thread): the syncer commits it. The other 19 are the loop's,
+    # unless a slow disk made it hand some to the syncer thread.
+    handed = s[("dq_group_commits_handed_back_total", ())]
+    assert s[("dq_group_commits_total", (("thread", "syncer"),))] >= 1
+    assert s[("dq_group_commits_total", (("thread", "request"),))] + handed >= 19
+    assert s[("dq_group_commits_total", (("thread", "request"),))] >= 1 or handed >= 19
