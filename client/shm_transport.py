@@ -431,6 +431,21 @@ class ShmTransport:
         ]
         return Dequeued(items, outcomes)
 
+    def release_one(self, queue: str, item_id: int, receipt: str) -> Outcome | None:
+        """``Client.release``'s call: ``None`` once released, else the failed outcome; the
+        one DELETE ``release`` would send, without its per-batch bookkeeping."""
+        if self._over_http() or not _ascii(receipt):
+            outcome = self.release(queue, [Release(item_id, receipt)])[0]
+            return None if outcome.ok else outcome
+        command: Command = (Op.DELETE, *codec.encode_item(item_id, receipt))
+        (r,) = self._run(queue, [[command]])
+        if r.status == Status.OK:
+            return None
+        if self._refused([r]):
+            again: Outcome = self._http_transport().release(queue, [Release(item_id, receipt)])[0]
+            return None if again.ok else again
+        return self._outcome(queue, item_id, r, _released_ok)
+
     def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]:
         def command(i: int) -> Command:
             return (Op.DELETE, *codec.encode_item(batch[i].id, batch[i].receipt))

@@ -255,3 +255,28 @@ def test_a_worker_may_start_before_its_producer(shm_url: str) -> None:
     assert asyncio.run(run()) == [b"first job"]
     with Client(shm_url) as dq, pytest.raises(QueueNotFound):
         dq.release("not-yet-c", 1, "0.1.1")  # writes to a missing queue stay 404
+
+
+def test_a_single_release_fails_as_over_http(server: LiveServer, shm_url: str) -> None:
+    """``release`` of one item over the ring (one DELETE, no batch bookkeeping) raises
+    what the HTTP client raises, for every way it can fail, and returns None otherwise."""
+    with Client(shm_url) as dq, Client(server.url) as http:
+        dq.enqueue("one-release", b"x")
+        (item,) = dq.dequeue("one-release", lease_ms=60_000)
+        cases = [
+            ("one-release", item.id + 1000, item.receipt),  # no such item
+            ("one-release", item.id, "not-a-receipt"),  # a receipt of nothing
+            ("one-release", item.id, "é"),  # not ASCII: cannot go through the ring
+            ("no-such-queue", item.id, item.receipt),
+        ]
+        for queue, item_id, receipt in cases:
+            errors = []
+            for client in (dq, http):
+                with pytest.raises(ServerError) as err:
+                    client.release(queue, item_id, receipt)
+                errors.append((type(err.value), err.value.code))
+            assert errors[0] == errors[1], (queue, item_id, receipt, errors)
+        assert dq.release("one-release", item.id, item.receipt) is None
+        with pytest.raises(StaleReceipt):
+            dq.release("one-release", item.id, item.receipt)
+        assert dq.queue("one-release").stats.pending == 0
