@@ -3,13 +3,14 @@
 Run from the repository root:  .venv/bin/python -m bench.client_cpu [--n 3000] [--runs 3]
 
 Starts ``dq serve --fsync never`` (the server's cost is not measured here) and, in this
-process, times N single-item enqueues (256-byte values), N dequeue+release pairs and N items
-through the consumer helper (``Client.consumer(...).run``: each release rides on the next
-dequeue) over one keep-alive connection, reading this process's CPU time
-(``time.process_time``):
-with ``Client``, with ``AsyncClient``, and, for comparison, the standard library's
-``http.client`` sending the same JSON and parsing the answer with ``json``. Prints µs of client CPU per request (median of ``--runs``), the machine and
-its load average: the machine may be shared, so compare figures of one run.
+process, times N single-item enqueues (256-byte values), N dequeue+release pairs and N
+items through the consumer helper (``Client.consumer(...).run``: each release rides on
+the next dequeue) over one keep-alive connection, reading this process's CPU time
+(``time.process_time``): with ``Client``, with ``AsyncClient``, with ``Client`` over the
+shared-memory ring (``shm://``, same server), and, for comparison, the standard
+library's ``http.client`` sending the same JSON and parsing the answer with ``json``.
+Prints µs of client CPU per request (median of ``--runs``), the machine and its load
+average: the machine may be shared, so compare figures of one run.
 """
 
 from __future__ import annotations
@@ -150,8 +151,10 @@ def main() -> None:
     args = parser.parse_args()
     results: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp, _server(Path(tmp) / "data") as url:
+        shm_url = f"shm://{Path(tmp) / 'data'}"
         for _ in range(args.runs):  # interleaved: a slow period hits every client alike
             for name, measure in (("Client", _sync), ("AsyncClient", _async),
+                                  ("Client(shm://)", lambda _, n: _sync(shm_url, n)),
                                   ("http.client + json", _floor)):  # fmt: skip
                 for op, us in measure(url, args.n).items():
                     results.setdefault(f"{name}: {op}", []).append(us)
