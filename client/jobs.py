@@ -138,6 +138,11 @@ class _KeeperStarter:
     on one thread that wakes when the earliest job it holds falls due."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """As new; after ``fork()``, in the child: the thread stayed in the parent, its
+        lock may have been held there, and the parent's jobs are the parent's to keep."""
         self._lock = threading.Lock()  # taken directly: cheaper than the condition's methods
         self._cond = threading.Condition(self._lock)
         self._jobs: dict[int, tuple[float, Job]] = {}  # id(job) → (when it falls due, job)
@@ -183,15 +188,7 @@ class _KeeperStarter:
 
 
 _starter = _KeeperStarter()
-
-
-def _forked() -> None:
-    """The starter's thread (and perhaps its lock) stayed in the parent."""
-    global _starter
-    _starter = _KeeperStarter()
-
-
-os.register_at_fork(after_in_child=_forked)
+os.register_at_fork(after_in_child=_starter.reset)
 
 
 class Job(_JobState):
@@ -208,11 +205,11 @@ class Job(_JobState):
         #: wakes the keeper when the job ends; made with the keeper (most jobs have none)
         self._ended: threading.Event | None = None
         self._keeper: threading.Thread | None = None
-        self._starter: _KeeperStarter | None = None
+        self._entered = False
 
     def __enter__(self) -> Job:
-        self._starter = _starter
-        self._starter.add(self, time.monotonic() + self.extend_every_s)
+        _starter.add(self, time.monotonic() + self.extend_every_s)
+        self._entered = True
         return self
 
     def start_keeper(self) -> None:
@@ -249,9 +246,9 @@ class Job(_JobState):
     def __exit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> bool:
-        if self._starter is not None:
+        if self._entered:
             # after this the starter gives the job no keeper; one it gave is in _ended
-            self._starter.remove(self)
+            _starter.remove(self)
         self._done = True
         if self._ended is not None:
             self._ended.set()

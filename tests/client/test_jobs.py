@@ -191,14 +191,24 @@ def test_async_jobs_keep_their_leases_without_a_task_per_quick_job(
 
 
 def test_a_forked_child_starts_lease_keepers_of_its_own() -> None:
+    """After fork() the child's starter has no thread (it stayed in the parent), a lock
+    of its own, and none of the parent's jobs (the parent keeps those)."""
     from dq.client import jobs
 
-    parents = jobs._starter
-    pid = os.fork()
-    if pid == 0:  # the parent's starter thread did not come along: a fresh starter
-        os._exit(0 if jobs._starter is not parents and jobs._starter._thread is None else 1)
-    give_up = time.monotonic() + 10
-    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
-        assert time.monotonic() < give_up
-        time.sleep(0.01)
-    assert os.waitstatus_to_exitcode(done[1]) == 0
+    parents_job = object()
+    jobs._starter.add(parents_job, time.monotonic() + 3600)  # type: ignore[arg-type]
+    try:
+        assert jobs._starter._thread is not None
+        pid = os.fork()
+        if pid == 0:
+            ok = jobs._starter._thread is None and not jobs._starter._jobs
+            jobs._starter.remove(parents_job)  # type: ignore[arg-type]
+            os._exit(0 if ok else 1)
+        give_up = time.monotonic() + 10
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            assert time.monotonic() < give_up
+            time.sleep(0.01)
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+        assert id(parents_job) in jobs._starter._jobs  # the parent's starter is untouched
+    finally:
+        jobs._starter.remove(parents_job)  # type: ignore[arg-type]
