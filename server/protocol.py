@@ -19,6 +19,16 @@ The body limit (413 from ``Content-Length`` before reading) and the token check 
 before reading) are answered by the app's outermost middleware for every route; a
 request is only a fast-path candidate if it would pass both.
 
+The parser's callbacks cost a dozen Python calls a request, and a client sends the
+same head (request line and header lines, ``Content-Length`` included) again and again.
+So once the parser has read a hot request that arrived whole in one read, its head's
+bytes are remembered with what the callbacks made of them (``_Head``); a later read
+that starts, between requests, with the same bytes and holds the whole body is served
+as the callbacks would have served it, without the parser. The parser makes the same
+of the same bytes from the same state, so nothing is guessed: anything not seen
+before, cut short or pipelined behind an answer to come goes to the parser as it came,
+and the parser, which never sees those requests, stays between requests.
+
 Invariant: a request answered here gets the bytes the FastAPI route would answer
 (``tests/server/test_hot_path.py``); the fast path never answers a request that
 uvicorn has queued behind another (pipelining) before that one is answered.
@@ -27,9 +37,10 @@ uvicorn has queued behind another (pipelining) before that one is answered.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import (
     STATUS_LINE,
     HttpToolsProtocol,
@@ -54,6 +65,11 @@ _PULL_B = _PULL.encode()
 _QUEUES_B = _QUEUES.encode()
 _SWEEP_S = 1.0
 _JSON_TYPE = b"application/json"
+#: What a read must start with to be looked up among the heads seen before.
+_HOT_START = b"POST /v1/"
+#: Heads longer than this are not remembered; past this many, the memory starts afresh.
+_HEAD_MAX = 2048
+_HEADS_MAX = 256
 
 
 def protocol_for(app: FastAPI, settings: Settings) -> type[HttpToolsProtocol]:
@@ -71,6 +87,8 @@ def protocol_for(app: FastAPI, settings: Settings) -> type[HttpToolsProtocol]:
             "dq_max_connections": settings.max_connections,
             "dq_header_timeout": settings.header_timeout_s,
             "dq_body_timeout": settings.body_timeout_s,
+            # what the parser made of the heads of hot requests (per app and settings)
+            "dq_heads": {},
         },
     )
 
@@ -84,6 +102,7 @@ class DqHttpProtocol(HttpToolsProtocol):
     dq_max_connections: int
     dq_header_timeout: float
     dq_body_timeout: float
+    dq_heads: dict[bytes, _Head]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -94,6 +113,14 @@ class DqHttpProtocol(HttpToolsProtocol):
         self._reading = "headers"
         #: When this connection, idle between requests, is closed (0: not idle).
         self._idle_deadline = 0.0
+        #: The parser is inside a request (between its first byte and its end).
+        self._in_message = False
+        #: Requests the parser began in the current read, and the hot one it took.
+        self._begun = 0
+        self._seen: _Head | None = None
+        #: Reads may be served from remembered heads: off for good once the parser has
+        #: seen anything that ends or changes the connection.
+        self._known_heads = self.dq_fast
 
     # ------------------------------------------------------------ connection limits
 
@@ -106,9 +133,84 @@ class DqHttpProtocol(HttpToolsProtocol):
         # A connection that never sends a request is closed like an idle keep-alive one.
         self._idle_deadline = self.loop.time() + self.timeout_keep_alive
 
+    # ------------------------------------------------------------ reading
+
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, but a read that starts with a head seen before is served without
+        the parser (``_serve_known``), and the head of a hot request the parser read
+        whole is remembered."""
+        self._idle_deadline = 0.0  # data arrived
+        learn = False
+        if self._known_heads and not self._in_message and data.startswith(_HOT_START):
+            cycle = self.cycle
+            if cycle is None or cycle.response_complete:
+                data = self._serve_known(data)
+                if not data:
+                    return
+                learn = self._known_heads and not self._in_message
+                self._begun = 0
+                self._seen = None
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self._known_heads = False
+            msg = "Invalid HTTP request received."
+            self.logger.warning(msg)
+            self.send_400_response(msg)
+            return
+        except httptools.HttpParserUpgrade:
+            self._known_heads = False
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        if learn and self._begun == 1 and self._seen is not None and not self._in_message:
+            self._learn(data, self._seen)
+
+    def _learn(self, data: bytes, seen: _Head) -> None:
+        """Remember the head of the one hot request ``data`` held, whole, from its first
+        byte: the parser would make ``seen`` of those bytes again."""
+        end = data.find(b"\r\n\r\n") + 4
+        if 4 <= end <= _HEAD_MAX and end + seen.length == len(data):
+            heads = self.dq_heads
+            if len(heads) >= _HEADS_MAX:
+                heads.clear()
+            heads[data[:end]] = seen
+
+    def _serve_known(self, data: bytes) -> bytes:
+        """Serve the requests ``data`` starts with whose heads the parser has read
+        before, while each one's answer is written before the next is read; returns
+        the rest, for the parser."""
+        heads = self.dq_heads
+        while True:
+            end = data.find(b"\r\n\r\n") + 4
+            head = heads.get(data[:end]) if end >= 4 else None
+            if head is None:
+                return data
+            stop = end + head.length
+            if len(data) < stop:
+                return data  # the body is still arriving: the parser reads it
+            # What on_message_begin, on_headers_complete, on_body and
+            # on_message_complete would have done (the parser's own request fields,
+            # url and headers, are set anew when it begins its next request).
+            cycle = _HotCycle(head.path, "1.1", head.headers, True, self)
+            cycle.body = data[end:stop]  # type: ignore[assignment]
+            cycle.more_body = False
+            self._read_deadline = 0.0
+            self.cycle = cycle  # type: ignore[assignment]
+            self._hot_cycle = cycle  # type: ignore[assignment]
+            self._hot = head.hot
+            self._dispatch(cycle)  # type: ignore[arg-type]
+            data = data[stop:]
+            if not data.startswith(_HOT_START) or not self.cycle.response_complete:
+                return data  # nothing more, or pipelined behind an answer to come
+
     def on_message_begin(self) -> None:
         # uvicorn builds the request's scope here; it is built in on_headers_complete
         # instead, and only for a request the framework serves.
+        self._in_message = True
+        self._begun += 1
         self.url = b""
         self.expect_100_continue = False
         self.headers = []
@@ -151,6 +253,7 @@ class DqHttpProtocol(HttpToolsProtocol):
     def _refuse(self, status: int, code: str, message: str) -> None:
         """Answer a connection-level refusal and close (nothing more is read); a request
         the app is reading then sees its client gone."""
+        self._known_heads = False
         if self.transport.is_closing():
             return
         body = error_json(code, message)
@@ -162,6 +265,12 @@ class DqHttpProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._read_deadline = self.loop.time() + self.dq_body_timeout
         self._reading = "body"
+        parser = self.parser
+        version = parser.get_http_version()
+        keep_alive = version != "1.0" and parser.should_keep_alive()
+        if version != "1.1" or not keep_alive:
+            # the connection ends after this request: later bytes stay the parser's
+            self._known_heads = False
         url = self.url
         previous = self.cycle
         if (
@@ -170,18 +279,20 @@ class DqHttpProtocol(HttpToolsProtocol):
             and (url.startswith(_QUEUES_B) or url == _PULL_B)
             and b"%" not in url
             and b"?" not in url
-            and self.parser.get_method() == b"POST"
+            and parser.get_method() == b"POST"
             and not self.expect_100_continue
         ):
             path = url.decode("ascii")
             hot = self._candidate(path, self.headers)
             if hot is not None:
-                version = self.parser.get_http_version()
-                keep_alive = version != "1.0" and self.parser.should_keep_alive()
                 cycle = _HotCycle(path, version, self.headers, keep_alive, self)
                 self.cycle = cycle  # type: ignore[assignment]
                 self._hot_cycle = cycle  # type: ignore[assignment]
                 self._hot = hot
+                if self._known_heads and not parser.should_upgrade():
+                    length = _content_length(self.headers)
+                    if length >= 0:
+                        self._seen = _Head(path, tuple(self.headers), hot, length)
                 return
         self._new_scope()
         super().on_headers_complete()  # builds the cycle; may call _start_asgi_task
@@ -201,6 +312,7 @@ class DqHttpProtocol(HttpToolsProtocol):
         }
 
     def on_message_complete(self) -> None:
+        self._in_message = False
         self._read_deadline = 0.0
         cycle = self._hot_cycle
         if cycle is not None and cycle is self.cycle:
@@ -290,7 +402,7 @@ class DqHttpProtocol(HttpToolsProtocol):
         """The cycle uvicorn would have made for a request the fast path declined."""
         self._new_scope()
         scope = self.scope
-        scope["headers"] = hot.headers
+        scope["headers"] = list(hot.headers)  # a remembered head's are shared
         scope["method"] = "POST"
         if hot.http_version != "1.1":
             scope["http_version"] = hot.http_version
@@ -361,6 +473,28 @@ class DqHttpProtocol(HttpToolsProtocol):
         self._idle_deadline = self.loop.time() + self.timeout_keep_alive
 
 
+class _Head(NamedTuple):
+    """What the parser and ``_candidate`` made of a hot request's head."""
+
+    path: str
+    headers: tuple[tuple[bytes, bytes], ...]
+    #: (route, queue)
+    hot: tuple[str, str]
+    #: the body's length (``Content-Length``)
+    length: int
+
+
+def _content_length(headers: Iterable[tuple[bytes, bytes]]) -> int:
+    """The request's one ``Content-Length``, or -1 (none, or not plain digits)."""
+    length = -1
+    for name, value in headers:
+        if name == b"content-length":
+            if length >= 0 or not value.isdigit():
+                return -1
+            length = int(value)
+    return length
+
+
 class _HotCycle:
     """What uvicorn's protocol keeps of a request the fast path is serving (in place of
     its ``RequestResponseCycle``: no scope, no event, no task), and the ``Responder``
@@ -384,7 +518,7 @@ class _HotCycle:
         self,
         path: str,
         http_version: str,
-        headers: list[tuple[bytes, bytes]],
+        headers: Sequence[tuple[bytes, bytes]],
         keep_alive: bool,
         protocol: DqHttpProtocol,
     ) -> None:
