@@ -289,7 +289,6 @@ class _EngineCollector(Collector):
         fam.add_metric([], [(_bound(b), float(c)) for b, c in buckets], float(total))
         return fam
 
-
     def _group_commits(self, engine: Engine) -> Iterator[Metric]:
         """Who runs the group commits (``storage/syncer.py``): the syncer thread, or the
         threads that serve requests (the event loop, shared-memory sessions) — and how
