@@ -260,6 +260,7 @@ class Operations:
                 q._check_open()
                 if q.stalled():
                     stalled = True
+                    q._retry_rotation()  # as a stalled enqueue does: nothing else may
                 else:
                     stalled = False
                     found = waiting_keys(q, after, _CHUNK)

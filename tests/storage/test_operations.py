@@ -3,19 +3,23 @@ idempotent enqueue and the stats they add; each durable across a reopen."""
 
 from __future__ import annotations
 
+import errno
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dq.storage import Engine, Extend, NewItem, QueueConfig, Release, Requeue
+from dq.storage import Engine, Extend, NewItem, QueueConfig, Release, Requeue, segment_set
 from dq.storage.errors import (
     BadCursor,
     InvalidArgument,
     InvalidKey,
     ItemNotFound,
     NotADeadLetterQueue,
+    WriteStall,
 )
 from tests.storage.conftest import FakeClock
 
@@ -360,3 +364,36 @@ def test_expired_keys_leave_memory_and_their_sidecars_go(
     e.forget_expired_keys(q)
     assert "k" not in q.meta.keys
     assert not list(qdir.glob("*.meta"))
+
+
+def test_purge_of_a_stalled_queue_retries_its_failed_rotation(
+    open_engine: Open, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log twice over its limit whose rotation failed stalls writes until the rotation
+    is tried again; a stalled enqueue asks for that retry, and so must a purge waiting
+    for the stall to pass (it looped forever when only a purge was writing)."""
+    e = open_engine(fsync="always", memseg_bytes=4096)
+    e.enqueue("q", [NewItem(b"a")])
+    create = segment_set.WalWriter.create
+    disk_full = [True]
+    failures: list[int] = []
+
+    def no_space(*args: Any, **kwargs: Any) -> Any:
+        if disk_full[0]:
+            failures.append(1)
+            raise OSError(errno.ENOSPC, "no space left on device")
+        return create(*args, **kwargs)
+
+    monkeypatch.setattr(segment_set.WalWriter, "create", no_space)
+    e.enqueue("q", [NewItem(b"x" * 5000)])  # over the limit: the rotation fails
+    e.enqueue("q", [NewItem(b"y" * 5000)])  # twice over: writes stall now
+    q = e.queue("q")
+    assert failures and q.stalled()
+    with pytest.raises(WriteStall):
+        e.enqueue_nowait("q", [NewItem(b"z")])
+    disk_full[0] = False  # space again: the next try of the rotation succeeds
+    done: list[int] = []
+    purging = threading.Thread(target=lambda: done.append(e.purge("q")), daemon=True)
+    purging.start()
+    purging.join(30)
+    assert done == [3] and not q.stalled()
