@@ -20,6 +20,7 @@ after can alternate in one session.
 from __future__ import annotations
 
 import argparse
+import atexit
 import collections
 import os
 import shutil
@@ -37,6 +38,7 @@ def _use_tree(tree: str) -> str:
     """Import ``dq`` from ``tree``: a package directory of links to its parts, first on
     the path (an editable install's finder comes after the path's)."""
     root = tempfile.mkdtemp(prefix="dq-tree-")
+    atexit.register(shutil.rmtree, root, True)
     pkg = Path(root) / "dq"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
