@@ -35,6 +35,7 @@ from dq.shm import command_codec as codec
 from dq.shm.command_ring import (
     FLAG_MORE,
     RESPONSE_BODY_MAX,
+    RESPONSE_HEAD,
     Command,
     Op,
     Status,
@@ -48,6 +49,17 @@ __all__ = ["ASYNC_OPS", "MANY_OPS", "CommandHandler", "Outcome"]
 
 log = logging.getLogger(__name__)
 
+# Plain ints for the per-command tests: an IntEnum member's lookup costs several times an
+# int comparison, and these run for every command a ring carries.
+PUT, DELETE, FIND, REQUEUE, EXTEND = (
+    int(Op.PUT),
+    int(Op.DELETE),
+    int(Op.FIND),
+    int(Op.REQUEUE),
+    int(Op.EXTEND),
+)
+BIND, CONTINUE = int(Op.BIND), int(Op.CONTINUE)
+OK = int(Status.OK)
 ASYNC_OPS = frozenset({Op.PUT, Op.DELETE, Op.REQUEUE})
 MANY_OPS = frozenset({Op.PUT_MANY, Op.DELETE_MANY})  # durable too; their body spans PARTs
 _KNOWN_OPS = frozenset(int(op) for op in Op)
@@ -97,7 +109,33 @@ def _item_result(outcomes: list[ItemOutcome], body: Callable[[ItemOutcome], byte
 
 
 def _put_ok(done: Any) -> Result:
-    return int(Status.OK), codec.encode_put_ok(done.id, done.deadline)
+    return OK, codec.encode_put_ok(done.id, done.deadline)
+
+
+def _put_first(done: list[Any]) -> Result:
+    """A single PUT's answer from its one-item batch."""
+    first = done[0]
+    return OK, codec.encode_put_ok(first.id, first.deadline)
+
+
+def _released(outcomes: list[ItemOutcome]) -> Result:
+    """A single DELETE's answer."""
+    (outcome,) = outcomes
+    if outcome.error is not None:
+        return _status_for(outcome.error), (outcome.message or outcome.error).encode()
+    return OK, b""
+
+
+def _requeued(outcomes: list[ItemOutcome]) -> Result:
+    return _item_result(outcomes, _requeued_body)
+
+
+def _requeued_body(outcome: ItemOutcome) -> bytes:
+    return codec.encode_u64(outcome.deadline or 0)
+
+
+def _extended_body(outcome: ItemOutcome) -> bytes:
+    return codec.encode_extend_ok(outcome.lease_expires or 0, outcome.receipt or "")
 
 
 def _empty(outcome: ItemOutcome) -> bytes:
@@ -143,18 +181,19 @@ class CommandHandler:
     def begin(self, cmd: Command) -> Outcome:
         """Start a command: durable ops return a future, the others their result."""
         try:
-            if cmd.op != Op.CONTINUE:
+            op = cmd.op
+            if op != CONTINUE:
                 self._rest = b""
             if cmd.value_size > 1024:
                 return Outcome(
                     (int(Status.VALUE_TOO_LARGE), b"value_size exceeds the 1024-byte slot")
                 )
-            if cmd.op == Op.BIND:
+            if op == BIND:
                 self.queue = check_queue_name(cmd.value.decode("ascii", "replace"))
-                return Outcome((int(Status.OK), b""))
-            if cmd.op == Op.CONTINUE:
+                return Outcome((OK, b""))
+            if op == CONTINUE:
                 return self._continue()
-            if cmd.op not in _KNOWN_OPS:
+            if op not in _KNOWN_OPS:
                 return Outcome((int(Status.UNKNOWN_OP), f"unknown op {cmd.op}".encode()))
             if self.queue is None:
                 return Outcome((int(Status.NOT_BOUND), b"no queue bound: send BIND first"))
@@ -263,6 +302,24 @@ class CommandHandler:
             for at in range(0, room, RESPONSE_BODY_MAX)
         ]
 
+    def answer_one(self, outcome: Outcome) -> bytes:
+        """``finish_span(outcome, 1, whole=False)[0]`` for a command whose future has
+        resolved (or that was answered at once): the answer of a single-slot durable
+        command, given from the thread that resolved it, without the list around it."""
+        if outcome.encoded is not None:
+            return outcome.encoded
+        if outcome.result is not None:
+            status, body = outcome.result
+        else:
+            assert outcome.future is not None and outcome.finish is not None
+            try:
+                status, body = outcome.finish(self._wait(outcome.future))
+            except Exception as exc:
+                status, body = _error(exc)
+        if len(body) > RESPONSE_BODY_MAX:  # cut, as ``finish_span`` cuts it: no MORE
+            body = body[:RESPONSE_BODY_MAX]
+        return RESPONSE_HEAD.pack(status, 0, 0) + body
+
     def _wait(self, future: concurrent.futures.Future[Any]) -> Any:
         while True:
             try:
@@ -289,38 +346,26 @@ class CommandHandler:
     def _dispatch(self, cmd: Command, queue: str) -> Outcome:
         engine = self._engine
         op = cmd.op
-        if op == Op.PUT:
+        if op == PUT:
             deadline, delay = codec.decode_put(cmd.key)
             item = NewItem(cmd.value, deadline, delay)
-            return Outcome(
-                future=engine.enqueue_nowait(queue, [item]), finish=lambda r: _put_ok(r[0])
-            )
-        if op == Op.DELETE:
+            return Outcome(None, engine.enqueue_nowait(queue, [item]), _put_first)
+        if op == DELETE:
             args = codec.decode_item(cmd.key, cmd.value)
-            return Outcome(
-                future=engine.release_nowait(queue, [Release(args.id, args.receipt)]),
-                finish=lambda r: _item_result(r, _empty),
-            )
-        if op == Op.REQUEUE:
+            release = Release(args.id, args.receipt)
+            return Outcome(None, engine.release_nowait(queue, [release]), _released)
+        if op == REQUEUE:
             args = codec.decode_requeue(cmd.key, cmd.value)
             req = Requeue(args.id, args.receipt, args.arg, args.delay_ms)
-            return Outcome(
-                future=engine.requeue_nowait(queue, [req]),
-                finish=lambda r: _item_result(r, lambda o: codec.encode_u64(o.deadline or 0)),
-            )
-        if op == Op.EXTEND:
+            return Outcome(None, engine.requeue_nowait(queue, [req]), _requeued)
+        if op == EXTEND:
             args = codec.decode_item(cmd.key, cmd.value)
             if args.arg is None:
                 raise MalformedSlot("EXTEND needs lease_ms > 0")
             outcomes = engine.extend(queue, [Extend(args.id, args.receipt, args.arg)])
-            return Outcome(
-                _item_result(
-                    outcomes,
-                    lambda o: codec.encode_extend_ok(o.lease_expires or 0, o.receipt or ""),
-                )
-            )
-        if op == Op.FIND:
-            return Outcome((int(Status.OK), self._find(queue, codec.decode_find(cmd.key))))
+            return Outcome(_item_result(outcomes, _extended_body))
+        if op == FIND:
+            return Outcome((OK, self._find(queue, codec.decode_find(cmd.key))))
         # Op.STATS
         stats = dataclasses.asdict(engine.stats(queue))
         return Outcome((int(Status.OK), json.dumps(stats, separators=(",", ":")).encode()))

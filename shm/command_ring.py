@@ -87,6 +87,8 @@ RESPONSE_WAKE_WORD = 2072  # aligned u32 holding response_ready: the client park
 PADDING = 2075
 
 U32 = struct.Struct("<I")
+SLOT_HEAD = struct.Struct("<BB16sI")  # ready, op, key, value_size: a command's fixed fields
+assert SLOT_HEAD.size == VALUE
 assert RESPONSE_READY + 1 + 5 == SLOT_SIZE
 assert VALUE + VALUE_MAX == RESPONSE_SIZE
 assert RESPONSE + RESPONSE_MAX == RESPONSE_READY
@@ -182,9 +184,11 @@ def slot_offset(index: int) -> int:
     return SLOTS_OFF + SLOT_SIZE * index
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Command:
-    """A private copy of one slot, taken after ``ready`` was seen set."""
+    """A private copy of one slot, taken after ``ready`` was seen set. Nothing writes to
+    it after ``read``; not frozen because one is built per command, and a frozen
+    dataclass costs several times more to build."""
 
     index: int
     op: int
@@ -432,21 +436,22 @@ class ServerRing:
     def read(self, index: int) -> Command:
         """Copy slot ``index``; ``ready`` must be set, ``value_size`` within the slot."""
         mm, view = self._mm, self._view
-        off = slot_offset(index)
+        off = SLOTS_OFF + SLOT_SIZE * index
         if at.load_u8(mm, off + READY) != 1:
             raise MalformedSlot("head moved past a slot that is not ready", slot=index)
-        raw = bytes(view[off : off + RESPONSE_SIZE])
+        # the fixed fields, then only the value's bytes: copies, checked after copying
+        _, op, key, size = SLOT_HEAD.unpack_from(view, off)
+        value = bytes(view[off + VALUE : off + VALUE + size]) if size <= VALUE_MAX else b""
         at.store_u8(mm, off + READY, 0)  # taken: a stale slot is never processed twice
-        (size,) = U32.unpack_from(raw, VALUE_SIZE)
-        value = raw[VALUE : VALUE + size] if size <= VALUE_MAX else b""
-        return Command(index, raw[OP], raw[KEY : KEY + KEY_SIZE], value, size)
+        return Command(index, op, key, value, size)
 
     def publish(self, index: int, response: bytes) -> None:
         """Write the response, set ``response_ready`` (release) and wake a parked client."""
         mm, view = self._mm, self._view
-        off = slot_offset(index)
-        U32.pack_into(view, off + RESPONSE_SIZE, len(response))
-        view[off + RESPONSE : off + RESPONSE + len(response)] = response
+        off = SLOTS_OFF + SLOT_SIZE * index
+        size = len(response)
+        U32.pack_into(view, off + RESPONSE_SIZE, size)
+        view[off + RESPONSE : off + RESPONSE + size] = response
         at.store_u8(mm, off + RESPONSE_READY, 1)
         at.futex_wake(mm, off + RESPONSE_WAKE_WORD)
 

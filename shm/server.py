@@ -64,6 +64,7 @@ __all__ = ["ShmServer"]
 log = logging.getLogger(__name__)
 
 RUN_OPS = frozenset({Op.PUT, Op.DELETE})  # consecutive ones become one engine batch
+PART = int(Op.PART)  # an int: an IntEnum member's lookup costs more, for every command
 HANDSHAKE_TIMEOUT_S = 5.0
 IDLE_PARK_S = 2.0  # a safety net: stopping a session futex-wakes it (a wake can race the park)
 POLL_MIN_S = 0.0005  # clients that do not futex-wake are polled, backing off to POLL_MAX_S
@@ -83,10 +84,12 @@ class _Refused(ShmError):
 
 @dataclass(slots=True)
 class _Pending:
-    """A started durable command: its slot(s) and, once durable, one response per slot."""
+    """A started durable command: its slot(s), its outcome and, once durable, one
+    response per slot (``answer``: the bytes of a single slot, else a list of them)."""
 
     indexes: list[int]
-    responses: list[bytes] | None = None
+    outcome: Outcome
+    answer: bytes | list[bytes] | None = None
 
 
 class Session:
@@ -107,8 +110,11 @@ class Session:
         self.thread = threading.Thread(target=self._run, name=f"dq-shm-{number}", daemon=True)
         # Durable commands are answered by their future's callback, in whichever thread
         # resolves it (the engine's group commit): no wake-up of this session's thread.
-        # ``_answers`` guards publishing; ``_pending`` holds the started ones in ring order.
-        self._answers = threading.Condition()
+        # ``_lock`` guards publishing (``_answers`` waits on it; taking the lock itself
+        # costs less than entering the condition); ``_pending`` holds the started ones in
+        # ring order.
+        self._lock = threading.Lock()
+        self._answers = threading.Condition(self._lock)
         self._pending: deque[_Pending] = deque()
         self._next = 0  # the next slot to read; ``tail`` trails it while answers are due
         self._parts: list[Command] = []  # PARTs read, waiting for their command
@@ -218,7 +224,7 @@ class Session:
         scan = self._next
         while scan != head and not self.stopping.is_set():
             cmd = ring.read(scan)
-            if cmd.op == Op.PART:  # answered with the command it belongs to
+            if cmd.op == PART:  # answered with the command it belongs to
                 self._start(handler, run)
                 parts.append(cmd)
             elif parts or cmd.op in MANY_OPS:
@@ -236,7 +242,7 @@ class Session:
                 if not self._wait_answered():
                     return
                 response = handler.finish(handler.begin(cmd))
-                with self._answers:
+                with self._lock:
                     ring.publish(scan, response)
                     ring.advance()
             scan = (scan + 1) % ring.capacity
@@ -253,10 +259,10 @@ class Session:
         if span[-1].op in MANY_OPS:
             with self._noting:  # a batch op only starts its write
                 outcome = handler.begin_span(span)
-            entry = _Pending(indexes)
-            with self._answers:
+            entry = _Pending(indexes, outcome)
+            with self._lock:
                 self._pending.append(entry)
-            self._settle(handler, entry, outcome)
+            self._settle(handler, entry)
             return True
         outcome = handler.begin_span(span)
         if not self._wait_answered():
@@ -264,7 +270,7 @@ class Session:
         responses = handler.finish_span(outcome, len(span))
         ring = self.ring
         assert ring is not None
-        with self._answers:
+        with self._lock:
             ring.publish_span(indexes, responses)
             ring.advance(len(span))
         return True
@@ -274,39 +280,46 @@ class Session:
             return
         with self._noting:
             outcomes = handler.begin_run(run)
-        entries = [_Pending([cmd.index]) for cmd in run]
+        entries = [
+            _Pending([cmd.index], outcome) for cmd, outcome in zip(run, outcomes, strict=True)
+        ]
         run.clear()
-        with self._answers:
+        with self._lock:
             self._pending.extend(entries)
-        for entry, outcome in zip(entries, outcomes, strict=True):
-            self._settle(handler, entry, outcome)
+        for entry in entries:
+            self._settle(handler, entry)
 
-    def _settle(self, handler: CommandHandler, entry: _Pending, outcome: Outcome) -> None:
-        if outcome.future is None:  # answered at once (refused)
-            self._answer(entry, handler.finish_span(outcome, len(entry.indexes), whole=False))
+    def _settle(self, handler: CommandHandler, entry: _Pending) -> None:
+        future = entry.outcome.future
+        if future is None:  # answered at once (refused)
+            self._answer(entry, handler)
         else:  # runs here at once if the future is already resolved
-            outcome.future.add_done_callback(partial(self._resolved, handler, entry, outcome))
+            future.add_done_callback(partial(self._resolved, handler, entry))
 
-    def _resolved(
-        self, handler: CommandHandler, entry: _Pending, outcome: Outcome, future: Any
-    ) -> None:
+    def _resolved(self, handler: CommandHandler, entry: _Pending, future: Any) -> None:
         try:
-            self._answer(entry, handler.finish_span(outcome, len(entry.indexes), whole=False))
+            self._answer(entry, handler)
         except Exception:  # a broken ring: drop this client alone
             log.exception("shm client %d: answering a durable command failed", self.number)
             self.stop()
 
-    def _answer(self, entry: _Pending, responses: list[bytes]) -> None:
-        """Publish every answer that is next in ring order (from any thread)."""
-        with self._answers:
-            entry.responses = responses
+    def _answer(self, entry: _Pending, handler: CommandHandler) -> None:
+        """Encode ``entry``'s answer, then publish every answer that is next in ring
+        order (from any thread)."""
+        slots = len(entry.indexes)
+        if slots == 1:
+            answer: bytes | list[bytes] = handler.answer_one(entry.outcome)
+        else:
+            answer = handler.finish_span(entry.outcome, slots, whole=False)
+        with self._lock:
+            entry.answer = answer
             ring, pending = self.ring, self._pending
             if self._closed or ring is None:
                 return
-            while pending and (ready := pending[0].responses) is not None:
+            while pending and (ready := pending[0].answer) is not None:
                 indexes = pending.popleft().indexes
-                if len(indexes) == 1:
-                    ring.publish(indexes[0], ready[0])
+                if isinstance(ready, bytes):
+                    ring.publish(indexes[0], ready)
                     ring.advance()
                 else:
                     ring.publish_span(indexes, ready)
@@ -328,7 +341,7 @@ class Session:
         self.stopping.set()
         if self._inline is not None:  # what was started still becomes durable, or fails
             self._inline.close()
-        with self._answers:
+        with self._lock:
             self._closed = True  # answers still due are dropped: the client is gone
         if self.ring is not None:
             self.ring.release()
