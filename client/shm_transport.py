@@ -75,7 +75,17 @@ _ZERO_KEY = bytes(KEY_SIZE)
 _DELIVERY_GUESS = 330  # bytes per delivery in a FIND answer before one was seen
 Command = tuple[int, bytes, bytes]
 Span = list[Command]  # one command: its PART slots, then the op's own slot
-_RELEASED = Response(Status.OK, 0, b"")  # one item's answer in a DELETE_MANY that released all
+_RELEASED = Response(Status.OK, 0, b"")
+# Plain ints for the per-call tests: an IntEnum member's lookup costs several times an
+# int comparison.
+_OK, _NOT_LEADER = int(Status.OK), int(Status.NOT_LEADER)
+_PUT, _DELETE, _FIND, _PART, _BIND = (
+    int(Op.PUT),
+    int(Op.DELETE),
+    int(Op.FIND),
+    int(Op.PART),
+    int(Op.BIND),
+)  # one item's answer in a DELETE_MANY that released all
 
 
 def _status(status: int) -> Status:
@@ -188,7 +198,7 @@ class ShmTransport:
         if refused:
             http = self._http_transport()
             for r in responses:
-                if r.status == Status.NOT_LEADER and r.body:
+                if r.status == _NOT_LEADER and r.body:
                     http.prefer(r.body.decode("utf-8", "replace"))
                     break
             self._http_until = time.monotonic() + HTTP_SPELL_S
@@ -200,7 +210,7 @@ class ShmTransport:
         pieces = [body[i : i + VALUE_MAX] for i in range(0, len(body), VALUE_MAX)] or [b""]
         if len(pieces) >= self._ring.capacity:
             return None
-        return [(Op.PART, _ZERO_KEY, p) for p in pieces[:-1]] + [(op, key, pieces[-1])]
+        return [(_PART, _ZERO_KEY, p) for p in pieces[:-1]] + [(op, key, pieces[-1])]
 
     def _run(
         self, queue: str, commands: Sequence[Span], timeout: float | None = None
@@ -217,8 +227,8 @@ class ShmTransport:
         try:
             with ring.lock:
                 if self._bound != queue:
-                    bound = ring.call_locked(Op.BIND, _ZERO_KEY, queue.encode(), timeout)
-                    if bound.status != Status.OK:
+                    bound = ring.call_locked(_BIND, _ZERO_KEY, queue.encode(), timeout)
+                    if bound.status != _OK:
                         _raise(bound, queue)
                     self._bound = queue
                 if len(commands) == 1 and len(commands[0]) == 1:
@@ -260,7 +270,7 @@ class ShmTransport:
     @staticmethod
     def _per_item(response: Response, count: int) -> list[Response]:
         """A DELETE_MANY's answer as the ``count`` DELETE answers it stands for."""
-        if response.status != Status.OK:  # refused as a whole: the same for every item
+        if response.status != _OK:  # refused as a whole: the same for every item
             return [response] * count
         if response.body == bytes(count):  # every item released
             return [_RELEASED] * count
@@ -306,7 +316,7 @@ class ShmTransport:
         """One item's outcome; ``None``: its receipt could not be sent (not ASCII)."""
         if r is None:
             return Outcome(item_id, False, "invalid_receipt", "receipt is not ASCII")
-        if r.status == Status.OK:
+        if r.status == _OK:
             return ok(item_id, r.body)
         if _code(r.status) in _ITEM_ERRORS:
             return Outcome(item_id, False, _code(r.status), r.body.decode("utf-8", "replace"))
@@ -326,9 +336,9 @@ class ShmTransport:
         if self._refused([r]):
             again: list[Enqueued] = self._http_transport().enqueue(queue, items)
             return again
-        if r.status != Status.OK:
+        if r.status != _OK:
             _raise(r, queue)
-        if span[-1][0] == Op.PUT:
+        if span[-1][0] == _PUT:
             return [Enqueued(*codec.decode_put_ok(r.body))]
         return [Enqueued(*done) for done in codec.decode_put_many_ok(r.body, len(items))]
 
@@ -337,7 +347,7 @@ class ShmTransport:
             _check_item(item)
         one = items[0]
         if len(items) == 1 and one.key is None and len(one.value) <= VALUE_MAX:
-            return [(Op.PUT, codec.encode_put(one.deadline, one.delay_ms), one.value)]
+            return [(_PUT, codec.encode_put(one.deadline, one.delay_ms), one.value)]
         try:
             key, body = codec.encode_put_many(
                 [(i.value, i.deadline, i.delay_ms, i.key) for i in items]
@@ -349,11 +359,11 @@ class ShmTransport:
     def _find_span(self, count: int, wait_ms: int, lease_ms: int | None, free: int) -> Span:
         """A FIND, after as many empty PARTs as its answer is expected to need (from the
         last answer's size per delivery), at most ``free`` slots in all."""
-        find: Command = (Op.FIND, codec.encode_find(count, wait_ms, lease_ms), b"")
+        find: Command = (_FIND, codec.encode_find(count, wait_ms, lease_ms), b"")
         need = (4 + count * self._delivery_bytes + RESPONSE_BODY_MAX - 1) // RESPONSE_BODY_MAX
         if need <= 1 or free <= 1:
             return [find]
-        part: Command = (Op.PART, _ZERO_KEY, b"")
+        part: Command = (_PART, _ZERO_KEY, b"")
         return [part] * (min(need, free) - 1) + [find]
 
     def _deliveries(self, body: bytes) -> list[Item]:
@@ -393,7 +403,7 @@ class ShmTransport:
         *released, r = responses
         answers = dict(zip([id(x) for x in sendable], released, strict=True))
         outcomes = [self._outcome(queue, x.id, answers.get(id(x)), _released_ok) for x in release]
-        if r.status != Status.OK:
+        if r.status != _OK:
             _raise(r, queue)
         return Dequeued(self._deliveries(r.body), outcomes)
 
@@ -417,7 +427,7 @@ class ShmTransport:
             got: Dequeued = http.dequeue(queue, count, lease_ms, wait_ms, resend)
             items, again = list(got), got.released
         else:
-            if find.status != Status.OK:
+            if find.status != _OK:
                 _raise(find, queue)
             items = self._deliveries(find.body)
             again = http.release(queue, resend) if resend else []
@@ -437,9 +447,9 @@ class ShmTransport:
         if self._over_http() or not _ascii(receipt):
             outcome = self.release(queue, [Release(item_id, receipt)])[0]
             return None if outcome.ok else outcome
-        command: Command = (Op.DELETE, *codec.encode_item(item_id, receipt))
+        command: Command = (_DELETE, *codec.encode_item(item_id, receipt))
         (r,) = self._run(queue, [[command]])
-        if r.status == Status.OK:
+        if r.status == _OK:
             return None
         if self._refused([r]):
             again: Outcome = self._http_transport().release(queue, [Release(item_id, receipt)])[0]
@@ -500,7 +510,7 @@ class ShmTransport:
 
     def get_queue(self, queue: str) -> QueueInfo:
         (r,) = self._run(queue, [[(Op.STATS, _ZERO_KEY, b"")]])
-        if r.status != Status.OK:
+        if r.status != _OK:
             _raise(r, queue)
         return _wire.queue_from_stats(json.loads(r.body))
 
