@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import secrets
+from collections import deque
 from dataclasses import dataclass
 
 from dq.storage.errors import InvalidReceipt, ItemNotFound, StaleReceipt
@@ -39,6 +40,12 @@ class Leases:
         self._by_id: dict[int, Lease] = {}
         self._heap: list[tuple[int, int, int]] = []  # (expires, id, delivery), lazily pruned
         self._deliveries = 0
+        # (since, id, delivery) of every lease in dequeue order, lazily pruned: ``oldest_since``
+        # reads the first live entry instead of walking every lease. ``since`` only grows
+        # while the clock does; an entry older than the last one (a lease put back after a
+        # refused write, the wall clock stepping back) goes to the small heap ``_late``.
+        self._order: deque[tuple[int, int, int]] = deque()
+        self._late: list[tuple[int, int, int]] = []
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -59,6 +66,13 @@ class Leases:
         d = self._deliveries
         self._by_id[item_id] = Lease(key, stats[0], stats[1], stats[2], expires, d, source, since)
         self._push(expires, item_id, d)
+        order = self._order
+        if order and since < order[-1][0]:
+            heapq.heappush(self._late, (since, item_id, d))
+        else:
+            order.append((since, item_id, d))
+        if len(order) + len(self._late) > 2 * len(self._by_id) + 1024:
+            self._reindex_since()
         return f"{self.epoch}.{item_id:x}.{d:x}"
 
     def restore(self, item_id: int, lease: Lease) -> None:
@@ -66,6 +80,16 @@ class Leases:
         delivery, so its receipt still works (a refusal changes nothing)."""
         self._by_id[item_id] = lease
         self._push(lease.expires, item_id, lease.delivery)
+        heapq.heappush(self._late, (lease.since, item_id, lease.delivery))
+        if len(self._order) + len(self._late) > 2 * len(self._by_id) + 1024:
+            self._reindex_since()
+
+    def _reindex_since(self) -> None:
+        """Rebuild the dequeue-time index from the live leases once entries of ended leases
+        dominate it (as ``_push`` does for expiries): a lease far older than the ones
+        released behind it would otherwise keep them all. O(1) amortized per lease added."""
+        entries = sorted((lease.since, i, lease.delivery) for i, lease in self._by_id.items())
+        self._order, self._late = deque(entries), []
 
     def _push(self, expires: int, item_id: int, delivery: int) -> None:
         """Add an expiry; rebuild the heap when entries of ended leases dominate it.
@@ -116,6 +140,31 @@ class Leases:
     def values(self) -> list[tuple[int, Lease]]:
         """Every live lease as (id, lease): for operator reads (browse, stats)."""
         return list(self._by_id.items())
+
+    def oldest_since(self) -> int | None:
+        """The earliest dequeue time (``Lease.since``) of a live lease, None if none.
+
+        Amortized O(1) (O(log n) for out-of-order entries): entries of ended leases at the
+        front are dropped once each, so stats read every second never walk 100k leases.
+        """
+        by_id, order, late = self._by_id, self._order, self._late
+        while order:
+            _, item_id, d = order[0]
+            lease = by_id.get(item_id)
+            if lease is not None and lease.delivery == d:
+                break
+            order.popleft()
+        while late:
+            _, item_id, d = late[0]
+            lease = by_id.get(item_id)
+            if lease is not None and lease.delivery == d:
+                break
+            heapq.heappop(late)
+        if order and late:
+            return min(order[0][0], late[0][0])
+        if order:
+            return order[0][0]
+        return late[0][0] if late else None
 
     def pop(self, item_id: int) -> Lease:
         return self._by_id.pop(item_id)

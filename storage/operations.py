@@ -478,7 +478,7 @@ class Operations:
     def operator_stats(self, q: Queue, s: QueueStats) -> QueueStats:
         now = self.now()
         with q.lock:
-            since = [lease.since for _, lease in q.leases.values()]
+            since = q.leases.oldest_since()
             rates = q.rates
             return dataclasses.replace(
                 s,
@@ -486,7 +486,7 @@ class Operations:
                 paused_since=q.state.paused_since,
                 dead_lettered=q.dead_lettered,
                 lease_expired=q.lease_expired,
-                oldest_lease_age_ms=max(0, now - min(since)) if since else None,
+                oldest_lease_age_ms=None if since is None else max(0, now - since),
                 enqueue_per_s=rates.per_second("enqueue", now),
                 dequeue_per_s=rates.per_second("dequeue", now),
                 release_per_s=rates.per_second("release", now),

@@ -1,0 +1,145 @@
+"""``stats.oldest_lease_age_ms``: the age of the oldest live lease from its dequeue
+(extends do not reset it; docs/http.md), read from an index of dequeue times instead of a
+walk over every lease (stats are read each second by the telemetry publisher and on every
+``/metrics`` scrape, under the queue lock)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from dq.storage import Engine, Extend, NewItem, Release, Requeue
+from dq.storage.leases import Lease, Leases
+from tests.storage.conftest import FakeClock
+
+Open = Callable[..., Engine]
+
+
+def walked(e: Engine, queue: str) -> int | None:
+    """The figure as a walk over every live lease computes it."""
+    since = [lease.since for _, lease in e.queue(queue).leases.values()]
+    return max(0, e.now() - min(since)) if since else None
+
+
+def age(e: Engine, queue: str) -> int | None:
+    got = e.stats(queue).oldest_lease_age_ms
+    assert got == walked(e, queue)
+    return got
+
+
+def test_oldest_lease_age_through_extend_release_requeue_expiry_and_restart(
+    open_engine: Open, clock: FakeClock
+) -> None:
+    e = open_engine()
+    e.enqueue("q", [NewItem(b"%d" % i) for i in range(4)])
+    assert age(e, "q") is None
+    a, b = e.dequeue("q", 2, 10_000)
+    clock.advance(100)
+    assert len(e.dequeue("q", 2, 1_000)) == 2  # c and d, short leases
+    clock.advance(400)
+    assert age(e, "q") == 500  # a and b, dequeued first
+    e.extend("q", [Extend(a.id, a.receipt, 60_000)])
+    clock.advance(100)
+    assert age(e, "q") == 600  # an extend does not make a lease younger
+    e.release("q", [Release(a.id, a.receipt)])
+    assert age(e, "q") == 600  # b was dequeued with a
+    e.requeue("q", [Requeue(b.id, b.receipt, delay_ms=0)])
+    assert age(e, "q") == 500  # c and d now
+    clock.advance(200)
+    (again,) = e.dequeue("q", 1, 60_000)  # b's item, a new delivery: its age starts over
+    assert again.id == b.id
+    assert age(e, "q") == 700
+    clock.advance(400)  # c's and d's leases (1 s) have run out: not live any more
+    assert e.expire_leases("q") == 2
+    assert age(e, "q") == 400
+    e.release("q", [Release(again.id, again.receipt)])
+    assert age(e, "q") is None
+    e.dequeue("q", 1, 60_000)
+    clock.advance(50)
+    assert age(e, "q") == 50
+    e.close()
+    e = open_engine()  # leases do not survive a restart: every item is pending again
+    assert age(e, "q") is None
+    assert e.stats("q").leased == 0
+    clock.advance(10)
+    e.dequeue("q", 1, 60_000)
+    clock.advance(30)
+    assert age(e, "q") == 30
+
+
+class NoWalk(dict):  # type: ignore[type-arg]
+    """A lease table that fails any read of all its entries."""
+
+    def _walk(self, *args: Any) -> Any:
+        raise AssertionError("stats walked every lease")
+
+    items = values = keys = __iter__ = _walk  # type: ignore[assignment]
+
+
+def test_stats_with_many_leases_do_not_walk_them(open_engine: Open, clock: FakeClock) -> None:
+    e = open_engine()
+    n = 5_000
+    for _ in range(n // 1000):
+        e.enqueue("q", [NewItem(b"") for _ in range(1000)])
+    first = e.dequeue("q", 1, 600_000)
+    clock.advance(5)
+    rest = [d for _ in range(n // 1000) for d in e.dequeue("q", 1000, 600_000)]
+    clock.advance(5)
+    leases = e.queue("q").leases
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(leases, "_by_id", NoWalk(leases._by_id))
+    monkey.setattr(Leases, "values", NoWalk._walk)
+    try:
+        assert e.stats("q").oldest_lease_age_ms == 10
+        assert e.stats("q").leased == n
+    finally:
+        monkey.undo()
+    done = first + rest[:-1]
+    for i in range(0, len(done), 1000):
+        e.release("q", [Release(d.id, d.receipt) for d in done[i : i + 1000]])
+    assert age(e, "q") == 5
+    # entries of ended leases are dropped, not kept behind a live one
+    assert len(leases._order) + len(leases._late) <= 2 * len(leases) + 1024
+
+
+def brute(leases: Leases) -> int | None:
+    since = [lease.since for _, lease in leases.values()]
+    return min(since) if since else None
+
+
+def test_index_matches_a_walk_under_random_operations() -> None:
+    """Dequeue, extend, release, expiry and a put-back lease after a refused write, with a
+    clock that sometimes steps back (a wall clock can): the index always agrees with a
+    walk over the live leases, and stays within twice their peak number (plus a constant)."""
+    rng = random.Random(7)
+    leases = Leases()
+    now, next_id = 1_000_000, 1
+    taken: list[tuple[int, Lease]] = []
+    peak = 0
+    for step in range(30_000):
+        now += rng.choice((0, 0, 1, 5, 30, -40 if step % 97 == 0 else 2))
+        op = rng.random()
+        live = list(leases._by_id.items())  # the test's own walk, not the code's
+        if op < 0.4 or not live:
+            item_id, next_id = next_id, next_id + 1
+            leases.add(item_id, b"k", (0, 0, 1), now + rng.randint(1, 3000), None, now)
+        elif op < 0.55:
+            item_id, lease = rng.choice(live)
+            leases.extend(item_id, lease, now + rng.randint(1, 3000))
+        elif op < 0.8:
+            item_id, _ = rng.choice(live)
+            taken.append((item_id, leases.pop(item_id)))
+        elif op < 0.9:
+            leases.pop_expired(now)
+        elif taken:
+            item_id, lease = taken.pop(rng.randrange(len(taken)))
+            if item_id not in leases:
+                leases.restore(item_id, lease)
+        if step % 7 == 0:
+            assert leases.oldest_since() == brute(leases)
+        peak = max(peak, len(leases))
+        assert len(leases._order) + len(leases._late) <= 2 * peak + 1024
+    assert leases.oldest_since() == brute(leases)
