@@ -388,11 +388,24 @@ class ShmTransport:
             got: Dequeued = self._http_transport().dequeue(queue, count, lease_ms, wait_ms, release)
             return got
         wait_ms = max(0, min(wait_ms, 0xFFFFFFFF))
+        timeout = self._timeout + wait_ms / 1000
+        if not release:  # the common call: a FIND alone, without the releases' bookkeeping
+            find = self._find_span(count, wait_ms, lease_ms, self._ring.capacity - 1)
+            responses = self._run(queue, [find], timeout)
+            refused = self._refused(responses)
+            if refused:
+                return self._dequeue_over_http(
+                    queue, count, lease_ms, wait_ms, release, [], responses, refused
+                )
+            (r,) = responses
+            if r.status != _OK:
+                _raise(r, queue)
+            return Dequeued(self._deliveries(r.body), [])
         sendable = [r for r in release if _ascii(r.receipt)]
         commands, many = self._deletes(sendable)
         free = self._ring.capacity - 1 - sum(len(c) for c in commands)
         commands.append(self._find_span(count, wait_ms, lease_ms, free))
-        responses = self._run(queue, commands, self._timeout + wait_ms / 1000)
+        responses = self._run(queue, commands, timeout)
         if many:
             responses = [*self._per_item(responses[0], len(sendable)), responses[-1]]
         refused = self._refused(responses)
