@@ -95,7 +95,6 @@ def _start_shm(engine: Engine, settings: Settings) -> Any:
             max_clients=settings.shm_max_clients,
             spin_us=settings.shm_spin_us,
             max_wait_ms=settings.max_wait_ms,
-            inline_commit=settings.inline_commit,
         ).start()
     except (ShmError, OSError) as exc:
         logger.warning("shared memory not served (HTTP only): %s", exc)

@@ -67,10 +67,9 @@ class Settings:
     #: Serve valid enqueue/dequeue/release requests without the framework
     #: (``server/protocol.py``); off only to rule it out when diagnosing.
     fast_path: bool = True
-    #: With ``fsync=always``, the threads that serve requests (the event loop, each
-    #: shared-memory session) write and sync the writes they served themselves, once
-    #: per turn, instead of handing each to the syncer thread (``storage/syncer.py``);
-    #: a slow disk hands them back. Off: always the syncer thread.
+    #: With ``fsync=always``, the event loop writes and syncs the writes it served
+    #: itself, once per turn, instead of handing each to the syncer thread
+    #: (``storage/syncer.py``); a slow disk hands them back. Off: always the syncer thread.
     inline_commit: bool = True
     expire_interval_ms: int = 250
     shutdown_timeout_s: float = 30.0
