@@ -104,6 +104,8 @@ class QueueCore:
         self._timers: set[threading.Timer] = set()
         self._recover_delay = 0.0
         self._recover_at = 0.0
+        #: when the queue last reopened after a failure (``time.monotonic``)
+        self._recovered_at = -1e9
         self._log_cut = False
         #: counters shown in ``stats().extra``
         self.counters = {

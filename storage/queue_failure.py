@@ -36,6 +36,10 @@ __all__ = ["FailureMixin", "backoff"]
 log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever part logs
 
 
+#: A queue that fails again within this long after a reopen keeps backing off.
+RECOVERY_GRACE_S = 1.0
+
+
 def backoff(previous: float) -> float:
     """The next retry delay: 50 ms, doubling, at most 5 s."""
     return min(max(previous * 2, 0.05), 5.0)
@@ -91,8 +95,15 @@ class FailureMixin(QueueCore):
                 queue=self.name,
             )
             self.failed.__cause__ = exc
-            self._recover_delay = 0.0
-            self._recover_at = time.monotonic()
+            now = time.monotonic()
+            if now - self._recovered_at < RECOVERY_GRACE_S:
+                # failed again right after a reopen: the fault has not cleared. Back off
+                # as a failed reopen does; each reopen starts a new log, and reopening
+                # at once on a full disk would leave a new log file per request.
+                self._recover_delay = backoff(self._recover_delay)
+            else:
+                self._recover_delay = 0.0
+            self._recover_at = now + self._recover_delay
             log.error(
                 "queue %s: %s failed: %s; the queue refuses work until reopened",
                 self.name,
@@ -165,6 +176,7 @@ class FailureMixin(QueueCore):
             )
             return
         log.warning("queue %s: reopened from disk after: %s", self.name, self.failed)
+        self._recovered_at = time.monotonic()
         self.failed = None
         self.counters["recoveries"] += 1
 

@@ -132,3 +132,42 @@ def test_a_refused_requeue_does_not_happen_later(
         assert sorted(drain(e, "q")) == [b"after", b"job"]  # "job" still due now
     finally:
         e.close()
+
+
+def test_a_fault_that_does_not_clear_backs_off_reopens(tmp_path: Path, clock: FakeClock) -> None:
+    """Each reopen starts a new log: a queue failing again right after every reopen (a
+    disk that stays full) must back off, not reopen on every request and leave a new
+    log file per request."""
+    cfg = EngineConfig(fsync="always", compaction="inline")
+    with Engine.open(tmp_path / "d", cfg, clock=clock) as e:
+        e.enqueue("q", [NewItem(b"before")])
+        attempts = 0
+        written: set[str] = set()
+
+        def full(step: str, path: str) -> None:
+            """Syncing written log bytes fails; a reopen (cutting the log back, starting
+            a new log) succeeds: a disk with room for a new file but not for data."""
+            if path.endswith(".log") and step == "write":
+                written.add(path)
+            elif path.endswith(".log") and step == "fsync" and path in written:
+                written.discard(path)
+                raise OSError(errno.ENOSPC, "No space left on device (injected)", path)
+
+        with hooked(full):
+            give_up = time.monotonic() + 1.0
+            while time.monotonic() < give_up:
+                attempts += 1
+                with pytest.raises(StorageError):
+                    e.enqueue("q", [NewItem(b"refused")], timeout=5)
+        recoveries = e.stats("q").extra["recoveries"]
+        assert attempts > 50, "the loop did not try often enough to tell"
+        assert recoveries <= 6, f"{recoveries} reopens in 1 s of a fault that never cleared"
+        deadline = time.monotonic() + 15
+        while True:  # the fault cleared: the queue comes back within the backoff
+            try:
+                e.enqueue("q", [NewItem(b"after")], timeout=5)
+                break
+            except StorageError:
+                assert time.monotonic() < deadline, "the queue never reopened"
+                time.sleep(0.05)
+        assert sorted(drain(e, "q")) == [b"after", b"before"]
