@@ -2,7 +2,8 @@
 monitor that watches who leads.
 
 etcd runs with ``--heartbeat-interval=100 --election-timeout=1000`` (fast elections on a
-shared machine). Each ``dq serve`` gets the replication settings of ``docs/deploy.md``:
+shared machine) and ``--pre-vote`` (docs/replication.md: a member back from a partition
+does not force an election, which would renew every lease). Each ``dq serve`` gets the replication settings of ``docs/deploy.md``:
 ``DQ_ETCD`` (its own member first), ``DQ_NODE``, ``DQ_ADVERTISE_URL``, ``fsync always``,
 a short leader lease and commit timeout so faults show within a short run, and a small
 ``DQ_MEMSEG_BYTES`` so logs freeze and segment files merge while faults happen.
@@ -104,17 +105,21 @@ class Cluster:
                 "--initial-advertise-peer-urls", f"http://{a}:{ETCD_PEER}",
                 "--initial-cluster", peers, "--initial-cluster-state", "new",
                 "--initial-cluster-token", self.cluster_name,
-                "--heartbeat-interval=100", "--election-timeout=1000",
+                "--heartbeat-interval=100", "--election-timeout=1000", "--pre-vote",
                 "--log-level", "warn",
             ]  # fmt: skip
             self.etcd[i] = self.sup.add(f"etcd{i}", self.net.exec_argv(i, argv), env)
             self.etcd[i].start()
         for i in self.net.nodes:
-            wait_until(f"etcd member e{i} healthy", lambda i=i: self._etcd_healthy(i), timeout)
+            wait_until(f"etcd member e{i} healthy", lambda i=i: self.etcd_healthy(i), timeout)
 
-    def _etcd_healthy(self, node: int) -> bool:
-        r = httpx.get(self.etcd_url(node) + "/health", timeout=1.0)
-        return r.status_code == 200 and r.json().get("health") == "true"
+    def etcd_healthy(self, node: int) -> bool:
+        """The member answers ``/health`` true (it has a leader and serves reads)."""
+        try:
+            r = httpx.get(self.etcd_url(node) + "/health", timeout=1.0)
+            return r.status_code == 200 and r.json().get("health") == "true"
+        except (httpx.HTTPError, ValueError):
+            return False
 
     # dq -----------------------------------------------------------------------------
     def dq_env(self, node: int) -> dict[str, str]:

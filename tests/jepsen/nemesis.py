@@ -8,13 +8,14 @@ Faults (``FAULTS``), each aimed at the node the monitor last saw leading:
   - ``partition_leader_etcd``: iptables drops etcd traffic (client and peer ports)
     between the leader's node and the others: its etcd member is cut off, its lease
     runs out, but followers and clients still reach its dq;
-  - ``pause_leader``: SIGSTOP the leader past its lease TTL, then SIGCONT: it wakes up
-    believing it leads (the fencing test);
+  - ``pause_leader``: SIGSTOP the leader past its lease TTL (and until another member
+    leads, bounded), then SIGCONT: it wakes up believing it leads (the fencing test);
   - ``slow_network``: delay and loss on every node's link (``netns.Network.slow``);
   - ``kill_follower_merging``: SIGKILL a follower while a segment file is being
     written in its data directory (a freeze or a merge; small ``DQ_MEMSEG_BYTES``),
     then restart it.
-Each start (noted once the fault is in place) and heal is a ``nemesis`` event in the
+A fault starts once every etcd member answers healthy. Each start (noted once the fault
+is in place) and heal is a ``nemesis`` event in the
 history; after each heal the nemesis waits (bounded) for a leader and records how long
 that took (``recovered``).
 """
@@ -123,6 +124,7 @@ class Nemesis:
         self.stopping.wait(seconds)
 
     def apply(self, fault: str) -> None:
+        self._await_etcd()
         leader = self.monitor.leader()
         if leader is None:
             try:
@@ -146,6 +148,19 @@ class Nemesis:
         )  # fmt: skip
         if self.stall_dump and recovered is not None:
             self._dump_stalled_followers()
+
+    def _await_etcd(self, timeout: float = 15.0) -> None:
+        """Start a fault once every etcd member answers healthy (bounded): a fault that
+        lands while etcd is still electing after the previous heal tests etcd's
+        elections, not dq's failover."""
+        give_up = time.monotonic() + timeout
+        while not self.stopping.is_set():
+            if all(self.cluster.etcd_healthy(i) for i in self.net.nodes):
+                return
+            if time.monotonic() > give_up:
+                self.history.note("nemesis", fault="etcd", phase="unhealthy", detail=f"{timeout}s")
+                return
+            self.stopping.wait(0.1)
 
     def heal(self) -> None:
         """Undo every fault: rules and qdiscs removed, paused processes continued, dead
@@ -220,16 +235,30 @@ class Nemesis:
         return detail
 
     def _partition_leader_etcd(self, leader: int) -> str:
+        epoch, started = self.monitor.highest, time.monotonic()
         detail = self.net.drop(leader, self._followers(leader), ports=[ETCD_CLIENT, ETCD_PEER])
         self._start("partition_leader_etcd", detail)
-        self._sleep(max(self.hold_s, 2 * LEADER_TTL_S + 1))
+        self._sleep(max(0.0, self.hold_s - 2 * LEADER_TTL_S - 1))
+        self._hold_for_new_epoch(epoch, started)
         return detail
 
     def _pause_leader(self, leader: int) -> str:
+        epoch, started = self.monitor.highest, time.monotonic()
         self.cluster.dq[leader].stop()
-        detail = self._start("pause_leader", f"SIGSTOP dq n{leader} for {2 * LEADER_TTL_S + 1}s")
+        self._start("pause_leader", f"SIGSTOP dq n{leader}")
+        self._hold_for_new_epoch(epoch, started)
+        return f"SIGSTOP dq n{leader} for {time.monotonic() - started:.1f}s"
+
+    def _hold_for_new_epoch(self, epoch: int, started: float, longest_s: float = 20.0) -> None:
+        """Keep a leader-losing fault in place for two lease TTLs and a second, and on
+        (bounded) until another member claims an epoch above ``epoch``: every etcd
+        election renews every lease for a full TTL, so a lease may outlive a fixed hold
+        with nothing wrong. A fault still in place after ``longest_s`` is healed and
+        the check reports the leader that outlived it."""
         self._sleep(2 * LEADER_TTL_S + 1)
-        return detail
+        while self.monitor.highest <= epoch and time.monotonic() - started < longest_s:
+            if self.stopping.wait(0.05):
+                return
 
     def _slow_network(self, leader: int) -> str:
         details = [self.net.slow(i) for i in self.net.nodes]

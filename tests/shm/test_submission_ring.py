@@ -294,7 +294,11 @@ def test_producers_killed_mid_push_never_wedge_or_duplicate(tmp_path: Path) -> N
     try:
         acked = [0, 0, 0]
         for round_ in range(3):  # kill each producer in turn, wherever it is
-            time.sleep(0.2 + 0.1 * round_)
+            reader = pipes[round_][0]
+            # once it has pushed something (a loaded machine may be slow to run it)
+            if reader.poll(10):
+                acked[round_] = reader.recv()
+            time.sleep(0.05 + 0.05 * round_)
             procs[round_].kill()
             procs[round_].join(10)
         for n, (reader, _) in enumerate(pipes):
