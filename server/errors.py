@@ -185,9 +185,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, code, str(exc.detail), headers)
 
 
+#: What a request that met a bug is answered (details go to the server log only).
+INTERNAL_ERROR = ("internal_error", "internal server error (see the server log)")
+
+
 async def _unexpected(request: Request, exc: Exception) -> Response:
     logger.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(500, "internal_error", "internal server error (see the server log)")
+    return error_response(500, *INTERNAL_ERROR)
 
 
 def _summarize(errors: list[Any]) -> str:

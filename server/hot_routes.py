@@ -20,6 +20,7 @@ bytes (``tests/server/test_hot_path.py`` compares them).
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,7 +29,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from dq.server.batch_limit import batch_too_large_message, over_batch
 from dq.server.calls import Metered, queue_exists
-from dq.server.errors import error_json, header_lines, storage_error_reply
+from dq.server.errors import INTERNAL_ERROR, error_json, header_lines, storage_error_reply
 from dq.server.routers import items as routes
 from dq.server.schemas import (
     DequeueRequest,
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
 
 __all__ = ["HOT_ROUTES", "PULL_ROUTE", "HotRoutes", "Responder"]
 
+logger = logging.getLogger(__name__)
+
 #: The last path segment of each hot route.
 HOT_ROUTES = frozenset({"items", "dequeue", "release"})
 #: The route name of ``POST /v1/replica/pull`` (a replica group's follower pulling).
@@ -53,8 +56,8 @@ PULL_ROUTE = "replica/pull"
 
 class Responder(Protocol):
     """How a hot request is answered; the protocol's per-request object
-    (``server/protocol.py``). Exactly one of ``reply`` and ``fall_back`` is called,
-    once."""
+    (``server/protocol.py``). Exactly one of ``reply``, ``fall_back`` and ``broke`` is
+    called, once."""
 
     def reply(self, status: int, body: bytes, headers: bytes, content_type: bytes = b"") -> None:
         """Write the answer; ``headers``: an error's own header lines, rendered by
@@ -63,6 +66,10 @@ class Responder(Protocol):
 
     def fall_back(self) -> None:
         """Hand the request, unanswered, to the FastAPI app."""
+
+    def broke(self, body: bytes) -> None:
+        """Answer a request that met a bug as the framework does: 500 with ``body``,
+        then the connection closed (nothing pipelined behind it is read)."""
 
     def gone(self) -> Awaitable[object]:
         """Completes when the client has disconnected (a long-poll stops waiting)."""
@@ -88,6 +95,7 @@ class HotRoutes:
         self.state = state
         self.max_batch = service.settings.max_batch
         self._too_large = error_json("batch_too_large", batch_too_large_message(self.max_batch))
+        self._internal_error = error_json(*INTERNAL_ERROR)
         #: Dequeue bodies without releases, validated: a worker sends the same one
         #: (``{"count": 1}``) request after request, and validation is most of what the
         #: fast path spends on it beside the engine.
@@ -120,6 +128,9 @@ class HotRoutes:
                 self._dequeue(queue, body, reply, responder.gone)
         except _FallBack:
             responder.fall_back()
+        except Exception:  # a bug: answered as the framework's handler answers it
+            logger.exception("unhandled error on POST /v1/queues/%s/%s", queue, route)
+            responder.broke(self._internal_error)
 
     # ------------------------------------------------------------------ enqueue
 

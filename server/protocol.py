@@ -208,6 +208,8 @@ class DqHttpProtocol(HttpToolsProtocol):
             else:
                 hot.serve(route, queue, body, cycle)
             data = data[stop:]
+            if self.transport.is_closing():
+                return b""  # answered and closed: nothing more is read
             if not data.startswith(_HOT_START) or not self.cycle.response_complete:
                 return data  # nothing more, or pipelined behind an answer to come
 
@@ -321,7 +323,7 @@ class DqHttpProtocol(HttpToolsProtocol):
         self._read_deadline = 0.0
         cycle = self._hot_cycle
         if cycle is not None and cycle is self.cycle:
-            if not cycle.response_complete:
+            if not cycle.response_complete and not self.transport.is_closing():
                 cycle.more_body = False
                 self._dispatch(cycle)
             return
@@ -394,6 +396,14 @@ class DqHttpProtocol(HttpToolsProtocol):
         route, queue = self._hot
         responder = cycle if isinstance(cycle, _HotCycle) else _Responder(self, cycle)
         hot.serve(route, queue, bytes(cycle.body), responder)
+
+    def _broke(self, cycle: RequestResponseCycle, body: bytes) -> None:
+        """What uvicorn does when the app raises after its error handler answered: the
+        500, then the connection closed."""
+        self._known_heads = False
+        if not cycle.response_complete:
+            self._reply(cycle, 500, body, b"")
+        self.transport.close()
 
     def _fall_back(self, cycle: RequestResponseCycle) -> None:
         if self._hot_cycle is cycle:
@@ -554,6 +564,9 @@ class _HotCycle:
     def fall_back(self) -> None:
         self.protocol._fall_back(self)  # type: ignore[arg-type]
 
+    def broke(self, body: bytes) -> None:
+        self.protocol._broke(self, body)  # type: ignore[arg-type]
+
     def gone(self) -> Awaitable[None]:
         return _gone(self)  # type: ignore[arg-type]
 
@@ -573,6 +586,9 @@ class _Responder:
 
     def fall_back(self) -> None:
         self.protocol._fall_back(self.cycle)
+
+    def broke(self, body: bytes) -> None:
+        self.protocol._broke(self.cycle, body)
 
     def gone(self) -> Awaitable[None]:
         return _gone(self.cycle)

@@ -459,3 +459,40 @@ def test_a_connection_idle_after_a_known_head_is_closed(
     finally:
         conn.close()
     assert 4 < waited < 8
+
+
+def test_an_unexpected_error_answers_500_on_either_path(
+    pair: tuple[ThreadedServer, ...], served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in the engine answers 500 ``internal_error`` and closes the connection (what
+    uvicorn does after the framework's error handler answered), whether the request came
+    through the parser or from a remembered head, alone or pipelined."""
+    path = "/v1/queues/errors-boom/dequeue"
+    known = request(path, _BODY)
+    for server in pair:
+        engine = server.engine
+        real = engine.dequeue
+
+        def broken(queue: str, *args: Any, real: Any = real, **kwargs: Any) -> Any:
+            if queue == "errors-boom":
+                raise RuntimeError("a planted bug")
+            return real(queue, *args, **kwargs)
+
+        monkeypatch.setattr(engine, "dequeue", broken)
+
+    def script(connect: Any) -> list[Any]:
+        out: list[Any] = []
+        for pieces in ([known], [known], [known + known]):  # parser, remembered, pipelined
+            conn = connect()
+            conn.send(*pieces)
+            out += [conn.answer(), conn.closed(1)]
+        conn = connect()  # the server still serves
+        out += _learn(conn, request("/v1/queues/errors-fine/dequeue", _BODY))
+        return out
+
+    out = both(pair, script)
+    statuses = [_status(a) for a in out if isinstance(a, bytes)]
+    assert statuses == [500, 500, 500, 200]
+    assert out[1] is True and out[3] is True and out[5] is True  # closed after each
+    assert b'"internal_error"' in out[0]
+    assert served.at_least(2 * len(known))
