@@ -162,11 +162,16 @@ class Node:
             self._wake.set()
 
     def describe(self) -> dict[str, Any]:
-        leader = self.leader
+        """This member's role as ``GET /v1/cluster`` shows it. A leader whose lease is
+        not surely alive (a process woken from a pause answers before its lease watch
+        runs) shows as a candidate: it takes no writes and is about to step down."""
+        leader, role, epoch = self.leader, self.role, self.epoch
+        if role == "leader" and not self.coordinator.lease_alive():
+            leader, role, epoch = None, "candidate", 0
         doc: dict[str, Any] = {
             "node": self.name,
-            "role": self.role,
-            "epoch": self.epoch,
+            "role": role,
+            "epoch": epoch,
             "leader": None if leader is None else {"node": leader.node, "url": leader.url},
         }
         if self.role == "follower" and self.follower is not None:

@@ -238,6 +238,6 @@ async def cluster(request: Request) -> Response:
     doc.setdefault("sync", [])
     doc.setdefault("followers", {})
     rep: Replicator | None = getattr(request.app.state, "replicator", None)
-    if node is not None and rep is not None and not rep.closed:
+    if node is not None and rep is not None and not rep.closed and doc["role"] == "leader":
         doc.update(rep.status())
     return json_response(doc)

@@ -223,6 +223,23 @@ def test_one_leader_the_others_follow_its_epoch(run: Runner) -> None:
     run(scenario)
 
 
+def test_a_leader_whose_lease_may_be_gone_does_not_claim_to_lead(run: Runner) -> None:
+    """A process woken from a pause longer than its lease answers ``GET /v1/cluster``
+    before its lease watch runs: it must not show itself as the leader."""
+
+    async def scenario(members: Group) -> None:
+        group = [await members(n) for n in ("a", "b")]
+        await until(lambda: settled(group))
+        (leader,) = leaders(group)
+        assert leader.node.describe()["role"] == "leader"
+        leader.coordinator.lease_alive = lambda: False  # type: ignore[method-assign]
+        doc = leader.node.describe()  # on the loop, before the watch can run
+        assert (doc["role"], doc["epoch"], doc["leader"]) == ("candidate", 0, None)
+        await until(lambda: not leader.engine.writable)  # and the watch steps it down
+
+    run(scenario)
+
+
 def test_step_down_hands_over_to_a_sync_member(run: Runner) -> None:
     async def scenario(members: Group) -> None:
         group = [await members(n) for n in ("a", "b", "c")]
