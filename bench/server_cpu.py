@@ -25,6 +25,9 @@ thread) and prints, per phase, the loop thread's µs per request in parsing and
 dispatch, durable answers, answer writes and the engine's calls. The probes cost a few
 µs a call, so take the whole-process figures from a run without ``--split``.
 
+``--vary V`` enqueues values of 256 - V to 256 + V bytes in turn, so the request bodies
+(and their ``Content-Length``) differ, as a web application's do.
+
 ``--batch N`` sends N items per request instead (enqueue N items, dequeue ``count: N``,
 release N deliveries, and the combined request with N of each) and prints µs per item
 as well: what a batch of 100 costs the server item by item.
@@ -116,17 +119,24 @@ def _worker(
     out: Any,
     receipts: list[Any],
     batch: int = 1,
+    vary: int = 0,
 ) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", port)
     conn.connect()
     base = f"/v1/queues/{queue}"
-    enqueue = json.dumps({"items": [{"value": VALUE}] * batch}).encode()
+    # values of 256 bytes, or of 256 - vary .. 256 + vary bytes in turn
+    enqueues = [
+        json.dumps({"items": [{"value": VALUE[: len(VALUE) - vary] + "v" * k}] * batch}).encode()
+        for k in range(2 * vary + 1)
+    ]
     one = json.dumps({"count": batch}).encode()
     barrier.wait()
     got: list[Any] = []
     if phase == "enqueue":
-        for _ in range(n):
-            _post(conn, base + "/items", enqueue)
+        step = 7919 % len(enqueues) or 1  # each client its own order of lengths
+        start = os.getpid()
+        for k in range(n):
+            _post(conn, base + "/items", enqueues[(start + k * step) % len(enqueues)])
     elif phase == "dequeue":
         for _ in range(n):
             got += [(i["id"], i["receipt"]) for i in _post(conn, base + "/dequeue", one)["items"]]
@@ -157,6 +167,7 @@ def run_phase(
     receipts: list[Any],
     split: Split | None = None,
     batch: int = 1,
+    vary: int = 0,
 ) -> tuple[float, list[Any]]:
     """CPU µs per request of one phase, and the receipts it collected."""
     barrier = mp.Barrier(clients + 1)
@@ -165,7 +176,7 @@ def run_phase(
     procs = [
         mp.Process(
             target=_worker,
-            args=(port, phase, queue, n // clients, barrier, out, share[k], batch),
+            args=(port, phase, queue, n // clients, barrier, out, share[k], batch, vary),
         )
         for k in range(clients)
     ]
@@ -243,6 +254,12 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=4, help="client processes")
     ap.add_argument("--fsync", default="always")
     ap.add_argument("--batch", type=int, default=1, help="items per request")
+    ap.add_argument(
+        "--vary",
+        type=int,
+        default=0,
+        help="enqueue values of 256 +- VARY bytes in turn (bodies of many lengths)",
+    )
     ap.add_argument("--command", help="server command line; {port} and {data} are filled in")
     ap.add_argument("--pid", type=int, help="measure a running server (with --port)")
     ap.add_argument("--port", type=int)
@@ -288,8 +305,9 @@ def main() -> int:
             flush=True,
         )
         n, c, b = args.requests, args.clients, args.batch
-        run_phase(pid, port, "enqueue", "cpu", n, c, [], split, b)  # creates the queue, warms up
-        run_phase(pid, port, "enqueue", "cpu", n, c, [], split, b)
+        v = args.vary
+        run_phase(pid, port, "enqueue", "cpu", n, c, [], split, b, v)  # creates the queue, warms up
+        run_phase(pid, port, "enqueue", "cpu", n, c, [], split, b, v)
         _, got = run_phase(pid, port, "dequeue", "cpu", n, c, [], split, b)
         run_phase(pid, port, "release", "cpu", n, c, got, split, b)
         if not args.no_combined:

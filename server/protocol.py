@@ -27,7 +27,11 @@ that starts, between requests, with the same bytes and holds the whole body is s
 as the callbacks would have served it, without the parser. The parser makes the same
 of the same bytes from the same state, so nothing is guessed: anything not seen
 before, cut short or pipelined behind an answer to come goes to the parser as it came,
-and the parser, which never sees those requests, stays between requests.
+and the parser, which never sees those requests, stays between requests. Enqueues
+differ in their body's length, so a head is also remembered with its one
+``Content-Length`` value left out (``_Sized``): a head equal to it in every other byte,
+whose value is plain digits within the body limit, is served the same way with its own
+length — the one header value the parser would read differently.
 
 Invariant: a request answered here gets the bytes the FastAPI route would answer
 (``tests/server/test_hot_path.py``); the fast path never answers a request that
@@ -70,6 +74,14 @@ _HOT_START = b"POST /v1/"
 #: Heads longer than this are not remembered; past this many, the memory starts afresh.
 _HEAD_MAX = 2048
 _HEADS_MAX = 256
+#: The ``Content-Length`` lines a remembered head may leave its value out of, as clients
+#: write them (h11 and most clients lower-case, ``http.client`` capitalised).
+_LENGTH_LINES = (b"\r\ncontent-length: ", b"\r\nContent-Length: ")
+#: Where the value was, in a sized head's key (a head holding a NUL is not remembered
+#: sized, so a key has exactly one).
+_LENGTH_GAP = b"\x00"
+#: Longest ``Content-Length`` value served from a sized head (the body limit is smaller).
+_LENGTH_DIGITS = 9
 
 
 def protocol_for(app: FastAPI, settings: Settings) -> type[HttpToolsProtocol]:
@@ -89,6 +101,7 @@ def protocol_for(app: FastAPI, settings: Settings) -> type[HttpToolsProtocol]:
             "dq_body_timeout": settings.body_timeout_s,
             # what the parser made of the heads of hot requests (per app and settings)
             "dq_heads": {},
+            "dq_sized_heads": {},
         },
     )
 
@@ -103,6 +116,7 @@ class DqHttpProtocol(HttpToolsProtocol):
     dq_header_timeout: float
     dq_body_timeout: float
     dq_heads: dict[bytes, _Head]
+    dq_sized_heads: dict[bytes, _Sized]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -176,7 +190,14 @@ class DqHttpProtocol(HttpToolsProtocol):
             heads = self.dq_heads
             if len(heads) >= _HEADS_MAX:
                 heads.clear()
-            heads[data[:end]] = seen
+            head = data[:end]
+            heads[head] = seen
+            sized = _sized_template(head, seen)
+            if sized is not None:
+                templates = self.dq_sized_heads
+                if len(templates) >= _HEADS_MAX:
+                    templates.clear()
+                templates[sized[0]] = sized[1]
 
     def _serve_known(self, data: bytes) -> bytes:
         """Serve the requests ``data`` starts with whose heads the parser has read
@@ -185,9 +206,13 @@ class DqHttpProtocol(HttpToolsProtocol):
         heads = self.dq_heads
         while True:
             end = data.find(b"\r\n\r\n") + 4
-            head = heads.get(data[:end]) if end >= 4 else None
-            if head is None:
+            if end < 4:
                 return data
+            head = heads.get(data[:end])
+            if head is None:
+                head = self._sized_head(data, end)
+                if head is None:
+                    return data
             stop = end + head.length
             if len(data) < stop:
                 return data  # the body is still arriving: the parser reads it
@@ -212,6 +237,37 @@ class DqHttpProtocol(HttpToolsProtocol):
                 return b""  # answered and closed: nothing more is read
             if not data.startswith(_HOT_START) or not self.cycle.response_complete:
                 return data  # nothing more, or pipelined behind an answer to come
+
+    def _sized_head(self, data: bytes, end: int) -> _Head | None:
+        """The remembered head ``data[:end]`` equals but for its ``Content-Length``
+        value, made with this request's value; None when there is none, or the value is
+        not one the parser and the fast path read alike (plain digits, no leading zero)
+        within the body limit."""
+        for line in _LENGTH_LINES:
+            start = data.find(line, 0, end)
+            if start >= 0:
+                break
+        else:
+            return None
+        start += len(line)
+        stop = data.find(b"\r\n", start, end)
+        digits = data[start:stop]
+        if (
+            not 0 < len(digits) <= _LENGTH_DIGITS
+            or not digits.isdigit()
+            or (digits[0] == 48 and len(digits) > 1)  # a leading "0"
+        ):
+            return None
+        sized = self.dq_sized_heads.get(data[:start] + _LENGTH_GAP + data[stop:end])
+        if sized is None:
+            return None
+        length = int(digits)
+        if length > self.dq_body_limit:
+            return None  # the parser reads it, and the app refuses it (413)
+        head = sized.head
+        at = sized.at
+        headers = (*head.headers[:at], (b"content-length", digits), *head.headers[at + 1 :])
+        return _Head(head.path, headers, head.hot, length)
 
     def on_message_begin(self) -> None:
         # uvicorn builds the request's scope here; it is built in on_headers_complete
@@ -508,6 +564,39 @@ def _content_length(headers: Iterable[tuple[bytes, bytes]]) -> int:
                 return -1
             length = int(value)
     return length
+
+
+class _Sized(NamedTuple):
+    """A remembered head without its ``Content-Length`` value: what the parser made of
+    it, and where that value sits among its headers."""
+
+    head: _Head
+    #: index of the ``content-length`` header in ``head.headers``
+    at: int
+
+
+def _sized_template(head: bytes, seen: _Head) -> tuple[bytes, _Sized] | None:
+    """The key and entry remembering ``head`` with its value left out, or None when
+    the head does not hold its one ``Content-Length`` as a line of ``_LENGTH_LINES``
+    with the value the parser read (``seen.length``, written plainly)."""
+    if head.lower().count(b"\r\ncontent-length:") != 1 or _LENGTH_GAP in head:
+        return None  # (no NUL but the gap's: keys differ wherever their heads do)
+    digits = str(seen.length).encode()
+    for line in _LENGTH_LINES:
+        start = head.find(line)
+        if start >= 0:
+            break
+    else:
+        return None
+    start += len(line)
+    stop = start + len(digits)
+    if head[start:stop] != digits or head[stop : stop + 2] != b"\r\n":
+        return None
+    names = [name for name, _ in seen.headers]
+    if names.count(b"content-length") != 1:
+        return None
+    key = head[:start] + _LENGTH_GAP + head[stop:]
+    return key, _Sized(seen, names.index(b"content-length"))
 
 
 class _HotCycle:
