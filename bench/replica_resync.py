@@ -38,9 +38,9 @@ from typing import Any
 import uvicorn
 
 from dq.server.app import create_app
-from dq.server.protocol import protocol_for
 from dq.server.replication.follower import Follower
 from dq.server.replication.leader import Replicator
+from dq.server.runner import uvicorn_config
 from dq.server.settings import Settings
 from dq.storage import Engine, EngineConfig, NewItem
 from dq.storage.replication import Frame
@@ -92,13 +92,7 @@ class _Server:
     def __init__(self, settings: Settings, engine: Engine) -> None:
         self.app = create_app(settings, engine)
         self.url = f"http://127.0.0.1:{settings.port}"
-        config = uvicorn.Config(
-            self.app,
-            host="127.0.0.1",
-            port=settings.port,
-            log_level="warning",
-            http=protocol_for(self.app, settings),
-        )
+        config = uvicorn_config(self.app, settings, log_level="warning")
         self.server = uvicorn.Server(config)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, daemon=True)

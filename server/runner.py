@@ -23,7 +23,7 @@ from dq.server.descriptors import connection_budget
 from dq.server.protocol import protocol_for
 from dq.server.settings import Settings
 
-__all__ = ["DrainingServer", "serve"]
+__all__ = ["DrainingServer", "serve", "uvicorn_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,22 +53,33 @@ def serve(settings: Settings, *, access_log: bool = False) -> int:
             "every queue (set DQ_TOKENS or --tokens)",
             settings.host,
         )
-    config = uvicorn.Config(
+    DrainingServer(uvicorn_config(app, settings, access_log=access_log), app).run()
+    return 0
+
+
+def uvicorn_config(
+    app: FastAPI, settings: Settings, *, access_log: bool = False, log_level: str | None = None
+) -> uvicorn.Config:
+    """How uvicorn serves ``app``: the one place the server's socket, protocol and TLS
+    are configured (``dq serve`` and the in-process servers of tests and benchmarks)."""
+    return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
-        log_level=settings.log_level,
+        log_level=log_level or settings.log_level,
         access_log=access_log,
         lifespan="on",
         timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
         server_header=False,
         # The fast path and the connection limits live in the protocol.
         http=protocol_for(app, settings),
+        # No route speaks WebSocket: a request asking to upgrade is an ordinary request
+        # (the fast path and the framework answer it alike), not a connection handed to
+        # a WebSocket library that would leave it unanswered.
+        ws="none",
         # Nothing reads the client address; the proxy-headers layer would wrap every
         # request for nothing.
         proxy_headers=False,
         ssl_certfile=settings.tls_cert or None,
         ssl_keyfile=settings.tls_key or None,
     )
-    DrainingServer(config, app).run()
-    return 0

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import uvicorn
 
 from dq.server.app import create_app
-from dq.server.protocol import protocol_for
+from dq.server.runner import uvicorn_config
 from dq.server.settings import Settings
 from dq.storage import Engine
 from tests.server.live import free_port
@@ -34,16 +34,8 @@ class InProcessServer:
         self.app = create_app(self.settings, engine)
         self.engine = engine
         self.url = f"http://127.0.0.1:{self.settings.port}"
-        config = uvicorn.Config(
-            self.app,
-            host="127.0.0.1",
-            port=self.settings.port,
-            log_level="warning",
-            lifespan="on",
-            server_header=False,
-            proxy_headers=False,
-            http=protocol_for(self.app, self.settings),
-            timeout_graceful_shutdown=5,
+        config = uvicorn_config(
+            self.app, self.settings.replace(shutdown_timeout_s=5.0), log_level="warning"
         )
         self.server = uvicorn.Server(config)
         self.loop = asyncio.new_event_loop()

@@ -386,12 +386,6 @@ _ODD = {
 }
 
 
-#: Heads the fast path already answered otherwise than the framework before heads were
-#: remembered (a POST asking for an upgrade): for these, only "as without remembered
-#: heads" is checked.
-_APART = {"upgrade"}
-
-
 @pytest.mark.parametrize("name", list(_ODD))
 def test_a_head_that_differs_from_a_known_one(
     pair: tuple[ThreadedServer, ...], monkeypatch: pytest.MonkeyPatch, name: str
@@ -416,7 +410,7 @@ def test_a_head_that_differs_from_a_known_one(
     with monkeypatch.context() as m:
         m.setattr(cls, "_serve_known", lambda self, data: data)
         before = both((fast, fast), script)
-    now = both((fast, slow), script) if name not in _APART else both((fast, fast), script)
+    now = both((fast, slow), script)
     assert now == before
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from dq.server.app import create_app
-from dq.server.protocol import protocol_for
+from dq.server.runner import uvicorn_config
 from dq.server.settings import Settings
 from tests.server.live import free_port
 
@@ -38,17 +38,7 @@ class ThreadedServer:
             data_dir=str(data_dir), host="127.0.0.1", port=self.port, **settings
         ).validated()
         self.app = create_app(self.settings)
-        config = uvicorn.Config(
-            self.app,
-            host="127.0.0.1",
-            port=self.port,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-            server_header=False,
-            http=protocol_for(self.app, self.settings),
-            proxy_headers=False,
-        )
+        config = uvicorn_config(self.app, self.settings, log_level="warning")
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._run, name=f"dq-test-{self.port}", daemon=True)
         self._error: BaseException | None = None
