@@ -16,7 +16,12 @@ difference). Nested parts are counted inside their callers too:
 - ``answer write``: ``DqHttpProtocol._reply`` — the head and one ``transport.write``
   (the kernel's loopback TCP work for the reader is charged here);
 - ``engine.*``: the engine's own calls on the loop thread; ``syncer wake-up`` is the
-  part of a durable write that wakes the group-commit thread (``Syncer.mark_dirty``).
+  part of a durable write that notes its queue for the next group commit
+  (``Syncer.mark_dirty``);
+- ``group commit``: ``InlineCommits.commit`` — a group commit run on the loop thread:
+  the log's write and fdatasync, publishing, and the durable answers with their
+  writes; ``log write`` and ``fdatasync`` are its system calls (``WalWriter.write``,
+  ``WalWriter.sync``; their CPU, not the wait for the disk).
 
 The probe costs a ``clock_gettime`` pair per wrapped call (~1-2 µs each on a VM): the
 split says where the time goes, the whole-process figures come from runs without it.
@@ -65,7 +70,8 @@ def main() -> int:
     from dq.server.completions import Completions
     from dq.server.protocol import DqHttpProtocol
     from dq.storage.engine import Engine
-    from dq.storage.syncer import Syncer
+    from dq.storage.syncer import InlineCommits, Syncer
+    from dq.storage.wal import WalWriter
 
     _wrap(DqHttpProtocol, "data_received", "parse+dispatch")
     _wrap(Completions, "_drain", "durable answers")
@@ -74,6 +80,9 @@ def main() -> int:
     _wrap(Engine, "release_nowait", "engine.release_nowait")
     _wrap(Engine, "dequeue", "engine.dequeue")
     _wrap(Syncer, "mark_dirty", "syncer wake-up")
+    _wrap(InlineCommits, "commit", "group commit")
+    _wrap(WalWriter, "write", "log write")
+    _wrap(WalWriter, "sync", "fdatasync")
     signal.signal(signal.SIGUSR1, _dump)
     return dq_main(sys.argv[1:])
 

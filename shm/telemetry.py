@@ -3,7 +3,8 @@
 Owns the snapshot message of docs/shm.md ("Telemetry ring", dq's messages) and
 the publisher thread that writes one snapshot per interval: one message per queue (the
 largest backlogs first, at most half the ring so the newest snapshot is always whole),
-with rates from engine events and fsync latency from the engine's fsync histogram.
+with rates from the differences of the queues' running totals (``Engine.totals``) and
+fsync latency from the engine's fsync histogram.
 
 Invariant kept: the publisher's cost per snapshot is a few lock/copy steps per queue and
 never waits on a reader longer than the ring's ``steal_after_s`` per lock.
@@ -15,8 +16,6 @@ import logging
 import struct
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -93,29 +92,20 @@ class TelemetryPublisher:
         self.max_queues = max(1, self.ring.queue_max_len // 2)
         self.seq = 0
         self.last_cost_ns = 0
-        self._counts: Counter[tuple[str, str]] = Counter()
-        self._counts_lock = threading.Lock()
-        self._last_counts: Counter[tuple[str, str]] = Counter()
+        #: each queue's ``Engine.totals`` at the last snapshot
+        self._last_totals: dict[str, tuple[int, int, int]] = {}
         self._last_fsync = (0, 0.0)
         self._last_time = time.monotonic()
         self._stop = threading.Event()
-        self._unsubscribe: Callable[[], None] | None = None
         self._thread = threading.Thread(target=self._run, name="dq-telemetry", daemon=True)
 
     def start(self) -> TelemetryPublisher:
-        self._unsubscribe = self.engine.on_count(self._on_count)
         self._thread.start()
         return self
 
     def close(self, timeout_s: float = 5.0) -> None:
-        if self._unsubscribe is not None:
-            self._unsubscribe()
         self._stop.set()
         self._thread.join(timeout_s)
-
-    def _on_count(self, queue: str, kind: str, items: int) -> None:
-        with self._counts_lock:  # engine threads add keys while a snapshot copies
-            self._counts[(queue, kind)] += max(1, items)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -129,31 +119,37 @@ class TelemetryPublisher:
         t0 = time.perf_counter_ns()
         engine, now_s = self.engine, time.monotonic()
         elapsed = max(now_s - self._last_time, 1e-6)
-        with self._counts_lock:
-            counts = self._counts.copy()
-        delta = counts - self._last_counts
-        self._last_counts, self._last_time = counts, now_s
+        self._last_time = now_s
         fsync_us, fsyncs = self._fsync()
         stats = []
+        totals: dict[str, tuple[int, int, int]] = {}
         for name in engine.list_queues():
             try:
                 stats.append(engine.stats(name))
+                totals[name] = engine.totals(name)
             except Exception:  # deleted meanwhile
                 continue
+        last, self._last_totals = self._last_totals, totals
         stats.sort(key=lambda s: -s.pending)
         stats = stats[: self.max_queues]
         self.seq += 1
         now = engine.now()
 
-        def rate(queue: str, kind: str) -> int:
-            return int(delta[(queue, kind)] * 1000 / elapsed)
+        def rates(queue: str) -> list[int]:
+            """Per second x 1000 since the last snapshot. A total below its last value
+            started again (the queue was deleted and made anew): it counts from zero."""
+            before = last.get(queue, (0, 0, 0))
+            return [
+                int((n - b if n >= b else n) * 1000 / elapsed)
+                for n, b in zip(totals[queue], before, strict=True)
+            ]
 
         for i, s in enumerate(stats):
             age = s.oldest_due_age_ms
+            enqueued, released, expired = rates(s.name)
             figures = QueueFigures(
                 self.seq, now, len(stats), i, s.name, s.pending, s.due, s.leased, s.delayed,
-                rate(s.name, "enqueued"), rate(s.name, "released"),
-                rate(s.name, "lease_expired"), -1 if age is None else age, fsync_us, fsyncs,
+                enqueued, released, expired, -1 if age is None else age, fsync_us, fsyncs,
                 s.bytes_on_disk, s.segments,
             )  # fmt: skip
             self.ring.enqueue(encode(figures))

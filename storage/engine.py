@@ -145,7 +145,6 @@ class Engine(Operations, ReplicaEngine):
         #: (callback, wanted): ``wanted()`` False skips the callback and, when no one
         #: wants it, building the event at all
         self._listeners: list[tuple[Callable[[Event], None], Callable[[], bool] | None]] = []
-        self._counters: list[Callable[[str, str, int], None]] = []
         self.closed = False
         self._init_replica()
         self._stop_maintenance = threading.Event()
@@ -371,6 +370,14 @@ class Engine(Operations, ReplicaEngine):
         q = self._queue(name)
         return self.operator_stats(q, q.stats())
 
+    def totals(self, name: str) -> tuple[int, int, int]:
+        """Items enqueued, released, and whose lease expired, in ``name`` since the
+        server started: counted by the queue as it writes (no callback per write), for
+        readers that take rates from differences (the telemetry ring)."""
+        q = self._queue(name)
+        rates = q.rates
+        return rates.total("enqueue"), rates.total("release"), q.lease_expired
+
     # ------------------------------------------------------------------ validation
 
     def _check_batch(self, n: int) -> None:
@@ -492,21 +499,8 @@ class Engine(Operations, ReplicaEngine):
         self._listeners.append(entry)
         return _remover(self._listeners, entry)
 
-    def on_count(self, callback: Callable[[str, str, int], None]) -> Callable[[], None]:
-        """Subscribe to ``callback(queue, kind, items)`` for every event: for counters,
-        which need neither the ids nor an ``Event``."""
-        self._counters.append(callback)
-        return _remover(self._counters, callback)
-
     def emit(self, kind: str, queue: str, ids: Sequence[int]) -> None:
         """Tell listeners; ``ids`` may be any sequence (a ``range`` for a batch)."""
-        if self._counters:
-            n = len(ids)
-            for count in list(self._counters):
-                try:
-                    count(queue, kind, n)
-                except Exception:
-                    log.exception("event counter failed")
         if not self._listeners:
             return
         event = None

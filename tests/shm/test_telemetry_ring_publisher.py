@@ -9,7 +9,7 @@ from pathlib import Path
 from dq.shm.telemetry import MSG_WORDS, QueueFigures, TelemetryPublisher, decode, encode, latest
 from dq.shm.telemetry_ring import OFF_LOCK, TelemetryRing, init_ring, ring_size
 from dq.storage import Engine, EngineConfig
-from dq.storage.types import NewItem
+from dq.storage.types import NewItem, Release
 
 
 def test_codec_round_trip() -> None:
@@ -31,23 +31,46 @@ def test_snapshots_carry_the_engine_figures(tmp_path: Path) -> None:
     with Engine.open(tmp_path, EngineConfig(fsync="always")) as eng:
         buf = ring()
         pub = TelemetryPublisher(eng, buf, interval_s=60)
-        unsubscribe = eng.on_count(pub._on_count)
-        try:
-            eng.enqueue("big", [NewItem(b"x") for _ in range(5)])
-            eng.enqueue("small", [NewItem(b"y", delay_ms=60_000)])
-            eng.dequeue("big", 2)
-            assert pub.snapshot() == 2
-        finally:
-            unsubscribe()
+        eng.enqueue("big", [NewItem(b"x") for _ in range(5)])
+        eng.enqueue("small", [NewItem(b"y", delay_ms=60_000)])
+        eng.dequeue("big", 2)
+        assert pub.snapshot() == 2
         snap = latest(TelemetryRing(buf))
         assert [f.queue for f in snap] == ["big", "small"]  # largest backlog first
         big, small = snap
         assert (big.pending, big.due, big.leased) == (5, 3, 2)
         assert (small.pending, small.delayed, small.lateness_ms) == (1, 1, -1)
         assert big.enqueued_milli > 0 and big.fsyncs > 0 and big.fsync_us > 0
+        assert big.released_milli == 0 and small.enqueued_milli > 0
         assert pub.last_cost_ns > 0
         pub.snapshot()
         assert {f.seq for f in latest(TelemetryRing(buf))} == {2}
+
+
+def test_rates_count_what_happened_since_the_last_snapshot(tmp_path: Path) -> None:
+    """Rates are the differences of the queues' running totals between snapshots."""
+    with Engine.open(tmp_path, EngineConfig(fsync="never")) as eng:
+        pub = TelemetryPublisher(eng, ring(), interval_s=60)
+        eng.enqueue("q", [NewItem(b"x") for _ in range(4)])
+        pub.snapshot()
+        ring_ = TelemetryRing(pub.ring.buf)
+        first = latest(ring_)[0]
+        assert first.enqueued_milli > 0 and first.released_milli == 0
+        pub.snapshot()  # nothing happened since
+        idle = latest(ring_)[0]
+        assert (idle.enqueued_milli, idle.released_milli, idle.expired_milli) == (0, 0, 0)
+        taken = eng.dequeue("q", 3)
+        eng.release("q", [Release(d.id, d.receipt) for d in taken])
+        time.sleep(0.05)
+        pub.snapshot()
+        after = latest(ring_)[0]
+        assert after.enqueued_milli == 0 and after.released_milli > 0
+        # 3 releases in the time since the last snapshot (at least the 50 ms slept)
+        assert after.released_milli <= 3 * 1000 * 1000 / 0.05
+        eng.delete_queue("q")
+        eng.enqueue("q", [NewItem(b"y")])  # made anew: its totals start again
+        pub.snapshot()
+        assert latest(ring_)[0].enqueued_milli > 0
 
 
 def test_a_reader_holding_the_header_lock_does_not_stall_snapshots(tmp_path: Path) -> None:

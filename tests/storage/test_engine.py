@@ -249,10 +249,9 @@ def test_events(open_engine: Callable[..., Engine]) -> None:
 def test_counters_and_unwanted_events(
     open_engine: Callable[..., Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A counter hears every event as (queue, kind, items); a listener whose ``wanted``
-    says no is skipped, and while nobody wants an event none is built."""
+    """A listener whose ``wanted`` says no is skipped, and while nobody wants an event
+    none is built."""
     e = open_engine()
-    counted: list[tuple[str, str, int]] = []
     seen: list[tuple[str, tuple[int, ...]]] = []
     asked: list[bool] = []
     reading = False
@@ -261,7 +260,6 @@ def test_counters_and_unwanted_events(
         asked.append(reading)
         return reading
 
-    stop_count = e.on_count(lambda q, kind, n: counted.append((q, kind, n)))
     e.on_event(lambda ev: seen.append((ev.kind, ev.ids)), wanted=wanted)
     built: list[object] = []
     real_event = engine_module.Event
@@ -276,11 +274,22 @@ def test_counters_and_unwanted_events(
     reading = True
     later = e.enqueue("q", [NewItem(b"c"), NewItem(b"d"), NewItem(b"e")])
     assert seen == [("enqueued", tuple(x.id for x in later))] and len(built) == 1
-    assert counted == [("q", "queue_created", 0), ("q", "enqueued", 2), ("q", "enqueued", 3)]
     assert [x.id for x in later] == [first[-1].id + 1, first[-1].id + 2, first[-1].id + 3]
-    stop_count()
-    e.enqueue("q", [NewItem(b"f")])
-    assert len(counted) == 3
+
+
+def test_totals_count_items_enqueued_released_and_expired(
+    open_engine: Callable[..., Engine], clock: FakeClock
+) -> None:
+    """``Engine.totals``: items enqueued, released, and whose lease ran out, since start."""
+    e = open_engine()
+    e.enqueue("q", [NewItem(b"a"), NewItem(b"b"), NewItem(b"c")])
+    assert e.totals("q") == (3, 0, 0)
+    first, _second = e.dequeue("q", 2, lease_ms=1000)
+    e.release("q", [Release(first.id, first.receipt)])
+    assert e.totals("q") == (3, 1, 0)
+    clock.advance(2000)
+    e.expire_leases("q")
+    assert e.totals("q") == (3, 1, 1)
 
 
 def test_ids_are_never_reused_after_everything_is_merged_away(
