@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from dq.storage import fileio
-from dq.storage.compactor import FreezeResult, freeze_log, merge_segments
+from dq.storage.compactor import CompactionCancelled, FreezeResult, freeze_log, merge_segments
 from dq.storage.errors import InvalidArgument
 from dq.storage.memseg import MemSegment
 from dq.storage.merge_policy import SegmentDesc
@@ -315,6 +315,11 @@ class SegmentSetMixin(QueueCore):
     def _install_merge(self: Queue, inputs: list[SegmentReader], fut: Future[Any]) -> None:
         try:
             path: str | None = fut.result()
+        except CompactionCancelled:  # the queue is closing: its inputs stay as they are
+            with self.lock:
+                self._merging = False
+            log.info("queue %s: merge stopped: the queue is closing", self.name)
+            return
         except BaseException as exc:
             with self.lock:
                 self._merging = False

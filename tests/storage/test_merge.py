@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from dq.storage import Engine, EngineConfig, NewItem, Release, fileio
+from dq.storage import Engine, EngineConfig, NewItem, Release, compactor, fileio
 from tests.storage.conftest import FakeClock
 
 
@@ -189,3 +191,46 @@ def test_count_trigger_merges_small_neighbours(tmp_path: Path) -> None:
         assert sorted(drain(e, "q").values()) == sorted(
             bytes([i]) * (100 if i != 3 else 10) for i in range(6)
         )
+
+
+def test_closing_during_a_merge_stops_it_quietly(
+    open_engine: Callable[..., Engine],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A merge the closing queue cancels is no failure: nothing logged as an error, no
+    ``merge_error`` for operators, and every item is there when the queue opens again."""
+    e = open_engine(compaction="thread")
+    for batch in range(3):
+        e.enqueue("q", [NewItem(b"%d-%d" % (batch, i)) for i in range(10)])
+        e.freeze("q")
+    started, go_on = threading.Event(), threading.Event()
+    real = compactor.net_entries
+
+    def held(*args: object, **kwargs: object) -> object:
+        started.set()
+        assert go_on.wait(20)  # until close has asked the merge to stop
+        yield from real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(compactor, "net_entries", held)
+    q = e.queue("q")
+    q.merge(0, 3, wait=False)
+    assert started.wait(20)
+    closing = threading.Thread(target=e.close)
+    with caplog.at_level(logging.INFO, logger="dq.storage"):
+        closing.start()
+        marker = Path(q.directory) / "merge.cancel"
+        give_up = time.monotonic() + 20
+        while not marker.exists():
+            assert time.monotonic() < give_up, "close never asked the merge to stop"
+            time.sleep(0.01)
+        go_on.set()
+        closing.join(30)
+    assert not closing.is_alive()
+    assert [r.message for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert any("merge stopped" in r.message for r in caplog.records)
+    assert q.merge_error is None
+    e = open_engine(path=tmp_path / "data")
+    assert len(e.queue("q").segments) == 3
+    assert len(drain(e, "q")) == 30
