@@ -20,6 +20,7 @@ from dq.server.history import History
 from dq.server.lifespan import make_lifespan
 from dq.server.limits import BodyLimit
 from dq.server.metrics import Metrics
+from dq.server.path_guard import EncodedSlashGuard
 from dq.server.replication import routes as replication
 from dq.server.replication.metrics import ReplicationCollector
 from dq.server.routers import consumers, dashboard, items, operate, ops, queues
@@ -57,7 +58,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         docs_url=None,
         redoc_url=None,
     )
-    # Innermost first: an over-long batch is refused while its body is walked.
+    # Innermost first: a name holding an escaped '/' never reaches a route;
+    # an over-long batch is refused while its body is walked.
+    app.add_middleware(EncodedSlashGuard)
     app.add_middleware(BatchLimit, limit=settings.max_batch)
     app.add_middleware(BodyLimit, limit=settings.body_limit)
     # Outermost: no body is read before the token is checked.

@@ -169,6 +169,30 @@ def test_a_long_poll_waits_for_a_queue_that_does_not_exist_yet(server: LiveServe
     assert time.monotonic() - t0 < 4  # woken by the creation, not by the end of the wait
 
 
+def test_an_escaped_slash_in_a_path_reaches_no_route(server: LiveServer) -> None:
+    """A name holding ``/`` would be routed as more path once decoded: the purge of
+    ``q/items`` would purge ``q``, the stats of ``q/items/1`` read item 1."""
+    headers = {"authorization": "Bearer sesame"}
+    base = f"{server.url}/v1/queues"
+    r = httpx.post(f"{base}/slashed/items", json={"items": [{"value": "keep"}]}, headers=headers)
+    assert r.status_code == 200
+    for method, path in [
+        ("DELETE", "/slashed%2Fitems"),
+        ("DELETE", "/slashed%2fitems%2F1"),
+        ("GET", "/slashed%2Fitems"),
+        ("POST", "/slashed%2Fitems/dequeue"),
+    ]:
+        r = httpx.request(method, base + path, headers=headers, json={"count": 1})
+        assert (r.status_code, r.json()["error"]) == (400, "invalid_queue_name"), path
+    r = httpx.delete(f"{base}/slashed/items/1%2F", headers=headers)
+    assert (r.status_code, r.json()["error"]) == (404, "not_found")
+    # nothing was purged, deleted or leased; a query may still escape a slash
+    r = httpx.get(f"{base}/slashed/items?state=due&after=a%2Fb", headers=headers)
+    assert r.status_code in (200, 400) and r.json().get("error") != "not_found"
+    stats = httpx.get(f"{base}/slashed", headers=headers).json()["stats"]
+    assert (stats["pending"], stats["leased"]) == (1, 0)
+
+
 @pytest.mark.parametrize("tokens", [",", "a,,b", " , "])
 def test_empty_tokens_are_refused(tmp_path: Path, tokens: str) -> None:
     cmd = [sys.executable, "-m", "dq.cli.main", "serve", "--data-dir", str(tmp_path / "d")]
