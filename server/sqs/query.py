@@ -67,6 +67,17 @@ def _members(node: object) -> list[Any]:
     return [node[k] for k in sorted(k for k in node if isinstance(k, int))]
 
 
+def _structs(node: object, key: str) -> list[dict[Any, Any]]:
+    """The members of a list of structures (``Attribute.1.Name=...``): a member given
+    as a plain value (``Attribute.1=x``) names no field, and is refused as malformed."""
+    members = _members(node)
+    if not all(isinstance(m, dict) for m in members):
+        raise SqsError(
+            "MalformedQueryString", f"Each {key}.N must have fields ({key}.N.Name, ...)."
+        )
+    return members
+
+
 def _attribute_value(v: Any) -> dict[str, str]:
     if not isinstance(v, dict):
         return {}
@@ -79,13 +90,13 @@ def _convert(tree: dict[str, Any]) -> dict[str, Any]:
         if key in _LISTS:
             out[_LISTS[key]] = _members(node)
         elif key == "Attribute":
-            out["Attributes"] = {m.get("Name"): m.get("Value", "") for m in _members(node)}
+            out["Attributes"] = {m.get("Name"): m.get("Value", "") for m in _structs(node, key)}
         elif key == "Tag":
-            tags = {m.get("Key"): m.get("Value", "") for m in _members(node)}
+            tags = {m.get("Key"): m.get("Value", "") for m in _structs(node, key)}
             out["tags" if "QueueName" in tree else "Tags"] = tags
         elif key in ("MessageAttribute", "MessageSystemAttribute"):
             out[key + "s"] = {
-                m.get("Name"): _attribute_value(m.get("Value")) for m in _members(node)
+                m.get("Name"): _attribute_value(m.get("Value")) for m in _structs(node, key)
             }
         elif key in _ENTRIES:
             out["Entries"] = [_convert(m) if isinstance(m, dict) else m for m in _members(node)]

@@ -137,3 +137,35 @@ def test_query_protocol_errors(server: LiveServer) -> None:
     r = httpx.post(server.url + "/000000000000/q", json={"a": 1})
     assert r.status_code == 404
     assert httpx.get(server.url + "/000000000000/q").status_code == 404
+
+
+def test_query_protocol_list_member_without_fields_is_malformed(
+    server: LiveServer, qname: str
+) -> None:
+    """``Attribute.1=x`` (a structure's member given as a plain value) is the client's
+    mistake: answered ``MalformedQueryString`` (400), never an internal error."""
+    status, root = _call(server.url + "/", Action="CreateQueue", QueueName=qname)
+    assert status == 200
+    url = _find(root, "sqs:CreateQueueResult/sqs:QueueUrl")
+    for action, params in [
+        ("CreateQueue", {"QueueName": qname + "-x", "Attribute.1": "VisibilityTimeout"}),
+        ("TagQueue", {"Tag.1": "team"}),
+        ("SendMessage", {"MessageBody": "hi", "MessageAttribute.1": "color"}),
+        ("SendMessage", {"MessageBody": "hi", "MessageSystemAttribute.1": "AWSTraceHeader"}),
+        (
+            "SendMessageBatch",
+            {
+                "SendMessageBatchRequestEntry.1.Id": "a",
+                "SendMessageBatchRequestEntry.1.MessageBody": "hi",
+                "SendMessageBatchRequestEntry.1.MessageAttribute.1": "color",
+            },
+        ),
+    ]:
+        status, root = _call(url, Action=action, **params)
+        assert (status, _find(root, "sqs:Error/sqs:Code")) == (400, "MalformedQueryString"), action
+    status, root = _call(url, Action="GetQueueAttributes", **{"AttributeName.1": "All"})
+    got = {
+        _find(a, "sqs:Name"): _find(a, "sqs:Value")
+        for a in root.findall("sqs:GetQueueAttributesResult/sqs:Attribute", NS)
+    }
+    assert got["ApproximateNumberOfMessages"] == "0"  # nothing half-sent
