@@ -42,6 +42,22 @@ def test_queue_lifecycle_and_urls(sqs: Any, server: LiveServer, qname: str) -> N
     assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
 
 
+def test_create_queue_again_with_default_values_is_the_same_queue(sqs: Any, qname: str) -> None:
+    """Code that creates its queue on every start, spelling out SQS's defaults, gets the
+    queue's URL back whether or not the queue was first created with them."""
+    url = sqs.create_queue(QueueName=qname)["QueueUrl"]
+    defaults = {
+        "DelaySeconds": "0",
+        "MaximumMessageSize": "262144",
+        "MessageRetentionPeriod": "345600",
+        "ReceiveMessageWaitTimeSeconds": "0",
+        "VisibilityTimeout": "30",
+    }
+    assert sqs.create_queue(QueueName=qname, Attributes=defaults)["QueueUrl"] == url
+    with pytest.raises(sqs.exceptions.QueueNameExists):
+        sqs.create_queue(QueueName=qname, Attributes={**defaults, "DelaySeconds": "5"})
+
+
 def test_list_queues_pages(sqs: Any, qname: str) -> None:
     names = [f"{qname}-{i}" for i in range(5)]
     for n in names:
