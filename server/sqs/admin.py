@@ -17,7 +17,7 @@ from dq.server.sqs.context import Ctx
 from dq.server.sqs.errors import SqsError, from_storage
 from dq.server.sqs.names import queue_from_arn, queue_from_url, valid_name
 from dq.server.sqs.params import get_int, get_list, get_map, get_str, invalid
-from dq.server.sqs.queue_attrs import DEFAULTS, apply, render
+from dq.server.sqs.queue_attrs import apply, effective, render
 from dq.server.sqs.sidecar import Sidecar
 from dq.storage.errors import QueueNotFound, StorageError
 from dq.storage.operations import effective_dead_letter_queue
@@ -48,12 +48,6 @@ def _check_new_name(name: str | None) -> str:
     return name
 
 
-def _effective(sidecar: Sidecar) -> dict[str, str]:
-    """The sidecar's attributes as a client sees them: an attribute never set has SQS's
-    default, so asking for ``DelaySeconds=0`` again matches a queue created without it."""
-    return {**DEFAULTS, **sidecar.attributes}
-
-
 def _tags(raw: dict[str, Any]) -> dict[str, str]:
     return {str(k): str(v) for k, v in raw.items()}
 
@@ -80,7 +74,9 @@ async def create_queue(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
             config = engine.get_queue(name)
             sidecar = ctx.state.sidecars.load(engine, name)
             new_config, new_sidecar = apply(ctx, name, attrs, config, sidecar)
-            if new_config != config or _effective(new_sidecar) != _effective(sidecar):
+            # compared as applied: asking again for a default (DelaySeconds=0) is no change
+            seen = effective(sidecar, ctx.limits)
+            if new_config != config or effective(new_sidecar, ctx.limits) != seen:
                 raise SqsError(
                     "QueueNameExists",
                     f"A queue already exists with the same name and a different value for "

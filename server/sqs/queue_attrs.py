@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from dq.server.sqs.context import Ctx, Limits
     from dq.server.sqs.sidecar import Sidecar
 
-__all__ = ["ALL", "apply", "render", "stored_int"]
+__all__ = ["ALL", "apply", "effective", "render", "stored_int"]
 
 #: Sidecar attributes with the value SQS gives a new queue.
 DEFAULTS = {
@@ -58,6 +58,16 @@ _REFUSED = {
 }
 #: Every attribute ``All`` returns, in SQS's order.
 ALL = (*_READ_ONLY, *_ENGINE, *DEFAULTS, *_FREE_FORM, "SqsManagedSseEnabled")
+
+
+def effective(sidecar: Sidecar, limits: Limits) -> dict[str, str]:
+    """The sidecar attributes as applied: the stored ones, else their defaults. With
+    ``DQ_SQS_RELAXED``, a queue that sets no ``MaximumMessageSize`` takes dq's value
+    limit (what ``SendMessage`` applies), not SQS's 256 KiB."""
+    defaults = DEFAULTS
+    if limits.relaxed:
+        defaults = {**DEFAULTS, "MaximumMessageSize": str(limits.message_bytes)}
+    return {**defaults, **sidecar.attributes}
 
 
 def stored_int(sidecar: Sidecar, name: str) -> int:
@@ -173,7 +183,7 @@ def render(
         "VisibilityTimeout": str(config.default_lease_ms // 1000),
         "RedrivePolicy": None,
         "SqsManagedSseEnabled": "false",
-        **{k: sidecar.attributes.get(k, v) for k, v in DEFAULTS.items()},
+        **effective(sidecar, ctx.limits),
         **{k: sidecar.attributes.get(k) for k in _FREE_FORM},
     }
     dlq = effective_dead_letter_queue(name, config)

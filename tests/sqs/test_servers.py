@@ -63,6 +63,8 @@ def test_relaxed_limits(tmp_path: Path) -> None:
         sqs.send_message(QueueUrl=url, MessageBody="next week", DelaySeconds=7 * 86400)
         attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
         assert attrs["ApproximateNumberOfMessagesDelayed"] == "1"
+        # the size limit the queue applies (dq's value limit), not SQS's 256 KiB
+        assert attrs["MaximumMessageSize"] == str(1 << 20)
         (m,) = sqs.receive_message(QueueUrl=url)["Messages"]
         assert m["Body"] == big
         with pytest.raises(ClientError):  # dq's own value limit still holds
