@@ -140,7 +140,9 @@ async def send_message(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
 async def send_message_batch(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
     name = queue_from_url(p.get("QueueUrl"))
     entries = check_entries(p, ctx.limits.batch_entries)
-    total = sum(len(str(e.get("MessageBody", "")).encode()) for e in entries)
+    # counted before each entry's own checks: a body that is no valid text (a lone
+    # surrogate) is counted as given here and refused as that entry's failure below
+    total = sum(len(str(e.get("MessageBody", "")).encode(errors="surrogatepass")) for e in entries)
     if total > ctx.limits.batch_bytes:
         raise SqsError(
             "BatchRequestTooLong",

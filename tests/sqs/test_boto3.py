@@ -179,6 +179,20 @@ def test_batches(sqs: Any, qname: str) -> None:
         sqs.send_message_batch(QueueUrl=url, Entries=[{"Id": "a b", "MessageBody": "x"}])
 
 
+def test_batch_entry_with_invalid_text_fails_alone(sqs: Any, qname: str) -> None:
+    """A body that is no valid text (a lone surrogate, which boto3 sends as JSON's
+    ``\\ud800``) fails as its entry, InvalidMessageContents; the others are sent."""
+    url = sqs.create_queue(QueueName=qname)["QueueUrl"]
+    res = sqs.send_message_batch(
+        QueueUrl=url,
+        Entries=[{"Id": "ok", "MessageBody": "fine"}, {"Id": "bad", "MessageBody": "x\ud800"}],
+    )
+    assert [e["Id"] for e in res["Successful"]] == ["ok"]
+    assert [(e["Id"], e["Code"]) for e in res["Failed"]] == [("bad", "InvalidMessageContents")]
+    (m,) = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    assert m["Body"] == "fine"
+
+
 def test_error_shapes(sqs: Any, server: LiveServer, qname: str) -> None:
     url = sqs.create_queue(QueueName=qname)["QueueUrl"]
     missing = url + "-missing"
