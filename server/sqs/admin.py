@@ -15,6 +15,7 @@ from typing import Any
 
 from dq.server.sqs.context import Ctx
 from dq.server.sqs.errors import SqsError, from_storage
+from dq.server.sqs.messages import check_text
 from dq.server.sqs.names import queue_from_arn, queue_from_url, valid_name
 from dq.server.sqs.params import get_int, get_list, get_map, get_str, invalid
 from dq.server.sqs.queue_attrs import apply, effective, render
@@ -49,7 +50,12 @@ def _check_new_name(name: str | None) -> str:
 
 
 def _tags(raw: dict[str, Any]) -> dict[str, str]:
-    return {str(k): str(v) for k, v in raw.items()}
+    """Tags as text every answer can carry (ListQueueTags in XML too)."""
+    tags = {str(k): str(v) for k, v in raw.items()}
+    for k, v in tags.items():
+        check_text(k, "a tag key", "InvalidParameterValue")
+        check_text(v, f"the tag {k}", "InvalidParameterValue")
+    return tags
 
 
 async def _save(ctx: Ctx, name: str, config: QueueConfig | None, sidecar: Sidecar) -> None:

@@ -166,13 +166,15 @@ def attributes_size(attrs: Attributes) -> int:
     )
 
 
-def check_text(text: object, what: str) -> str:
+def check_text(text: object, what: str, shape: str = "InvalidMessageContents") -> str:
+    """``text`` if it holds only characters SQS allows (XML 1.0's, which the query
+    protocol's answers can carry), else ``shape`` (queue tags and attributes use it too)."""
     if not isinstance(text, str):
         raise SqsError("InvalidParameterValue", f"{what} must be a string.")
     bad = _BAD_CHAR.search(text)
     if bad is not None:
         raise SqsError(
-            "InvalidMessageContents",
+            shape,
             f"Invalid characters found in {what}: U+{ord(bad.group()):04X} is not allowed.",
         )
     return text

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from dq.server.sqs.errors import SqsError
+from dq.server.sqs.messages import check_text
 from dq.server.sqs.names import queue_from_arn
 from dq.storage.operations import effective_dead_letter_queue
 from dq.storage.types import QueueConfig, QueueStats
@@ -154,8 +155,8 @@ def apply(
         elif key in _FREE_FORM:
             if value == "":
                 out.attributes.pop(key, None)
-            else:
-                out.attributes[key] = value
+            else:  # stored, and returned in XML answers too: text only
+                out.attributes[key] = check_text(value, key, "InvalidAttributeValue")
         else:
             raise SqsError("InvalidAttributeName", f"Unknown Attribute {key}.")
     return config, out

@@ -365,6 +365,22 @@ def test_tags(sqs: Any, qname: str) -> None:
     assert sqs.list_queue_tags(QueueUrl=url)["Tags"] == {"env": "test"}
 
 
+def test_tags_and_policies_must_be_text(sqs: Any, qname: str) -> None:
+    """A tag or policy holding a character no answer can carry (NUL, a lone surrogate)
+    is refused when set: stored, it broke every query-protocol (XML) answer about the
+    queue."""
+    url = sqs.create_queue(QueueName=qname)["QueueUrl"]
+    for bad in ("a\x00b", "x\ud800"):
+        with pytest.raises(ClientError) as exc:
+            sqs.tag_queue(QueueUrl=url, Tags={"team": bad})
+        assert _error(exc)["Code"] == "InvalidParameterValue"
+        with pytest.raises(sqs.exceptions.InvalidAttributeValue):
+            sqs.set_queue_attributes(QueueUrl=url, Attributes={"Policy": bad})
+    assert "Tags" not in sqs.list_queue_tags(QueueUrl=url)
+    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert "Policy" not in attrs
+
+
 def test_native_interop(sqs: Any, server: LiveServer, qname: str) -> None:
     """Plain SQS messages are plain values; native values reach SQS consumers."""
     url = sqs.create_queue(QueueName=qname)["QueueUrl"]
