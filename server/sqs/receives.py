@@ -4,7 +4,9 @@ dq's item stats hold the enqueue time, the last requeue time and the delivery co
 not the time of the first delivery, so the SQS layer remembers it: in memory, bounded
 (the oldest entries go first), forgotten when the message is deleted. After a server
 restart, or for a message first received more than ``limit`` receipts ago, the time
-is unknown and the attribute is left out rather than made up (docs/sqs.md).
+is unknown and the attribute is left out rather than made up (docs/sqs.md). A receive
+under way at a restart was never counted (the delivery count is written when a lease
+ends, not when it starts), so the next receive of such a message is its first.
 """
 
 from __future__ import annotations
