@@ -34,6 +34,9 @@ _ENTRIES = (
     "DeleteMessageBatchRequestEntry",
     "ChangeMessageVisibilityBatchRequestEntry",
 )
+#: An empty list arrives under its JSON name with no value (botocore's query serializer
+#: sends ``AttributeNames=``): it is an empty list, as SQS reads it.
+_EMPTY_LISTS = frozenset([*_LISTS.values(), "Entries"])
 #: answer lists: JSON name → XML element of each member (``Successful`` depends on the action)
 _MEMBERS = {
     "QueueUrls": "QueueUrl",
@@ -100,6 +103,8 @@ def _convert(tree: dict[str, Any]) -> dict[str, Any]:
             }
         elif key in _ENTRIES:
             out["Entries"] = [_convert(m) if isinstance(m, dict) else m for m in _members(node)]
+        elif key in _EMPTY_LISTS and node == "":
+            out[key] = []
         elif isinstance(node, dict):
             raise SqsError("MalformedQueryString", f"Unknown parameter {key}.")
         else:

@@ -169,3 +169,22 @@ def test_query_protocol_list_member_without_fields_is_malformed(
         for a in root.findall("sqs:GetQueueAttributesResult/sqs:Attribute", NS)
     }
     assert got["ApproximateNumberOfMessages"] == "0"  # nothing half-sent
+
+
+def test_query_protocol_empty_lists(server: LiveServer, qname: str) -> None:
+    """Pre-2024 botocore sends an empty list as its name with no value
+    (``receive_message(AttributeNames=[])`` posts ``AttributeNames=``): an empty list,
+    as SQS reads it, not an invalid parameter."""
+    status, root = _call(server.url + "/", Action="CreateQueue", QueueName=qname)
+    url = _find(root, "sqs:CreateQueueResult/sqs:QueueUrl")
+    _call(url, Action="SendMessage", MessageBody="hello")
+    status, root = _call(url, Action="ReceiveMessage", AttributeNames="", MessageAttributeNames="")
+    assert status == 200, ET.tostring(root)
+    assert _find(root, "sqs:ReceiveMessageResult/sqs:Message/sqs:Body") == "hello"
+    status, root = _call(url, Action="GetQueueAttributes", AttributeNames="")
+    assert status == 200, ET.tostring(root)
+    status, root = _call(url, Action="UntagQueue", TagKeys="")
+    assert status == 200, ET.tostring(root)
+    status, root = _call(url, Action="DeleteMessageBatch", Entries="")
+    assert status == 400
+    assert _find(root, "sqs:Error/sqs:Code") == "AWS.SimpleQueueService.EmptyBatchRequest"
