@@ -167,9 +167,26 @@ def _body(value: Any, successful: str) -> str:
     return _text(value)
 
 
+#: Actions that answer nothing: the only ones whose answer has no ``<ActionResult>``.
+_NO_RESULT = frozenset(
+    [
+        "ChangeMessageVisibility",
+        "DeleteMessage",
+        "DeleteQueue",
+        "PurgeQueue",
+        "SetQueueAttributes",
+        "TagQueue",
+        "UntagQueue",
+    ]
+)
+
+
 def result_xml(action: str, result: dict[str, Any], request_id: str) -> str:
+    """The answer's XML. Every action with a result has its ``<ActionResult>`` element,
+    empty too (a receive from an empty queue, no tags): SDKs look for it (botocore
+    raised ``KeyError: 'ReceiveMessageResult'`` on an empty receive without it)."""
     inner = _body(result, f"{action}ResultEntry")
-    wrapped = f"<{action}Result>{inner}</{action}Result>" if result else ""
+    wrapped = "" if action in _NO_RESULT else f"<{action}Result>{inner}</{action}Result>"
     return (
         f'<?xml version="1.0"?><{action}Response xmlns="{_NS}">{wrapped}'
         f"<ResponseMetadata><RequestId>{request_id}</RequestId></ResponseMetadata>"

@@ -188,3 +188,19 @@ def test_query_protocol_empty_lists(server: LiveServer, qname: str) -> None:
     status, root = _call(url, Action="DeleteMessageBatch", Entries="")
     assert status == 400
     assert _find(root, "sqs:Error/sqs:Code") == "AWS.SimpleQueueService.EmptyBatchRequest"
+
+
+def test_query_protocol_empty_results_keep_their_element(server: LiveServer, qname: str) -> None:
+    """A receive from an empty queue (and any other empty result) still has its
+    ``<ActionResult>`` element, which SDKs look for; actions that answer nothing have none."""
+    status, root = _call(server.url + "/", Action="CreateQueue", QueueName=qname)
+    url = _find(root, "sqs:CreateQueueResult/sqs:QueueUrl")
+    for action in ("ReceiveMessage", "ListQueueTags"):
+        status, root = _call(url, Action=action)
+        assert status == 200
+        result = root.find(f"sqs:{action}Result", NS)
+        assert result is not None and len(result) == 0, ET.tostring(root)
+    status, root = _call(server.url + "/", Action="ListQueues", QueueNamePrefix=qname + "-none")
+    assert root.find("sqs:ListQueuesResult", NS) is not None, ET.tostring(root)
+    status, root = _call(url, Action="PurgeQueue")
+    assert status == 200 and root.find("sqs:PurgeQueueResult", NS) is None
