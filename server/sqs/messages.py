@@ -115,7 +115,11 @@ def decode(value: bytes) -> Stored:
 
 
 def _parse_envelope(value: bytes) -> Stored | None:
-    """``None`` when the bytes only look like an envelope (a native binary value)."""
+    """``None`` when the bytes only look like an envelope (a native binary value).
+
+    The header is checked as a sent message's attributes are: a native value can hold
+    anything after the magic, and an attribute of the wrong shape would fail every
+    receive that meets it (and hide the messages received with it)."""
     try:
         (n,) = _LEN.unpack_from(value, len(MAGIC))
         start = len(MAGIC) + _LEN.size
@@ -123,15 +127,23 @@ def _parse_envelope(value: bytes) -> Stored | None:
         body = value[start + n :].decode()
         if not isinstance(header, dict):
             return None
+        ids = header.get("MessageGroupId"), header.get("MessageDeduplicationId")
+        if not all(i is None or isinstance(i, str) for i in ids):
+            return None
         return Stored(
             body,
-            dict(header.get("MessageAttributes", {})),
-            dict(header.get("MessageSystemAttributes", {})),
-            header.get("MessageGroupId"),
-            header.get("MessageDeduplicationId"),
+            _stored_attributes(header.get("MessageAttributes", {})),
+            _stored_attributes(header.get("MessageSystemAttributes", {})),
+            *ids,
         )
-    except (struct.error, ValueError, UnicodeDecodeError, TypeError):
+    except (struct.error, ValueError, UnicodeDecodeError, TypeError, SqsError):
         return None
+
+
+def _stored_attributes(raw: object) -> Attributes:
+    if not isinstance(raw, dict):
+        raise TypeError("attributes are not a map")
+    return {name: _check_value(name, a, "stored attribute") for name, a in raw.items()}
 
 
 def md5_hex(data: bytes) -> str:

@@ -397,3 +397,27 @@ def test_native_interop(sqs: Any, server: LiveServer, qname: str) -> None:
     import base64
 
     assert base64.b64decode(m["Body"]) == b"\xff\xfe binary"
+
+
+def test_native_value_like_a_broken_envelope_is_delivered_as_binary(
+    sqs: Any, server: LiveServer, qname: str
+) -> None:
+    """A native value that starts like an envelope but whose header is no message's
+    (an attribute that is not a structure) reaches SQS consumers as binary, base64 with
+    ``dq.Encoding``; it failed every receive that met it, hiding the messages with it."""
+    import base64
+    import json
+    import struct
+
+    url = sqs.create_queue(QueueName=qname)["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="good")
+    header = json.dumps({"MessageAttributes": {"a": "not a structure"}}).encode()
+    odd = b"\xffDQSQS\x00\x01" + struct.pack(">I", len(header)) + header + b"body"
+    with Client(server.url) as dq:
+        dq.enqueue(qname, odd)
+    got = sqs.receive_message(
+        QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"], WaitTimeSeconds=1
+    )["Messages"]
+    assert sorted(m["Body"] for m in got) == sorted(["good", base64.b64encode(odd).decode()])
+    (binary,) = [m for m in got if m["Body"] != "good"]
+    assert binary["MessageAttributes"]["dq.Encoding"]["StringValue"] == "base64"
