@@ -105,7 +105,10 @@ def _redrive(ctx: Ctx, name: str, raw: str, config: QueueConfig) -> QueueConfig:
     try:
         policy = json.loads(raw)
         arn = policy["deadLetterTargetArn"]
-        count = int(policy["maxReceiveCount"])
+        given = policy["maxReceiveCount"]
+        if isinstance(given, bool | float):  # 2.7 is no count (int() would make it 2)
+            raise TypeError(given)
+        count = int(given)
     except (ValueError, KeyError, TypeError):
         raise SqsError(
             "InvalidAttributeValue",

@@ -41,6 +41,14 @@ def test_dead_letter_and_redrive_back(sqs: Any, qname: str) -> None:
         sqs.set_queue_attributes(
             QueueUrl=src_url, Attributes={"RedrivePolicy": json.dumps(missing)}
         )
+    for count in (2.7, True):  # no whole count: refused, not rounded to one
+        with pytest.raises(sqs.exceptions.InvalidAttributeValue):
+            odd = {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": count}
+            sqs.set_queue_attributes(
+                QueueUrl=src_url, Attributes={"RedrivePolicy": json.dumps(odd)}
+            )
+    got = sqs.get_queue_attributes(QueueUrl=src_url, AttributeNames=["RedrivePolicy"])
+    assert json.loads(got["Attributes"]["RedrivePolicy"]) == policy
 
     attrs = {"why": {"DataType": "String", "StringValue": "poison"}}
     sent = sqs.send_message(QueueUrl=src_url, MessageBody="poison", MessageAttributes=attrs)
