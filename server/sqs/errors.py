@@ -19,6 +19,7 @@ from dq.storage.errors import (
     QueueNotFound,
     StorageError,
     StorageFull,
+    TooManyQueues,
     ValueTooLarge,
 )
 
@@ -105,6 +106,8 @@ def from_storage(exc: StorageError, queue: str | None = None) -> SqsError:
         return SqsError("InvalidParameterValue", f"Invalid queue name {queue!r}: {exc.message}")
     if isinstance(exc, ValueTooLarge | BatchTooLarge | InvalidArgument):
         return SqsError("InvalidParameterValue", exc.message)
+    if isinstance(exc, TooManyQueues):  # SQS's answer to a quota reached; not retried
+        return SqsError("OverLimit", f"Cannot create queue {queue!r}: {exc.message}.")
     if isinstance(exc, StorageFull):
         return SqsError("ServiceUnavailable", "No space left on the server's data volume.")
     if isinstance(exc, EngineUnavailable):

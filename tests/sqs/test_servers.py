@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from tests.server.live import LiveServer, live_server
+from tests.server.threaded import threaded_server
 from tests.sqs.conftest import SERVER_ENV, sqs_client
 
 
@@ -47,6 +49,20 @@ def test_tokens_require_a_valid_signature(tmp_path: Path) -> None:
         assert httpx.get(server.url + "/v1/queues").status_code == 401
         r = httpx.get(server.url + "/v1/queues", headers={"Authorization": "Bearer tok-a"})
         assert r.status_code == 200
+
+
+def test_creating_a_queue_past_the_servers_limit_is_over_limit(tmp_path: Path) -> None:
+    """One queue more than the server holds is SQS's ``OverLimit`` (403, which SDKs do
+    not retry), not an internal error that they retry."""
+    with threaded_server(tmp_path / "data") as server:
+        sqs = sqs_client(server.url)
+        sqs.create_queue(QueueName="first")
+        engine = server.engine
+        engine.config = replace(engine.config, max_queues=len(engine.list_queues()))
+        with pytest.raises(sqs.exceptions.OverLimit) as exc:
+            sqs.create_queue(QueueName="one-too-many")
+        assert exc.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+        assert "first" in sqs.list_queues()["QueueUrls"][0]
 
 
 def test_relaxed_limits(tmp_path: Path) -> None:
