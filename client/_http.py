@@ -41,7 +41,7 @@ from dq.client import _wire
 from dq.client._common import as_new_item
 from dq.client._connection import AsyncConnection, Connection, Lost, NotSent, Response
 from dq.client._routing import DEFAULT_FAILOVER_S, Cluster, Endpoint, Walk, split_urls
-from dq.client.errors import ClientError, NotLeaderError, TransportError
+from dq.client.errors import BadRequest, ClientError, NotLeaderError, TransportError
 from dq.client.types import (
     BackupResult,
     BrowsedItem,
@@ -143,6 +143,18 @@ def _loads(body: bytes) -> Any:
 
 @lru_cache(maxsize=4096)
 def queue_path(queue: str) -> str:
+    """The queue's path, or ``BadRequest`` (``invalid_queue_name``, as the server would
+    answer) for a name a path cannot carry intact: the server decodes ``%2F`` before it
+    routes, so ``a/items`` would name queue ``a``'s items (deleting that "queue" would
+    purge ``a``), and an empty name is the queue list's address. Nothing is sent."""
+    if not queue or "/" in queue:
+        raise BadRequest(
+            400,
+            "invalid_queue_name",
+            f"queue names match [A-Za-z0-9._-]{{1,128}} and do not start with '.' "
+            f"(queue={queue!r})",
+            queue=queue,
+        )
     return "/v1/queues/" + quote(queue, safe="")
 
 

@@ -86,6 +86,16 @@ def test_create_pause_resume_peek_browse_purge_delete(server: LiveServer, queue:
     assert r.returncode == 0 and r.stdout.strip() == f"deleted queue {queue}"
 
 
+def test_a_queue_name_with_a_slash_touches_no_other_queue(server: LiveServer, queue: str) -> None:
+    dq(server, "put", queue, "kept")
+    r = dq(server, "delete", f"{queue}/items", "--yes")  # the server would purge `queue`
+    assert r.returncode == 1 and "invalid_queue_name" in r.stderr, r.stdout
+    r = dq(server, "stats", "")
+    assert r.returncode == 1 and "invalid_queue_name" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert json.loads(dq(server, "stats", queue, "--json").stdout)["stats"]["pending"] == 1
+
+
 def test_redrive_from_the_command_line(server: LiveServer, queue: str) -> None:
     dq(server, "put", queue, "x")
     r = dq(server, "redrive", queue)

@@ -74,6 +74,24 @@ def test_keyed_enqueue_and_redrive(dq: Client, queue: str) -> None:
     assert dq.redrive(queue, to=queue + "-elsewhere", limit=1).moved == 1
 
 
+def test_a_queue_name_a_path_cannot_carry_is_refused_before_anything_is_sent(
+    dq: Client, queue: str
+) -> None:
+    ids = [e.id for e in dq.enqueue_many(queue, [b"a", b"b"])]
+    # the server decodes %2F before routing: "<queue>/items" would be the queue's items
+    for call in (
+        lambda: dq.delete_queue(f"{queue}/items"),
+        lambda: dq.delete_queue(f"{queue}/items/{ids[0]}"),
+        lambda: dq.queue(f"{queue}/items"),
+        lambda: dq.delete_queue(""),
+        lambda: dq.queue(""),
+    ):
+        with pytest.raises(BadRequest) as err:
+            call()
+        assert err.value.code == "invalid_queue_name"
+    assert [i.id for i in dq.browse(queue).items] == ids  # nothing purged or deleted
+
+
 def test_async_client_operates_a_queue(server: LiveServer, queue: str) -> None:
     async def run() -> None:
         async with AsyncClient(server.url) as dq:
