@@ -202,7 +202,12 @@ def _result(call: Call, response: Response) -> Any:
         doc = _loads(response.body)
     except ValueError:
         doc = response.body.decode("utf-8", "replace")
-    if response.status >= 400:
+    if response.status >= 300:
+        if response.status < 400:  # dq never redirects (a follower answers 421): a proxy
+            doc = (
+                f"{call.method} {call.path} was redirected, which the client does not "
+                "follow: give the address dq is served at (https://?)"
+            )
         raise _wire.error_from_response(response.status, doc, call.queue)
     return doc
 

@@ -16,6 +16,7 @@ from dq.client import (
     ClientError,
     ItemNotFound,
     QueueNotFound,
+    ServerError,
     StaleReceipt,
     TransportError,
     Unavailable,
@@ -107,6 +108,17 @@ def test_server_codes_map_to_error_classes() -> None:
         pytest.raises(ItemNotFound),
     ):
         dq.release("q", 3, "r")
+
+
+def test_a_redirect_is_an_error_not_a_success() -> None:
+    """A proxy redirecting http:// to https:// answers 301 with no body: a delete or a
+    purge that was never carried out must not look done."""
+    with scripted(Answer(301)) as server, Client(server.url, retries=0) as dq:
+        with pytest.raises(ServerError) as err:
+            dq.delete_queue("q")
+        assert err.value.status == 301 and "redirected" in err.value.message
+        with pytest.raises(ServerError):
+            dq.purge("q")
 
 
 def test_binary_values_travel_as_base64() -> None:
