@@ -20,6 +20,11 @@ work done between two jobs must stay shorter than the lease (it always is inside
 ``run``); a release that comes too late fails as a stale receipt, counts as ``lost``,
 and the item is delivered again.
 
+A server that cannot be reached or answers 503 (a restart, a deploy, a worker started
+before its server) does not end the loop: the dequeue is logged and tried again, 0.1 s
+doubling to 5 s apart, until ``stop``; items a lost dequeue leased come back when their
+lease runs out. Any other error (a bad token, a bad argument) ends it.
+
 Invariant: a job's receipt is only used under its lock, so an extension that renews
 the receipt and the final release/requeue never race.
 """
@@ -39,7 +44,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from dq.client.errors import ClientError, Conflict, NotFound
+from dq.client.errors import ClientError, Conflict, NotFound, TransportError, Unavailable
 from dq.client.types import Release
 
 if TYPE_CHECKING:
@@ -128,6 +133,17 @@ class _JobState:
 
 
 _LINGER_S = 1.0  # how long the keeper starter waits for more jobs before it sleeps for good
+#: a dequeue the server could not answer is tried again this long after, doubling to the max
+_OUTAGE_FIRST_S = 0.1
+_OUTAGE_MAX_S = 5.0
+#: errors a worker loop waits out: the server is away or busy, not the request wrong
+_OUTAGE = (TransportError, Unavailable)
+
+
+def _outage(queue: str, exc: ClientError, pause: float) -> float:
+    """Log a dequeue the server could not answer; the next pause."""
+    logger.warning("dequeue from %s failed (%s); trying again in %.1f s", queue, exc, pause)
+    return min(_OUTAGE_MAX_S, pause * 2)
 
 
 class _KeeperStarter:
@@ -276,6 +292,9 @@ class Job(_JobState):
         except (Conflict, NotFound):
             self._stats.lost += 1
             logger.warning("lease of item %s was lost; it will be redelivered", self.item.id)
+        except _OUTAGE as exc:  # the loop waits the outage out; the lease runs out
+            self._stats.lost += 1
+            logger.warning("item %s not settled (%s); it will be redelivered", self.item.id, exc)
 
 
 class Consumer:
@@ -298,10 +317,22 @@ class Consumer:
         self, *, stop: threading.Event | None = None, max_items: int | None = None
     ) -> Iterator[Job]:
         seen = 0
+        pause = _OUTAGE_FIRST_S
         try:
             while (stop is None or not stop.is_set()) and (max_items is None or seen < max_items):
                 want = self.count if max_items is None else min(self.count, max_items - seen)
-                for item in self._take(want):
+                try:
+                    items = self._take(want)
+                except _OUTAGE as exc:
+                    wait = pause
+                    pause = _outage(self.queue, exc, wait)
+                    if stop is not None:
+                        stop.wait(wait)
+                    else:
+                        time.sleep(wait)
+                    continue
+                pause = _OUTAGE_FIRST_S
+                for item in items:
                     seen += 1
                     yield Job(self.client, self.queue, item, self.lease_ms, self.backoff,
                               self.stats, self._settled, self.max_extend_ms)  # fmt: skip
@@ -416,6 +447,11 @@ class AsyncJob(_JobState):
             except (Conflict, NotFound):
                 self._stats.lost += 1
                 logger.warning("lease of item %s was lost; it will be redelivered", self.item.id)
+            except _OUTAGE as exc:  # the loop waits the outage out; the lease runs out
+                self._stats.lost += 1
+                logger.warning(
+                    "item %s not settled (%s); it will be redelivered", self.item.id, exc
+                )
         return True
 
 
@@ -439,9 +475,22 @@ class AsyncConsumer:
                    max_items: int | None = None) -> AsyncIterator[AsyncJob]:  # fmt: skip
         """Leaving the loop early: ``await consumer.flush()`` releases the last jobs."""
         seen = 0
+        pause = _OUTAGE_FIRST_S
         while (stop is None or not stop.is_set()) and (max_items is None or seen < max_items):
             want = self.count if max_items is None else min(self.count, max_items - seen)
-            for item in await self._take(want):
+            try:
+                items = await self._take(want)
+            except _OUTAGE as exc:
+                wait = pause
+                pause = _outage(self.queue, exc, wait)
+                if stop is None:
+                    await asyncio.sleep(wait)
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), wait)
+                continue
+            pause = _OUTAGE_FIRST_S
+            for item in items:
                 seen += 1
                 yield AsyncJob(self.client, self.queue, item, self.lease_ms, self.backoff,
                                self.stats, self._settled, self.max_extend_ms)  # fmt: skip

@@ -7,11 +7,13 @@ import os
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dq.client import AsyncClient, Backoff, Client, Item
+from tests.client.scripted import Answer, scripted
 from tests.server.live import LiveServer
 
 
@@ -62,6 +64,84 @@ def test_consumer_stops_on_event(dq: Client, queue: str) -> None:
     t0 = time.monotonic()
     stats = dq.consumer(queue, wait_ms=200).run(lambda item: None, stop=stop)
     assert stats.released == 0 and time.monotonic() - t0 < 5
+
+
+def _until(what: Any, seconds: float = 20.0) -> None:
+    give_up = time.monotonic() + seconds
+    while not what():
+        assert time.monotonic() < give_up, "timed out"
+        time.sleep(0.05)
+
+
+def test_a_worker_loop_rides_out_a_server_restart(tmp_path: Path) -> None:
+    server = LiveServer(tmp_path / "data", fsync="always").start()
+    try:
+        with Client(server.url, timeout=5) as dq:
+            dq.enqueue("jobs", b"before")
+            seen: list[bytes] = []
+            ended: list[object] = []
+            stop = threading.Event()
+            consumer = dq.consumer("jobs", lease_ms=5_000, wait_ms=500)
+
+            def work() -> None:
+                try:
+                    ended.append(consumer.run(lambda item: seen.append(item.value), stop=stop))
+                except BaseException as exc:  # what the loop must not do
+                    ended.append(exc)
+
+            worker = threading.Thread(target=work)
+            worker.start()
+            try:
+                _until(lambda: dq.queue("jobs").stats.pending == 0)  # "before" released
+                server.kill()  # SIGKILL: the dequeue in flight gets no answer
+                time.sleep(1.5)  # longer than the transport's own retries
+                assert worker.is_alive() and ended == []
+                server.start()
+                dq.enqueue("jobs", b"after")
+                _until(lambda: b"after" in seen)
+            finally:
+                stop.set()
+                worker.join(15)
+            assert seen == [b"before", b"after"]
+            assert [type(e).__name__ for e in ended] == ["ConsumerStats"]
+    finally:
+        server.kill()
+
+
+def test_an_async_worker_loop_waits_out_a_server_that_is_starting() -> None:
+    item = {
+        "id": 1,
+        "receipt": "r.1.1",
+        "value": "x",
+        "encoding": "utf-8",
+        "deadline": 1,
+        "stats": {"enqueue_time": 1, "requeue_time": 0, "dequeue_count": 1},
+        "lease_expires": 2,
+    }
+    script = [
+        Answer(503, {"error": "unavailable", "message": "starting"}),
+        Answer(200, {"items": [item]}),
+        Answer(200, {"results": [{"id": 1, "ok": True}]}),
+    ]
+
+    async def run() -> list[bytes]:
+        seen: list[bytes] = []
+
+        async def handler(it: Item) -> None:
+            seen.append(it.value)
+
+        async with AsyncClient(server.url) as dq:
+            stats = await dq.consumer("q", wait_ms=0).run(handler, max_items=1)
+        assert stats.released == 1
+        return seen
+
+    with scripted(*script) as server:
+        assert asyncio.run(asyncio.wait_for(run(), 10)) == [b"x"]
+    assert [path for _, path, _ in server.seen] == [
+        "/v1/queues/q/dequeue",
+        "/v1/queues/q/dequeue",
+        "/v1/queues/q/release",
+    ]
 
 
 def test_async_client_and_consumer(server: LiveServer, queue: str) -> None:
