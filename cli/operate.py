@@ -105,7 +105,10 @@ def delete(args: argparse.Namespace) -> int:
 
     def action(dq: Client) -> int:
         dq.delete_queue(args.queue)
-        print(f"deleted queue {args.queue}")
+        if args.json:
+            emit_json({"deleted": args.queue})
+        else:
+            print(f"deleted queue {args.queue}")
         return 0
 
     return run_remote(args, action)
@@ -185,9 +188,9 @@ def browse(args: argparse.Namespace) -> int:
 def redrive(args: argparse.Namespace) -> int:
     def action(dq: Client) -> int:
         result = dq.redrive(args.queue, to=args.to, ids=args.ids, limit=args.limit)
-        if args.json:
+        if args.json:  # the same exit status as the table: 1 if an item did not move
             emit_json(result)
-            return 0
+            return 1 if result.failed else 0
         where = ", ".join(result.to) or "-"
         print(f"moved {result.moved} items from {args.queue} to {where}")
         for f in result.failed:
@@ -203,7 +206,10 @@ def purge(args: argparse.Namespace) -> int:
 
     def action(dq: Client) -> int:
         n = dq.purge(args.queue)
-        print(f"purged {n} items from {args.queue}")
+        if args.json:
+            emit_json({"purged": n})
+        else:
+            print(f"purged {n} items from {args.queue}")
         return 0
 
     return run_remote(args, action)

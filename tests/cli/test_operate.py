@@ -106,6 +106,19 @@ def test_redrive_from_the_command_line(server: LiveServer, queue: str) -> None:
     assert r.returncode == 1 and "item 999: item_not_found" in r.stderr
 
 
+def test_json_output_of_purge_delete_and_redrive(server: LiveServer, queue: str) -> None:
+    """``--json`` is one JSON document for every command, and the exit status does not
+    depend on the output format."""
+    dq(server, "put", queue, "a", "b")
+    r = dq(server, "purge", queue, "--yes", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout) == {"purged": 2}
+    r = dq(server, "delete", queue, "--yes", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout) == {"deleted": queue}
+    dq(server, "put", queue, "x")
+    r = dq(server, "redrive", queue, "--to", queue + "-b", "--id", "999", "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["failed"][0]["error"] == "item_not_found"
+
+
 def test_backup_of_a_stopped_data_directory_and_clear_errors(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with Engine.open(data) as engine:
