@@ -178,8 +178,10 @@ def browse(args: argparse.Namespace) -> int:
             emit_json(page)
             return 0
         _table(page.items, args.values)
-        if page.next is not None:
-            print(f"more: dq browse {args.queue} --after {page.next}")
+        if page.next is not None:  # the same page as this one: state, size and values
+            same = "" if args.state == "all" else f" --state {args.state}"
+            same += f" --limit {args.limit}" + (" --values" if args.values else "")
+            print(f"more: dq browse {args.queue}{same} --after {page.next}")
         return 0
 
     return run_remote(args, action)

@@ -69,7 +69,7 @@ def test_create_pause_resume_peek_browse_purge_delete(server: LiveServer, queue:
     r = dq(server, "peek", queue, str(first), "--json")
     assert json.loads(r.stdout)["state"] == "due" and json.loads(r.stdout)["value"] == "a"
     r = dq(server, "browse", queue, "--limit", "1", "--values")
-    assert r.returncode == 0 and f"dq browse {queue} --after " in r.stdout
+    assert r.returncode == 0 and f"dq browse {queue} --limit 1 --values --after " in r.stdout
     cursor = r.stdout.strip().split("--after ")[-1]
     r = dq(server, "browse", queue, "--after", cursor, "--json")
     assert [i["id"] for i in json.loads(r.stdout)["items"]] == [first + 1]
@@ -117,6 +117,17 @@ def test_json_output_of_purge_delete_and_redrive(server: LiveServer, queue: str)
     dq(server, "put", queue, "x")
     r = dq(server, "redrive", queue, "--to", queue + "-b", "--id", "999", "--json")
     assert r.returncode == 1 and json.loads(r.stdout)["failed"][0]["error"] == "item_not_found"
+
+
+def test_the_next_page_command_keeps_the_state_filter(server: LiveServer, queue: str) -> None:
+    dq(server, "put", queue, "a", "b", "c")
+    dq(server, "get", queue)  # item 1 is leased: a "due" page must not show it
+    r = dq(server, "browse", queue, "--state", "due", "--limit", "1")
+    assert r.returncode == 0, r.stderr
+    more = r.stdout.strip().splitlines()[-1]
+    assert more.startswith(f"more: dq browse {queue} --state due --limit 1 --after ")
+    r = run(*more.removeprefix("more: dq ").split(), "--url", server.url, "--json")
+    assert [(i["id"], i["state"]) for i in json.loads(r.stdout)["items"]] == [(3, "due")]
 
 
 def test_backup_of_a_stopped_data_directory_and_clear_errors(tmp_path: Path) -> None:
