@@ -92,8 +92,9 @@ def put(args: argparse.Namespace) -> int:
 def get(args: argparse.Namespace) -> int:
     def action(dq: Client) -> int:
         items = dq.dequeue(args.queue, args.count, args.lease_ms, args.wait_ms)
-        if args.ack and items:
-            dq.release_many(args.queue, items)
+        failed = []
+        if args.ack and items:  # a release refused (the lease ran out): it comes back
+            failed = [o for o in dq.release_many(args.queue, items) if not o.ok]
         if args.json:
             emit_json(items)
         elif not items:
@@ -111,7 +112,9 @@ def get(args: argparse.Namespace) -> int:
                     value_text(i.value),
                 )
             console().print(table)
-        return 0
+        for o in failed:
+            print(f"dq get: item {o.id} not released: {o.error}: {o.message}", file=sys.stderr)
+        return 1 if failed else 0
 
     return run_remote(args, action)
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.client.scripted import Answer, scripted
 from tests.server.live import REPO, LiveServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -68,6 +69,27 @@ def test_human_output(server: LiveServer, queue: str) -> None:
     assert "pending" in dq(server, "stats", queue).stdout
     missing = dq(server, "stats", "no-such-queue")
     assert missing.returncode == 1 and "queue_not_found" in missing.stderr
+
+
+def test_get_ack_says_which_items_it_could_not_release() -> None:
+    """A release refused (the lease ran out first) is reported and the exit status is
+    1: the item will be delivered again, so a script must not take it as done."""
+    item = {
+        "id": 1,
+        "receipt": "r.1.1",
+        "value": "x",
+        "encoding": "utf-8",
+        "deadline": 1,
+        "stats": {"enqueue_time": 1, "requeue_time": 0, "dequeue_count": 1},
+        "lease_expires": 2,
+    }
+    stale = {"id": 1, "ok": False, "error": "stale_receipt", "message": "that delivery is over"}
+    script = [Answer(200, {"items": [item]}), Answer(200, {"results": [stale]})]
+    with scripted(*script) as fake:
+        cmd = [sys.executable, "-m", "dq.cli.main", "get", "q", "--ack", "--url", fake.url]
+        got = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert got.returncode == 1, got.stdout
+    assert "item 1 not released: stale_receipt" in got.stderr
 
 
 def test_serve_drains_long_polls_on_sigterm(tmp_path: Path) -> None:
