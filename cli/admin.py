@@ -50,9 +50,10 @@ def _show(info: QueueInfo) -> None:
     from rich.table import Table
 
     table = Table("field", "value", title=f"queue {info.name}")
-    for name in ("default_lease_ms", "max_deliveries", "dead_letter_queue"):
+    for name in ("default_lease_ms", "max_deliveries", "dead_letter_queue", "dedup_window_ms"):
         table.add_row(name, _cell(getattr(info.config, name)))
-    for name in (*_COLUMNS, "next_id"):
+    # paused first among the figures: a paused queue's due items are not handed out
+    for name in ("paused", "paused_since", *_COLUMNS, "oldest_lease_age_ms", "next_id"):
         table.add_row(name, _cell(getattr(info.stats, name)))
     for name, value in sorted(info.stats.extra.items()):
         table.add_row(name, str(value))

@@ -4,6 +4,7 @@ and ``dq backup``/``dq serve``/``dq verify`` on data directories that are locked
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,10 @@ def test_create_pause_resume_peek_browse_purge_delete(server: LiveServer, queue:
     assert r.stdout.split("\t")[0] == str(first) and "duplicate" in r.stdout
     r = dq(server, "pause", queue)
     assert r.returncode == 0 and r.stdout.startswith(f"paused {queue}")
+    shown = dq(server, "stats", queue).stdout  # the table says why nothing is handed out
+    assert re.search(r"paused\s+│\s+True", shown) and re.search(
+        r"dedup_window_ms\s+│\s+60000", shown
+    )
     assert json.loads(dq(server, "get", queue, "--json").stdout) == []
     r = dq(server, "resume", queue)
     assert r.returncode == 0 and r.stdout.startswith(f"resumed {queue}")
