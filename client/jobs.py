@@ -18,7 +18,9 @@ release rides on the consumer's next dequeue (``dequeue(..., release=...)``), an
 whatever is still unreleased when the loop ends is released then (``flush``). So the
 work done between two jobs must stay shorter than the lease (it always is inside
 ``run``); a release that comes too late fails as a stale receipt, counts as ``lost``,
-and the item is delivered again.
+and the item is delivered again. With ``count`` > 1 the next job of a batch may run
+for longer than the lease, so the releases waiting then are sent before it starts,
+and the batch's jobs that wait their turn have their leases kept from the dequeue on.
 
 A server that cannot be reached or answers 503 (a restart, a deploy, a worker started
 before its server) does not end the loop: the dequeue is logged and tried again, 0.1 s
@@ -221,17 +223,38 @@ class Job(_JobState):
         #: wakes the keeper when the job ends; made with the keeper (most jobs have none)
         self._ended: threading.Event | None = None
         self._keeper: threading.Thread | None = None
-        self._entered = False
+        self._kept = False  # given to the keeper starter
+
+    def keep(self, since: float | None = None) -> None:
+        """Keep the lease from ``since`` (monotonic; now if None) on, whether the job
+        has started or not: ``Consumer.jobs`` keeps a batch's jobs from their dequeue,
+        as the later ones wait while the earlier ones run."""
+        if not self._kept:
+            start = time.monotonic() if since is None else since
+            _starter.add(self, start + self.extend_every_s)
+            self._kept = True
 
     def __enter__(self) -> Job:
-        _starter.add(self, time.monotonic() + self.extend_every_s)
-        self._entered = True
+        self.keep()
         return self
 
+    def drop(self) -> None:
+        """The job will not run (its loop ended first): stop keeping its lease, which
+        then runs out and the item is delivered again."""
+        if self._kept:
+            _starter.remove(self)
+        self._done = True
+        if self._ended is not None:
+            self._ended.set()
+
+    @property
+    def ended(self) -> bool:
+        return self._done
+
     def start_keeper(self) -> None:
-        """The job has run for one extension period: its keeper extends the lease now,
+        """The job's lease is one extension period old: its keeper extends it now,
         then every period (called by ``_KeeperStarter``)."""
-        if self._done:
+        if self._done or self._keeper is not None:
             return
         self._ended = threading.Event()
         self._keeper = threading.Thread(
@@ -262,7 +285,7 @@ class Job(_JobState):
     def __exit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> bool:
-        if self._entered:
+        if self._kept:
             # after this the starter gives the job no keeper; one it gave is in _ended
             _starter.remove(self)
         self._done = True
@@ -332,10 +355,22 @@ class Consumer:
                         time.sleep(wait)
                     continue
                 pause = _OUTAGE_FIRST_S
-                for item in items:
-                    seen += 1
-                    yield Job(self.client, self.queue, item, self.lease_ms, self.backoff,
-                              self.stats, self._settled, self.max_extend_ms)  # fmt: skip
+                taken = time.monotonic()
+                batch = [Job(self.client, self.queue, item, self.lease_ms, self.backoff,
+                             self.stats, self._settled, self.max_extend_ms)
+                         for item in items]  # fmt: skip
+                for job in batch:
+                    job.keep(since=taken)  # the later ones wait while the earlier ones run
+                try:
+                    for n, job in enumerate(batch):
+                        if n and self._settled:  # this job may outlast their leases
+                            self._flush_quietly()
+                        seen += 1
+                        yield job
+                finally:
+                    for job in batch:
+                        if not job.ended:  # never run (the loop was left): not kept
+                            job.drop()
         finally:
             self._flush_quietly()
 
@@ -385,13 +420,35 @@ class AsyncJob(_JobState):
         self._lock = asyncio.Lock()
         self._keeper: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self.ended = False
+
+    def keep(self, since: float | None = None) -> None:
+        """Keep the lease from ``since`` (the loop's time; now if None) on, started or
+        not (``AsyncConsumer.jobs``: a batch's later jobs wait while earlier ones run)."""
+        # the keeper task starts once the lease is one extension period old: most jobs
+        # end before, and a task made and cancelled per job costs several loop turns
+        if self._timer is None and self._keeper is None and not self.ended:
+            loop = asyncio.get_running_loop()
+            start = loop.time() if since is None else since
+            self._timer = loop.call_at(start + self.extend_every_s, self._start_keeper)
 
     async def __aenter__(self) -> AsyncJob:
-        # the keeper task starts once the job has run for one extension period: most
-        # jobs end before, and a task made and cancelled per job costs several loop turns
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self.extend_every_s, self._start_keeper)
+        self.keep()
         return self
+
+    async def drop(self) -> None:
+        """The job will not run (its loop ended first): stop keeping its lease."""
+        self.ended = True
+        await self._stop_keeping()
+
+    async def _stop_keeping(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
 
     def _start_keeper(self) -> None:
         self._timer = None
@@ -421,13 +478,8 @@ class AsyncJob(_JobState):
     async def __aexit__(
         self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> bool:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
+        self.ended = True
+        await self._stop_keeping()
         if t is not None and not issubclass(t, Exception):
             return False
         async with self._lock:
@@ -490,10 +542,22 @@ class AsyncConsumer:
                         await asyncio.wait_for(stop.wait(), wait)
                 continue
             pause = _OUTAGE_FIRST_S
-            for item in items:
-                seen += 1
-                yield AsyncJob(self.client, self.queue, item, self.lease_ms, self.backoff,
-                               self.stats, self._settled, self.max_extend_ms)  # fmt: skip
+            taken = asyncio.get_running_loop().time()
+            batch = [AsyncJob(self.client, self.queue, item, self.lease_ms, self.backoff,
+                              self.stats, self._settled, self.max_extend_ms)
+                     for item in items]  # fmt: skip
+            for job in batch:
+                job.keep(since=taken)  # the later ones wait while the earlier ones run
+            try:
+                for n, job in enumerate(batch):
+                    if n and self._settled:  # this job may outlast their leases
+                        await self._flush_quietly()
+                    seen += 1
+                    yield job
+            finally:
+                for job in batch:
+                    if not job.ended:  # never run (the loop was left): not kept
+                        await job.drop()
         await self._flush_quietly()
 
     async def _take(self, count: int) -> list[Item]:

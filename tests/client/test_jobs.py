@@ -144,6 +144,39 @@ def test_an_async_worker_loop_waits_out_a_server_that_is_starting() -> None:
     ]
 
 
+def test_a_batch_whose_jobs_together_outlast_the_lease_loses_none(dq: Client, queue: str) -> None:
+    """``count=3`` and jobs of 0.7 s on a 1 s lease: the later jobs wait for the earlier
+    ones, and the finished ones wait for their releases; every lease must hold."""
+    dq.enqueue_many(queue, [b"a", b"b", b"c"])
+    seen: list[bytes] = []
+    consumer = dq.consumer(queue, lease_ms=1_000, count=3, wait_ms=0)
+    stats = consumer.run(lambda item: (seen.append(item.value), time.sleep(0.7)), max_items=3)
+    assert seen == [b"a", b"b", b"c"]
+    assert (stats.released, stats.lost) == (3, 0)
+    assert dq.queue(queue).stats.pending == 0
+
+
+def test_an_async_batch_whose_jobs_together_outlast_the_lease_loses_none(
+    server: LiveServer, queue: str
+) -> None:
+    async def run() -> None:
+        async with AsyncClient(server.url) as dq:
+            await dq.enqueue_many(queue, [b"a", b"b", b"c"])
+            seen: list[bytes] = []
+
+            async def handler(item: Item) -> None:
+                seen.append(item.value)
+                await asyncio.sleep(0.7)
+
+            consumer = dq.consumer(queue, lease_ms=1_000, count=3, wait_ms=0)
+            stats = await consumer.run(handler, max_items=3)
+            assert seen == [b"a", b"b", b"c"]
+            assert (stats.released, stats.lost) == (3, 0)
+            assert (await dq.queue(queue)).stats.pending == 0
+
+    asyncio.run(run())
+
+
 def test_async_client_and_consumer(server: LiveServer, queue: str) -> None:
     async def run() -> None:
         async with AsyncClient(server.url) as dq:
