@@ -152,6 +152,8 @@ class Settings:
         ):
             if getattr(self, name) < (0 if name == "port" else 1):
                 raise SettingsError(f"{name} must be positive: {getattr(self, name)!r}")
+        if self.port > 65535:  # the socket layer would bind it modulo 65536, silently
+            raise SettingsError(f"port must be at most 65535: {self.port!r}")
         if self.shm_max_clients < 1 or self.shm_spin_us < 0:
             raise SettingsError("shm_max_clients must be positive, shm_spin_us not negative")
         if (

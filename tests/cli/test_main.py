@@ -134,6 +134,10 @@ def test_serve_rejects_bad_settings(tmp_path: Path) -> None:
     ]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "max_batch" in r.stderr
+    # 99999 would be served on 34463 (modulo 65536) while the log said 99999
+    cmd[-2:] = ["--port", "99999"]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "port must be at most 65535" in r.stderr
 
 
 def test_serve_refuses_replication_without_fsync_always(tmp_path: Path) -> None:
