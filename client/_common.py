@@ -16,7 +16,12 @@ def as_new_item(
 ) -> NewItem:
     if isinstance(value, NewItem):
         return value
-    data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+    if isinstance(value, str):
+        data = value.encode("utf-8")
+    elif isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+    else:  # bytes(123) is 123 zero bytes and bytes(True) one: the value would be lost
+        raise TypeError(f"a value is bytes or str, not {type(value).__name__}")
     return NewItem(data, deadline, delay_ms, key)
 
 

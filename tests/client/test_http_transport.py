@@ -121,6 +121,28 @@ def test_a_redirect_is_an_error_not_a_success() -> None:
             dq.purge("q")
 
 
+def test_a_value_that_is_neither_bytes_nor_text_is_refused() -> None:
+    """``bytes(123)`` is 123 zero bytes: an id passed as the value must not become them."""
+    ok = Answer(200, {"items": [{"id": 1, "deadline": 1, "duplicate": False}]})
+    with scripted(ok) as server, Client(server.url) as dq:
+        for value in (123, True, None, 1.5):
+            with pytest.raises(TypeError, match="bytes or str"):
+                dq.enqueue("q", value)  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="bytes or str"):
+                dq.enqueue_many("q", [b"fine", value])  # type: ignore[list-item]
+        assert dq.enqueue("q", bytearray(b"ok")) == 1
+    assert len(server.seen) == 1
+
+    async def run() -> None:
+        async with AsyncClient(server.url) as adq:
+            with pytest.raises(TypeError, match="bytes or str"):
+                await adq.enqueue("q", 123)  # type: ignore[arg-type]
+
+    with scripted(ok) as server:
+        asyncio.run(run())
+    assert server.seen == []
+
+
 def test_binary_values_travel_as_base64() -> None:
     done = Answer(200, {"items": [{"id": 1, "deadline": 1}]})
     with scripted(done) as server, Client(server.url) as dq:
