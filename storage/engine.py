@@ -345,6 +345,26 @@ class Engine(Operations, ReplicaEngine):
             check_queue_name(config.dead_letter_queue)
             if config.dead_letter_queue == name:
                 raise ConfigConflict("a queue cannot be its own dead-letter queue", queue=name)
+        self._check_dead_letter_cycle(name, config)
+
+    def _check_dead_letter_cycle(self, name: str, config: QueueConfig) -> None:
+        """Refuse a config whose dead letters would come back to ``name`` (a → b → a):
+        an item would move between the queues at every dequeue of either, never
+        delivered, each move written and fsynced."""
+        path = [name]
+        hop_config = config
+        while hop_config.max_deliveries is not None:  # only then does a queue move items
+            target = effective_dead_letter_queue(path[-1], hop_config)
+            if target == name:
+                circle = " -> ".join([*path, name])
+                raise ConfigConflict(
+                    f"dead letters would go round in a circle: {circle}", queue=name
+                )
+            q = self._queues.get(target) if target is not None else None
+            if q is None or target in path:
+                return
+            path.append(q.name)
+            hop_config = q.config
 
     def delete_queue(self, name: str) -> None:
         self._check_writable()

@@ -12,6 +12,7 @@ from dq.client import (
     AsyncClient,
     BadRequest,
     Client,
+    Conflict,
     ItemNotFound,
     NewItem,
     QueueConfig,
@@ -90,6 +91,21 @@ def test_a_queue_name_a_path_cannot_carry_is_refused_before_anything_is_sent(
             call()
         assert err.value.code == "invalid_queue_name"
     assert [i.id for i in dq.browse(queue).items] == ids  # nothing purged or deleted
+
+
+def test_a_dead_letter_circle_is_refused(dq: Client, queue: str) -> None:
+    """a's dead letters to b and b's to a would move an item between them at every
+    dequeue of either, never delivering it."""
+    a, b = queue + "-a", queue + "-b"
+    dq.put_queue(a, QueueConfig(max_deliveries=1, dead_letter_queue=b))
+    dq.put_queue(b, QueueConfig(dead_letter_queue=a))  # no max_deliveries: b moves nothing
+    with pytest.raises(Conflict) as err:
+        dq.put_queue(b, QueueConfig(max_deliveries=1, dead_letter_queue=a))
+    assert err.value.code == "config_conflict" and f"{b} -> {a} -> {b}" in err.value.message
+    dq.put_queue(queue, QueueConfig(max_deliveries=2))  # dead letters to <queue>.dlq
+    with pytest.raises(Conflict):
+        dq.put_queue(queue + ".dlq", QueueConfig(max_deliveries=1, dead_letter_queue=queue))
+    assert dq.queue(b).config.max_deliveries is None  # the refused config was not kept
 
 
 def test_async_client_operates_a_queue(server: LiveServer, queue: str) -> None:
