@@ -36,10 +36,12 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
 
 def console() -> Any:
-    """A rich console; wide when piped, so names and numbers are never cut."""
+    """A rich console; wide when piped, so names and numbers are never cut. No markup
+    and no emoji codes: cells hold values as stored (``[/x]`` in a value was a
+    ``MarkupError`` after the items were leased, ``[b]x[/b]`` printed ``x``)."""
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else 200)
+    return Console(width=None if sys.stdout.isatty() else 200, markup=False, emoji=False)
 
 
 def value_text(value: bytes) -> str:

@@ -71,6 +71,18 @@ def test_human_output(server: LiveServer, queue: str) -> None:
     assert missing.returncode == 1 and "queue_not_found" in missing.stderr
 
 
+def test_values_print_as_stored_whatever_they_look_like(server: LiveServer, queue: str) -> None:
+    """A table cell is text, not rich markup: a value like ``[/x]`` made ``dq get``
+    fail after leasing (with ``--ack``: after releasing) what it never printed."""
+    values = ["[/oops]", "[bold]B[/bold]", ":smile:"]
+    assert dq(server, "put", queue, *values).returncode == 0
+    browse = dq(server, "browse", queue, "--values")
+    got = dq(server, "get", queue, "-n", "3", "--ack")
+    for r in (browse, got):
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+        assert all(v in r.stdout for v in values), r.stdout
+
+
 def test_get_ack_says_which_items_it_could_not_release() -> None:
     """A release refused (the lease ran out first) is reported and the exit status is
     1: the item will be delivered again, so a script must not take it as done."""
