@@ -364,7 +364,7 @@ class Consumer:
                 try:
                     for n, job in enumerate(batch):
                         if n and self._settled:  # this job may outlast their leases
-                            self._flush_quietly()
+                            self._release_waiting()
                         seen += 1
                         yield job
                 finally:
@@ -395,6 +395,19 @@ class Consumer:
     def _flush_quietly(self) -> None:
         try:
             self.flush()
+        except ClientError as exc:
+            logger.warning("releasing finished jobs failed (they will be redelivered): %s", exc)
+
+    def _release_waiting(self) -> None:
+        """Before the next job of a batch: release the finished ones. While the server
+        is away they keep waiting (for the next job or the next dequeue), as ``_take``
+        keeps them."""
+        done, self._settled[:] = list(self._settled), []
+        try:
+            self.stats.count_releases(self.client.release_many(self.queue, done))
+        except _OUTAGE as exc:
+            self._settled[:0] = done
+            logger.warning("releasing finished jobs failed (tried again later): %s", exc)
         except ClientError as exc:
             logger.warning("releasing finished jobs failed (they will be redelivered): %s", exc)
 
@@ -551,7 +564,7 @@ class AsyncConsumer:
             try:
                 for n, job in enumerate(batch):
                     if n and self._settled:  # this job may outlast their leases
-                        await self._flush_quietly()
+                        await self._release_waiting()
                     seen += 1
                     yield job
             finally:
@@ -581,6 +594,17 @@ class AsyncConsumer:
     async def _flush_quietly(self) -> None:
         try:
             await self.flush()
+        except ClientError as exc:
+            logger.warning("releasing finished jobs failed (they will be redelivered): %s", exc)
+
+    async def _release_waiting(self) -> None:
+        """``Consumer._release_waiting``'s twin."""
+        done, self._settled[:] = list(self._settled), []
+        try:
+            self.stats.count_releases(await self.client.release_many(self.queue, done))
+        except _OUTAGE as exc:
+            self._settled[:0] = done
+            logger.warning("releasing finished jobs failed (tried again later): %s", exc)
         except ClientError as exc:
             logger.warning("releasing finished jobs failed (they will be redelivered): %s", exc)
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dq.client import AsyncClient, Backoff, Client, Item
-from tests.client.scripted import Answer, scripted
+from tests.client.scripted import DROP, Answer, scripted
 from tests.server.live import LiveServer
 
 
@@ -175,6 +175,24 @@ def test_an_async_batch_whose_jobs_together_outlast_the_lease_loses_none(
             assert (await dq.queue(queue)).stats.pending == 0
 
     asyncio.run(run())
+
+
+def test_a_release_between_jobs_that_finds_no_server_is_sent_again_later() -> None:
+    item = {
+        "receipt": "r",
+        "value": "x",
+        "encoding": "utf-8",
+        "deadline": 1,
+        "stats": {"enqueue_time": 1, "requeue_time": 0, "dequeue_count": 1},
+        "lease_expires": 2,
+    }
+    two = {"items": [{**item, "id": 1}, {**item, "id": 2}]}
+    ok = {"results": [{"id": 1, "ok": True}, {"id": 2, "ok": True}]}
+    with scripted(Answer(200, two), DROP, Answer(200, ok)) as server, Client(server.url) as dq:
+        stats = dq.consumer("q", count=2, wait_ms=0).run(lambda item: None, max_items=2)
+    assert (stats.released, stats.lost) == (2, 0)
+    assert [path for _, path, _ in server.seen][-2:] == ["/v1/queues/q/release"] * 2
+    assert b'"id":1' in server.seen[-1][2] and b'"id":2' in server.seen[-1][2]
 
 
 def test_async_client_and_consumer(server: LiveServer, queue: str) -> None:
