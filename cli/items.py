@@ -92,9 +92,6 @@ def put(args: argparse.Namespace) -> int:
 def get(args: argparse.Namespace) -> int:
     def action(dq: Client) -> int:
         items = dq.dequeue(args.queue, args.count, args.lease_ms, args.wait_ms)
-        failed = []
-        if args.ack and items:  # a release refused (the lease ran out): it comes back
-            failed = [o for o in dq.release_many(args.queue, items) if not o.ok]
         if args.json:
             emit_json(items)
         elif not items:
@@ -112,6 +109,11 @@ def get(args: argparse.Namespace) -> int:
                     value_text(i.value),
                 )
             console().print(table)
+        # --ack releases only what was printed (written out: a closed pipe fails first)
+        failed = []
+        if args.ack and items:  # a release refused (the lease ran out): it comes back
+            sys.stdout.flush()
+            failed = [o for o in dq.release_many(args.queue, items) if not o.ok]
         for o in failed:
             print(f"dq get: item {o.id} not released: {o.error}: {o.message}", file=sys.stderr)
         return 1 if failed else 0

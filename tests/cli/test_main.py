@@ -83,6 +83,19 @@ def test_values_print_as_stored_whatever_they_look_like(server: LiveServer, queu
         assert all(v in r.stdout for v in values), r.stdout
 
 
+def test_get_ack_releases_nothing_it_could_not_write_out(server: LiveServer, queue: str) -> None:
+    """``dq get --ack | reader``: a reader that is gone (a closed pipe) gets the items
+    back, rather than having them released unseen."""
+    dq(server, "put", queue, "kept")
+    cmd = [sys.executable, "-m", "dq.cli.main", "get", queue, "--ack", "--json"]
+    with subprocess.Popen([*cmd, "--url", server.url], cwd=REPO, stdout=subprocess.PIPE) as p:
+        assert p.stdout is not None
+        p.stdout.close()  # the reader exits before reading anything
+        p.wait(60)
+    info = json.loads(dq(server, "stats", queue, "--json").stdout)["stats"]
+    assert (info["pending"], info["leased"]) == (1, 1)  # leased, not released: it comes back
+
+
 def test_get_ack_says_which_items_it_could_not_release() -> None:
     """A release refused (the lease ran out first) is reported and the exit status is
     1: the item will be delivered again, so a script must not take it as done."""
