@@ -11,8 +11,8 @@ same rules hold for ``Client`` and ``AsyncClient`` (sans-IO, like the response p
 The rules (``docs/client.md``, "Several servers"):
   - a call starts at the node that answered last (at first, the first URL given);
   - a redirect is followed at once to the node it names, unless that node was tried
-    already in this round; a node that cannot be reached or knows no leader gives way
-    at once to the next known URL not tried in this round;
+    already in this round; a node that cannot be reached, knows no leader or names a
+    node tried already gives way at once to the next known URL not tried in this round;
   - when every node of a round has failed, the round counts as one attempt of the
     transport's ``RetryPolicy`` and the next round starts after its pause;
   - with one known URL that is all (as without replication); with several, rounds go
@@ -229,7 +229,10 @@ class Walk:
             return self._next()
         self._named = ep
         if ep in self._tried:
-            return self._new_round()
+            # a follower whose view is stale (cut off from etcd, it still names the old
+            # leader, which now knows none) must not hide the nodes not asked yet: one
+            # of them may be the new leader
+            return self._next()
         self._go(ep)
         return 0.0
 

@@ -61,6 +61,19 @@ def test_a_follower_without_a_leader_gives_way_to_the_next_url() -> None:
         assert len(follower.seen) == 1 and len(leader.seen) == 1
 
 
+def test_a_stale_redirect_does_not_hide_the_nodes_not_asked_yet() -> None:
+    # the old leader, cut off from etcd, knows no leader; a follower cut off as well
+    # still names it; the third node leads: the call must reach it
+    with scripted(NO_LEADER) as old, scripted(ENQUEUED) as leader:
+        with (
+            scripted(not_leader(old.url)) as stale,
+            Client([old.url, stale.url, leader.url], retries=1, failover_s=2.0) as dq,
+        ):
+            assert dq.enqueue("q", b"x") == 7
+            assert dq.transport.leader == leader.url  # type: ignore[attr-defined]
+        assert len(old.seen) == 1 and len(stale.seen) == 1 and len(leader.seen) == 1
+
+
 def test_a_redirect_loop_ends_with_a_clear_error() -> None:
     with scripted(not_leader(None)) as a, scripted(not_leader(a.url)) as b:
         a.script[:] = [not_leader(b.url)]
