@@ -117,6 +117,12 @@ class ReplicaEngine:
 
     def _check_writable(self) -> None:
         if not self.writable:
+            if self.leader_url is None:  # answered 503 no_leader: there is no "there"
+                raise NotLeader(
+                    "this node knows no leader of the replica group now (an election is "
+                    "running, or etcd cannot be reached): retry shortly, here or on "
+                    "another member"
+                )
             raise NotLeader(
                 "this node follows the replica group's leader: send writes and dequeues there",
                 leader=self.leader_url,

@@ -307,3 +307,5 @@ def test_a_followers_refusals_are_the_same_bytes(
     else:
         assert doc["error"] == "no_leader" and "leader" not in doc
         assert b"retry-after: 1\r\n" in head
+        # no leader to send the request to: the message says so, and what to do
+        assert "knows no leader" in doc["message"] and "there" not in doc["message"]
