@@ -176,6 +176,11 @@ class Node:
         }
         if self.role == "follower" and self.follower is not None:
             doc.update(self.follower.describe())
+        view = self._view
+        if role != "leader" and view is not None and view.sync is not None:
+            # the group's sync set as etcd had it at this member's last read (the
+            # leader shows its own): whether this member may take over, seen from it
+            doc["sync"] = list(view.sync.members)
         return doc
 
     # -- the loop ---------------------------------------------------------------------
