@@ -115,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"dq serve: {exc}", file=sys.stderr)
         return 2
     problem = data_dir_problem(settings.data_dir, must_exist=False)
+    if problem is None and settings.etcd:
+        problem = _epoch_file_problem(settings.data_dir)
     if problem is not None:
         print(f"dq serve: {problem}", file=sys.stderr)
         return 1
@@ -122,3 +124,20 @@ def run(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     return serve(settings, access_log=args.access_log)
+
+
+def _epoch_file_problem(data_dir: str) -> str | None:
+    """A replica member's damaged ``replica.json`` stops the server (guessing an epoch
+    could let a fenced leader back in): said in one line with what to do, not as a
+    traceback of the server's start-up."""
+    from dq.server.replication.epochs import EpochFile
+    from dq.storage.errors import CorruptionError
+
+    try:
+        EpochFile(data_dir)
+    except CorruptionError as exc:
+        return (
+            f"{exc}: restore it, or delete it on a member about to resync in full anyway "
+            "(docs/replication.md, 'On the follower')"
+        )
+    return None

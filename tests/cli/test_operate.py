@@ -157,3 +157,14 @@ def test_backup_of_a_stopped_data_directory_and_clear_errors(tmp_path: Path) -> 
         assert again[0].duplicate
         restored.resume("q")
         assert [d.value for d in restored.dequeue("q", 5)] == [b"kept"]
+
+
+def test_serve_with_a_damaged_epoch_file_says_what_to_do(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "replica.json").write_text('{"epoch": "x"')
+    serve = run("serve", "--data-dir", str(data), "--port", "1", "--etcd", "http://127.0.0.1:1")
+    assert serve.returncode == 1, serve.stderr
+    assert "replica.json" in serve.stderr and "restore it, or delete it" in serve.stderr
+    assert "Traceback" not in serve.stderr
+    assert (data / "replica.json").read_text() == '{"epoch": "x"'  # left as it was
