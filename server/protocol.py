@@ -685,7 +685,14 @@ class _Responder:
 
 class _Sweeper:
     """One timer per event loop that checks every connection's read deadline each
-    second (a timer per request would cost more than the check)."""
+    second (a timer per request would cost more than the check).
+
+    A sweep that runs far later than it was due finds the process woken from a pause (a
+    SIGSTOP, a VM frozen, a long GC stop): every keep-alive deadline has passed, and the
+    requests clients sent meanwhile still sit unread in the sockets (the loop runs its
+    timers before it polls them). Closing then would reset those connections, and the
+    clients could not tell whether their write was done; so a late sweep closes nothing
+    and the next one, a second later, checks again once they have been read."""
 
     _loops: set[asyncio.AbstractEventLoop] = set()
 
@@ -693,18 +700,22 @@ class _Sweeper:
     def ensure(cls, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
         if loop not in cls._loops:
             cls._loops.add(loop)
-            loop.call_later(_SWEEP_S, cls._sweep, loop, connections)
+            loop.call_later(_SWEEP_S, cls._sweep, loop, connections, loop.time() + _SWEEP_S)
 
     @classmethod
-    def _sweep(cls, loop: asyncio.AbstractEventLoop, connections: set[Any]) -> None:
+    def _sweep(
+        cls, loop: asyncio.AbstractEventLoop, connections: set[Any], due: float, late: bool = False
+    ) -> None:
         if loop.is_closed():
             cls._loops.discard(loop)
             return
         now = loop.time()
-        for conn in list(connections):
-            if isinstance(conn, DqHttpProtocol):
-                conn.overdue(now)
-        loop.call_later(_SWEEP_S, cls._sweep, loop, connections)
+        woken = now - due > _SWEEP_S and not late  # at most one sweep in a row skipped
+        if not woken:
+            for conn in list(connections):
+                if isinstance(conn, DqHttpProtocol):
+                    conn.overdue(now)
+        loop.call_later(_SWEEP_S, cls._sweep, loop, connections, now + _SWEEP_S, woken)
 
 
 async def _gone(cycle: RequestResponseCycle) -> None:

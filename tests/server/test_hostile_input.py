@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from dq.client import Client
 from dq.server.app import create_app
 from dq.server.settings import Settings
 from dq.storage import fileio
@@ -288,3 +290,21 @@ def test_an_idle_keep_alive_connection_is_closed(
         assert s.recv(1) == b""  # closed by the server
         waited = time.monotonic() - t0
     assert 4 < waited < 8
+
+
+def test_a_request_sent_while_the_server_was_paused_is_answered(tmp_path: Path) -> None:
+    """A server woken from a pause longer than the keep-alive timeout (SIGSTOP, a frozen
+    VM: a replica group's leader paused past its lease) answers the request a client
+    sent on a kept-alive connection meanwhile; it reset that connection, so the client
+    could not tell whether its enqueue was done."""
+    with live_server(tmp_path / "data") as server, Client(server.url, retries=0) as dq:
+        assert server.proc is not None
+        assert dq.enqueue("paused", b"warm") == 1  # the connection is kept alive
+        time.sleep(0.5)  # the server waits in epoll: woken, it runs its timers first
+        server.proc.send_signal(signal.SIGSTOP)
+        wake = threading.Timer(6.5, server.proc.send_signal, (signal.SIGCONT,))
+        wake.start()  # past the keep-alive timeout (5 s)
+        try:
+            assert dq.enqueue("paused", b"sent during the pause") == 2
+        finally:
+            wake.join()
