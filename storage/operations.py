@@ -195,10 +195,15 @@ class Operations:
             return browse(q, state, start, limit, with_values, now)
 
     def peek(self, name: str, item_id: int, with_values: bool = True) -> BrowsedItem:
-        """Item ``item_id`` wherever it is (state "gone" if it no longer exists)."""
+        """Item ``item_id`` wherever it is (state "gone" if it no longer exists).
+
+        A failed or quarantined queue answers its error, as browse does: what it holds
+        in memory then is not what is on disk, and "gone" (or "never assigned") would
+        tell an operator that an item waiting on disk was released."""
         q = self._queue(name)
         now = self.now()
         with q.lock:
+            q._check_open()
             _check_id(q, item_id)
             q._expire_locked(now)
             found = resolve(q, item_id, set())  # leases and in-memory segments first

@@ -39,6 +39,7 @@ def test_a_damaged_queue_is_quarantined_and_the_others_serve(
             lambda: e.dequeue("bad"),
             lambda: e.enqueue("bad", [NewItem(b"x")]),
             lambda: e.put_queue("bad", QueueConfig()),
+            lambda: e.peek("bad", 1),  # not "never assigned": the log says nothing yet
         ):
             with pytest.raises(QueueDamaged) as err:
                 op()
@@ -51,3 +52,24 @@ def test_a_damaged_queue_is_quarantined_and_the_others_serve(
             where in r.getMessage() and str(second) in r.getMessage() for r in caplog.records
         )
     assert log_file.read_bytes() == bytes(data)  # kept exactly as it was
+
+
+def test_peek_in_a_queue_whose_segment_is_damaged_answers_the_damage(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """Peek of an item in a quarantined queue is its 503, not ``"gone"``: an operator
+    looking for an item must not be told it was released while it waits on disk."""
+    cfg = EngineConfig(fsync="never", compaction="inline", auto_merge=False)
+    path = tmp_path / "d"
+    with Engine.open(path, cfg, clock=clock) as e:
+        ids = e.enqueue("q", [NewItem(b"item-%d" % i) for i in range(3)])
+        e.freeze("q")
+    (seg,) = (path / "queues" / "q").glob("*.seg")
+    data = bytearray(seg.read_bytes())
+    data[40] ^= 0xFF  # inside the first (only) block
+    seg.write_bytes(bytes(data))
+    with Engine.open(path, cfg, clock=clock) as e:
+        for item in ids:
+            with pytest.raises(QueueDamaged) as err:
+                e.peek("q", item.id)
+            assert err.value.context["file"] == str(seg)
