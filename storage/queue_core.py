@@ -89,6 +89,9 @@ class QueueCore:
         self._rotate_retry_at = 0.0
         self._merging = False
         self.merge_error: BaseException | None = None
+        #: after a failed merge the policy waits this long before it tries again
+        self._merge_delay = 0.0
+        self._merge_retry_at = 0.0
         self.last_write = time.monotonic()
         #: the lsn of the last record shipped to followers (a leader's snapshot notes it)
         self.last_lsn = 0

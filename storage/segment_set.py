@@ -249,8 +249,11 @@ class SegmentSetMixin(QueueCore):
             ]
 
     def merge_idle(self: Queue) -> bool:
-        """True when a merge could start now (open, healthy, no merge running)."""
+        """True when a merge could start now (open, healthy, no merge running, and no
+        failed merge still backing off)."""
         with self.lock:
+            if time.monotonic() < self._merge_retry_at:
+                return False
             return self.loaded and not (self.closed or self._merging or self.failed is not None)
 
     def freeze_if_idle(self: Queue, idle_seconds: float) -> None:
@@ -323,12 +326,24 @@ class SegmentSetMixin(QueueCore):
         except BaseException as exc:
             with self.lock:
                 self._merging = False
+                # A merge is only housekeeping, and one that failed (a full disk, a killed
+                # worker) would fail again at once: the policy would restart it at every
+                # maintenance tick, rereading every input and logging an error twice a
+                # second for as long as the disk stays full. Wait 1 s, doubling to 60 s.
+                self._merge_delay = min(max(self._merge_delay * 2, 1.0), 60.0)
+                self._merge_retry_at = time.monotonic() + self._merge_delay
             if not self.closed:
-                log.error("queue %s: merge failed: %s", self.name, exc)
+                log.error(
+                    "queue %s: merge failed: %s; retrying in %.0f s",
+                    self.name,
+                    exc,
+                    self._merge_delay,
+                )
                 self.merge_error = exc
             return
         with self.lock:
             self._merging = False
+            self._merge_delay = 0.0
             if self.closed:
                 return
             reader = SegmentReader(path) if path else None

@@ -161,3 +161,26 @@ def test_write_stall_clears_when_segment_writes_work_again(
             assert time.monotonic() < deadline, "the write stall never cleared"
             time.sleep(0.05)
     assert e.queue("q").failed is None
+
+
+def test_a_failed_merge_backs_off_and_is_tried_again_once_the_disk_has_room(
+    open_engine: Callable[..., Engine], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A merge that cannot write its output (a full disk) is not restarted at every
+    maintenance tick: the policy waits 1 s, then 2 s ... before trying again, and the
+    merge goes through once the disk has room."""
+    e = open_engine(auto_merge=True)
+    e.enqueue("q", [NewItem(b"item-%d" % i) for i in range(4)])
+    e.freeze("q")  # 1-1.seg
+    got = e.dequeue("q", 3)
+    e.release("q", [Release(d.id, d.receipt) for d in got])
+    q = e.queue("q")
+    merged = "0000000001-0000000002.seg"
+    with failing(lambda step, path: step == "write" and merged in path) as seen:
+        e.freeze("q")  # 2-2.seg: the tombstones; the policy now merges both files
+        wait_for(lambda: len(seen) >= 1)
+        time.sleep(3.0)  # six maintenance ticks
+        assert 1 <= len(seen) <= 3, seen
+    assert "retrying in" in caplog.text
+    wait_for(lambda: [(r.seg_lo, r.seg_hi) for r in q.segments] == [(1, 2)])
+    assert drain(e, "q") == [b"item-3"]
