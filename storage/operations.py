@@ -20,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from dq.storage.backup import BackupResult, backup
@@ -82,6 +83,34 @@ def effective_dead_letter_queue(name: str, config: QueueConfig) -> str | None:
     if config.max_deliveries is not None:
         return default_dead_letter_queue(name)
     return None
+
+
+#: how many times a lookup by id reads the segment files again when a freeze or a
+#: merge swapped them while it read (then it answers from what it found)
+_SCANS = 5
+
+
+@contextmanager
+def _scanned(q: Queue, item_id: int) -> Iterator[set[bytes]]:
+    """The keys item ``item_id`` may have in the segment files, yielded with the queue
+    lock held and the segment files still the ones that were read.
+
+    The files are read outside the lock (``scan_candidates``). A merge or a freeze
+    installed meanwhile moves the item into a file that was not read (the inputs are
+    deleted, a frozen log leaves memory): resolving what was found would answer that an
+    item which is there is gone. So the files are read again until none changed."""
+    for attempt in range(_SCANS):
+        with q.lock:
+            files = [r.path for r in q.segments]
+        candidates, _unreadable = scan_candidates(q, item_id)
+        q.lock.acquire()
+        if [r.path for r in q.segments] == files or attempt == _SCANS - 1:
+            break
+        q.lock.release()
+    try:
+        yield candidates
+    finally:
+        q.lock.release()
 
 
 def _check_id(q: Queue, item_id: object) -> int:
@@ -209,8 +238,7 @@ class Operations:
             found = resolve(q, item_id, set())  # leases and in-memory segments first
             if found is not None:
                 return as_item(q, found, now, with_values)
-        candidates, _ = scan_candidates(q, item_id)
-        with q.lock:
+        with _scanned(q, item_id) as candidates:
             found = resolve(q, item_id, candidates)
             if found is None:
                 return gone(q, item_id)
@@ -224,8 +252,7 @@ class Operations:
         q = self._queue(name)
         with q.lock:
             _check_id(q, item_id)
-        candidates, _ = scan_candidates(q, item_id)
-        with q.lock:
+        with _scanned(q, item_id) as candidates:
             q._check_open()
             q._expire_locked(self.now())
             found = resolve(q, item_id, candidates)

@@ -12,7 +12,16 @@ from typing import Any
 
 import pytest
 
-from dq.storage import Engine, Extend, NewItem, QueueConfig, Release, Requeue, segment_set
+from dq.storage import (
+    Engine,
+    Extend,
+    NewItem,
+    QueueConfig,
+    Release,
+    Requeue,
+    browse,
+    segment_set,
+)
 from dq.storage.errors import (
     BadCursor,
     InvalidArgument,
@@ -397,3 +406,33 @@ def test_purge_of_a_stalled_queue_retries_its_failed_rotation(
     purging.start()
     purging.join(30)
     assert done == [3] and not q.stalled()
+
+
+@pytest.mark.parametrize("op", ["peek", "delete"])
+def test_peek_and_delete_find_an_item_whose_segment_is_merged_meanwhile(
+    open_engine: Open, monkeypatch: pytest.MonkeyPatch, op: str
+) -> None:
+    """Peek and delete read the segment files outside the queue's lock; a merge that
+    swaps them out meanwhile must not make an item that is there look gone."""
+    e = open_engine()
+    [first] = e.enqueue("q", [NewItem(b"first")])
+    e.freeze("q")
+    e.enqueue("q", [NewItem(b"second")])
+    e.freeze("q")
+    q = e.queue("q")
+    real = browse.SegmentReader
+    merges: list[object] = []
+
+    def merged_first(path: str) -> Any:
+        if not merges:  # the files are listed; a merge replaces them before they are read
+            merges.append(q.merge(0, len(q.segments)))
+        return real(path)
+
+    monkeypatch.setattr(browse, "SegmentReader", merged_first)
+    if op == "peek":
+        item = e.peek("q", first.id)
+        assert (item.state, item.value) == ("due", b"first")
+    else:
+        e.delete_item("q", first.id)
+        assert drain(e, "q") == [b"second"]
+    assert merges and [(r.seg_lo, r.seg_hi) for r in q.segments] == [(1, 2)]
