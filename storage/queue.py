@@ -40,13 +40,13 @@ from dq.storage.itemmeta import ItemMeta
 from dq.storage.leases import Leases
 from dq.storage.memseg import MemSegment
 from dq.storage.queue_commit import Answer, CommitMixin, PendingBatch, answer
-from dq.storage.queue_config import load_config, save_config
+from dq.storage.queue_config import CONFIG_FILE, load_config, save_config
 from dq.storage.queue_core import QueueHost
 from dq.storage.queue_failure import FailureMixin
 from dq.storage.queue_items import ItemsMixin
 from dq.storage.queue_reads import ReadsMixin
 from dq.storage.queue_replica import ReplicaMixin
-from dq.storage.queue_state import load_state
+from dq.storage.queue_state import STATE_FILE, load_state
 from dq.storage.recovery import recover_directory
 from dq.storage.segment_set import SegmentSetMixin
 from dq.storage.types import QueueConfig
@@ -78,12 +78,22 @@ class Queue(FailureMixin, CommitMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, 
         """Open a queue directory. Damage does not raise: the queue is returned
         quarantined (every operation answers ``QueueDamaged`` naming file and offset),
         so one damaged queue never keeps the others from serving."""
+        settings = CONFIG_FILE
         try:
             config = load_config(directory)
+            settings = STATE_FILE
             state = load_state(directory)
         except (OSError, ValueError, TypeError, KeyError) as exc:
+            # name the file that could not be read (the operator rewrites or removes
+            # it), and where in it the JSON broke off
             q = cls(engine, name, directory, QueueConfig())
-            q._quarantine(CorruptionError(f"unreadable queue settings: {exc}", file=directory))
+            q._quarantine(
+                CorruptionError(
+                    f"unreadable {settings}: {exc}",
+                    file=os.path.join(directory, settings),
+                    offset=getattr(exc, "pos", 0),
+                )
+            )
             return q
         q = cls(engine, name, directory, config)
         q.state = state

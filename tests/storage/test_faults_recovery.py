@@ -73,3 +73,24 @@ def test_peek_in_a_queue_whose_segment_is_damaged_answers_the_damage(
             with pytest.raises(QueueDamaged) as err:
                 e.peek("q", item.id)
             assert err.value.context["file"] == str(seg)
+
+
+@pytest.mark.parametrize("name", ["queue.json", "state.json"])
+def test_an_unreadable_settings_file_is_named_with_its_offset(
+    tmp_path: Path, clock: FakeClock, name: str
+) -> None:
+    """The quarantine names the file an operator must rewrite or remove, and where its
+    JSON breaks off; not only the queue's directory."""
+    cfg = EngineConfig(fsync="never", compaction="inline", auto_merge=False)
+    path = tmp_path / "d"
+    with Engine.open(path, cfg, clock=clock) as e:
+        e.enqueue("q", [NewItem(b"kept")])
+        e.pause("q")  # writes state.json
+    broken = path / "queues" / "q" / name
+    broken.write_text('{"version": 1, "paused_')
+    with Engine.open(path, cfg, clock=clock) as e:
+        with pytest.raises(QueueDamaged) as err:
+            e.dequeue("q")
+        assert err.value.context["file"] == str(broken)
+        assert err.value.context["offset"] == 15
+        assert f"{broken} offset 15: unreadable {name}" in err.value.message
