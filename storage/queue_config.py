@@ -23,8 +23,26 @@ def save_config(directory: str, config: QueueConfig) -> None:
     fileio.write_file_atomic(os.path.join(directory, CONFIG_FILE), data)
 
 
+#: the JSON types of each setting as ``save_config`` writes them
+_KINDS: dict[str, tuple[type, ...]] = {
+    "default_lease_ms": (int,),
+    "max_deliveries": (int, type(None)),
+    "dead_letter_queue": (str, type(None)),
+    "dedup_window_ms": (int,),
+}
+
+
 def load_config(directory: str) -> QueueConfig:
+    """The settings in ``queue.json``; ``ValueError`` (damage) for a file that parses
+    but is not what ``save_config`` writes: loaded, a lease of ``"abc"`` would answer
+    every dequeue with a client error, and a non-object would stop the engine opening."""
     with open(os.path.join(directory, CONFIG_FILE), "rb") as f:
         raw = json.loads(f.read())
+    if not isinstance(raw, dict):
+        raise ValueError(f"not a JSON object but {type(raw).__name__}")
     raw.pop("version", None)
+    for name, value in raw.items():
+        kinds = _KINDS.get(name, ())
+        if kinds and (isinstance(value, bool) or not isinstance(value, kinds)):
+            raise ValueError(f"{name} is {value!r}")
     return QueueConfig(**raw)

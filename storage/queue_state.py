@@ -34,7 +34,14 @@ def load_state(directory: str) -> QueueState:
             raw = json.loads(f.read())
     except FileNotFoundError:
         return QueueState()
-    return QueueState(paused_since=raw.get("paused_since"))
+    # a file that parses as something else is damage (ValueError), not a crash of the
+    # engine's start
+    if not isinstance(raw, dict):
+        raise ValueError(f"not a JSON object but {type(raw).__name__}")
+    since = raw.get("paused_since")
+    if isinstance(since, bool) or not isinstance(since, int | None):
+        raise ValueError(f"paused_since is {since!r}")
+    return QueueState(paused_since=since)
 
 
 def save_state(directory: str, state: QueueState) -> None:

@@ -94,3 +94,33 @@ def test_an_unreadable_settings_file_is_named_with_its_offset(
         assert err.value.context["file"] == str(broken)
         assert err.value.context["offset"] == 15
         assert f"{broken} offset 15: unreadable {name}" in err.value.message
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "says"),
+    [
+        ("state.json", "[]", "not a JSON object but list"),
+        ("state.json", '{"version": 1, "paused_since": "yes"}', "paused_since is 'yes'"),
+        ("queue.json", "1", "not a JSON object but int"),
+        ("queue.json", '{"version": 1, "default_lease_ms": "abc"}', "default_lease_ms is 'abc'"),
+    ],
+)
+def test_a_settings_file_that_is_not_what_dq_writes_quarantines_its_queue(
+    tmp_path: Path, clock: FakeClock, name: str, content: str, says: str
+) -> None:
+    """JSON that parses but is not dq's settings is damage like unparsable JSON: the
+    queue is quarantined and the others serve (it used to stop the engine opening, or
+    answer every dequeue 400 for a lease of "abc")."""
+    cfg = EngineConfig(fsync="never", compaction="inline", auto_merge=False)
+    path = tmp_path / "d"
+    with Engine.open(path, cfg, clock=clock) as e:
+        e.enqueue("q", [NewItem(b"kept")])
+        e.enqueue("good", [NewItem(b"fine")])
+        e.pause("q")
+    (path / "queues" / "q" / name).write_text(content)
+    with Engine.open(path, cfg, clock=clock) as e:
+        assert [d.value for d in e.dequeue("good")] == [b"fine"]
+        with pytest.raises(QueueDamaged) as err:
+            e.dequeue("q")
+        assert err.value.context["file"] == str(path / "queues" / "q" / name)
+        assert says in err.value.message
