@@ -10,7 +10,6 @@ reported as a note, not damage: it is what a crash leaves and recovery cuts it o
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -18,6 +17,9 @@ from dataclasses import dataclass
 
 from dq.storage.codec import TOMBSTONE, decode_key, decode_stats, iter_entries, key_id
 from dq.storage.errors import CorruptionError
+from dq.storage.itemmeta import decode_meta, read_sidecar
+from dq.storage.queue_config import CONFIG_FILE, load_config
+from dq.storage.queue_state import STATE_FILE, load_state
 from dq.storage.segment import SegmentReader
 from dq.storage.wal import RECORD_HEADER, read_wal
 
@@ -25,6 +27,7 @@ __all__ = ["Problem", "describe_key", "inspect_file", "verify_data_dir"]
 
 _SEG = re.compile(r"(\d{10})-(\d{10})\.seg")
 _LOG = re.compile(r"(\d{10})\.(log|log_ro)")
+_META = re.compile(r"(\d{10})\.meta")
 
 
 @dataclass(frozen=True)
@@ -163,12 +166,26 @@ def _offset(exc: CorruptionError) -> int | None:
     return off if isinstance(off, int) else None
 
 
-def _verify_queue(directory: str) -> Iterator[Problem]:
+def _verify_settings(directory: str) -> Iterator[Problem]:
+    """``queue.json`` and ``state.json`` read as opening the queue reads them."""
+    for name, load in ((CONFIG_FILE, load_config), (STATE_FILE, load_state)):
+        try:
+            load(directory)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            where = os.path.join(directory, name)
+            yield Problem(where, getattr(exc, "pos", None), f"unreadable {name}: {exc}")
+
+
+def _verify_meta(path: str, meta: bytes) -> Iterator[Problem]:
     try:
-        with open(os.path.join(directory, "queue.json"), "rb") as f:
-            json.loads(f.read())
-    except (OSError, ValueError) as exc:
-        yield Problem(os.path.join(directory, "queue.json"), None, f"unreadable config: {exc}")
+        for _ in decode_meta(meta, path):
+            pass
+    except CorruptionError as exc:
+        yield Problem(path, _offset(exc), exc.message)
+
+
+def _verify_queue(directory: str) -> Iterator[Problem]:
+    yield from _verify_settings(directory)
     ranges: list[tuple[int, int, str]] = []
     live_logs = []
     for name in sorted(os.listdir(directory)):
@@ -186,6 +203,8 @@ def _verify_queue(directory: str) -> Iterator[Problem]:
                 continue
             if c.segment_no != int(m.group(1)):
                 yield Problem(path, 8, f"header says log {c.segment_no}")
+            for _off, meta in c.meta:
+                yield from _verify_meta(path, meta)
             for off, payload in c.records:
                 try:
                     for _ in iter_entries(payload, where=path, base=off + RECORD_HEADER.size):
@@ -199,6 +218,13 @@ def _verify_queue(directory: str) -> Iterator[Problem]:
                     f"torn tail of {c.torn_bytes} bytes (recovery cuts it)",
                     damage=False,
                 )
+        elif _META.fullmatch(name):  # opening the queue reads every sidecar
+            try:
+                _no, meta = read_sidecar(path)
+            except CorruptionError as exc:
+                yield Problem(path, _offset(exc), exc.message)
+                continue
+            yield from _verify_meta(path, meta)
         elif name.endswith(".tmp"):
             yield Problem(path, None, "half-written file (deleted on open)", damage=False)
     if len(live_logs) > 1:

@@ -73,3 +73,24 @@ def test_inspect_rejects_other_files(tmp_path: Path) -> None:
     p.write_bytes(b"hello world")
     out = dq("inspect", str(p))
     assert out.returncode == 1 and "unknown magic" in out.stderr
+
+
+def test_verify_checks_what_opening_a_queue_checks(tmp_path: Path) -> None:
+    """A damaged metadata sidecar or state.json quarantines a queue when it opens, so
+    ``dq verify`` reports them too: "no damage" must mean the queue will serve."""
+    cfg = EngineConfig(fsync="never", compaction="inline", auto_merge=False)
+    with Engine.open(tmp_path / "d", cfg) as e:
+        e.enqueue("jobs", [NewItem(b"once", key="order-7")])
+        e.freeze("jobs")  # its key moves to 0000000001.meta
+        e.pause("jobs")
+    qdir = tmp_path / "d" / "queues" / "jobs"
+    sidecar = qdir / "0000000001.meta"
+    data = bytearray(sidecar.read_bytes())
+    data[-1] ^= 0xFF
+    sidecar.write_bytes(bytes(data))
+    (qdir / "state.json").write_text("[]")
+    out = dq("verify", str(tmp_path / "d"))
+    assert out.returncode == 1
+    assert f"DAMAGE: {sidecar} @ 0: metadata sidecar checksum mismatch" in out.stdout
+    assert f"DAMAGE: {qdir / 'state.json'}" in out.stdout
+    assert "unreadable state.json: not a JSON object" in out.stdout
