@@ -92,6 +92,8 @@ class QueueCore:
         #: after a failed merge the policy waits this long before it tries again
         self._merge_delay = 0.0
         self._merge_retry_at = 0.0
+        #: when a write stall was last logged (``SegmentSetMixin._warn_stalled``)
+        self._stall_warned_at = -1e9
         self.last_write = time.monotonic()
         #: the lsn of the last record shipped to followers (a leader's snapshot notes it)
         self.last_lsn = 0

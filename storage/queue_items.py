@@ -62,6 +62,7 @@ class ItemsMixin(QueueCore):
                 self._check_open()
             if self.stalled():
                 self._retry_rotation()
+                self._warn_stalled()
                 raise WriteStall("writes are stalled while segment files are written; retry")
             window = self.config.dedup_window_ms
             if keys is not None and window > 0 and any(k is not None for k in keys):

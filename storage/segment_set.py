@@ -42,6 +42,9 @@ __all__ = ["SegmentSetMixin"]
 
 log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever part logs
 
+#: a stall of writes is logged at most this often per queue
+STALL_WARNING_S = 60.0
+
 
 class SegmentSetMixin(QueueCore):
     """Rotation, freezing, installs and merges of a queue's files."""
@@ -63,6 +66,25 @@ class SegmentSetMixin(QueueCore):
     def stalled(self: Queue) -> bool:
         """Writes wait: the log is twice over its limit while segment files are written."""
         return self.fill() > 2 * self.engine.config.memseg_bytes
+
+    def _warn_stalled(self: Queue) -> None:
+        """Say in the log that writes are refused with ``write_stall`` (at most once a
+        minute): a compaction worker that hangs fails nothing, so without this line the
+        operator would see only clients' 503s (the server waits each out for 30 s)."""
+        now = time.monotonic()
+        if now - self._stall_warned_at < STALL_WARNING_S:
+            return
+        self._stall_warned_at = now
+        log.warning(
+            "queue %s: writes refused (write_stall): the log holds %d bytes, twice its limit, "
+            "while %d frozen log(s) wait for their segment files (%s)",
+            self.name,
+            self.fill(),
+            len(self.frozen),
+            "a freeze is failing and retried"
+            if self._freeze_delay
+            else "the compaction worker has not finished them",
+        )
 
     def _retry_rotation(self: Queue) -> None:
         """Writes are stalled: try the pending rotation again (when its backoff allows)."""

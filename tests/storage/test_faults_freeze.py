@@ -5,7 +5,9 @@ tombstones dropped and released items back)."""
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dq.storage import Engine, EngineConfig, NewItem, Release, fileio
+from dq.storage import Engine, EngineConfig, NewItem, Release, fileio, segment_set
 from dq.storage.compactor import merge_segments
 from dq.storage.errors import InvalidArgument, QueueDamaged, WriteStall
 from dq.storage.merge_policy import MergePolicy
@@ -184,3 +186,38 @@ def test_a_failed_merge_backs_off_and_is_tried_again_once_the_disk_has_room(
     assert "retrying in" in caplog.text
     wait_for(lambda: [(r.seg_lo, r.seg_hi) for r in q.segments] == [(1, 2)])
     assert drain(e, "q") == [b"item-3"]
+
+
+def test_a_write_stall_behind_a_hung_worker_is_logged(
+    open_engine: Callable[..., Engine],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A compaction worker that hangs fails nothing, but writes are refused: the log
+    says so (once a minute, not once a refusal) and names the cause."""
+    gate = threading.Event()
+    real = segment_set.freeze_log
+
+    def hung(*args: object, **kwargs: object) -> object:
+        assert gate.wait(30)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(segment_set, "freeze_log", hung)
+    e = open_engine(memseg_bytes=4096, max_frozen=1, compaction="thread")
+    value = os.urandom(500)
+    refused = 0
+    with caplog.at_level(logging.WARNING, logger="dq.storage"):
+        try:
+            for _ in range(400):
+                try:
+                    e.enqueue_nowait("q", [NewItem(value)]).result(5)
+                except WriteStall:
+                    refused += 1
+                    if refused == 20:
+                        break
+        finally:
+            gate.set()
+    assert refused == 20
+    said = [r.getMessage() for r in caplog.records if "write_stall" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "queue q: writes refused" in said[0] and "compaction worker" in said[0]
