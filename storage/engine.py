@@ -192,8 +192,14 @@ class Engine(Operations, ReplicaEngine):
             path = os.path.join(qroot, name)
             if name.startswith(".deleted-"):  # no queue name starts with a dot
                 shutil.rmtree(path, ignore_errors=True)
-            elif os.path.isfile(os.path.join(path, "queue.json")):
-                # never raises for one queue's damage: it is quarantined instead
+            elif os.path.isfile(os.path.join(path, "queue.json")) or (
+                not name.startswith(".") and _holds_data(path)
+            ):
+                # never raises for one queue's damage: it is quarantined instead (a
+                # directory holding logs or segments without its queue.json too: taken
+                # for an interrupted creation, the next enqueue would create the queue
+                # afresh in it, reuse ids from 1, and its new log 1 would be deleted at
+                # the next start as covered by the old 1-1.seg)
                 self._queues[name] = Queue.open(self, name, path)
             elif os.path.isdir(path):
                 log.warning("ignoring %s: no queue.json (creation was interrupted)", path)
@@ -630,3 +636,12 @@ class Engine(Operations, ReplicaEngine):
             source.name,
             [key_id(k) for k, _, _ in entries],
         )
+
+
+def _holds_data(path: str) -> bool:
+    """True for a directory holding anything but half-written files (``*.tmp``): what
+    an interrupted queue creation leaves is an empty directory or a ``*.tmp``."""
+    try:
+        return any(not n.endswith(".tmp") for n in os.listdir(path))
+    except NotADirectoryError:
+        return False

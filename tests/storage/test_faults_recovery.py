@@ -124,3 +124,28 @@ def test_a_settings_file_that_is_not_what_dq_writes_quarantines_its_queue(
             e.dequeue("q")
         assert err.value.context["file"] == str(path / "queues" / "q" / name)
         assert says in err.value.message
+
+
+def test_a_queue_directory_that_lost_its_queue_json_is_quarantined_not_recreated(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """A directory holding a queue's logs and segments but no ``queue.json`` is damage,
+    not an interrupted creation: were it ignored, the next enqueue would create the
+    queue afresh in it (ids from 1 again), and the next start would delete the new
+    queue's log 1 as covered by the old ``1-1.seg``: an acknowledged enqueue lost."""
+    cfg = EngineConfig(fsync="never", compaction="inline", auto_merge=False)
+    path = tmp_path / "d"
+    with Engine.open(path, cfg, clock=clock) as e:
+        e.enqueue("q", [NewItem(b"old")])
+        e.freeze("q")  # 0000000001-0000000001.seg
+    (path / "queues" / "q" / "queue.json").unlink()
+    (path / "queues" / "half").mkdir()  # what an interrupted creation leaves
+    (path / "queues" / "half" / "queue.json.tmp").write_bytes(b"{")
+    with Engine.open(path, cfg, clock=clock) as e:
+        assert e.list_queues() == ["q"]
+        with pytest.raises(QueueDamaged) as err:
+            e.enqueue("q", [NewItem(b"new")])
+        assert err.value.context["file"] == str(path / "queues" / "q" / "queue.json")
+        e.enqueue("half", [NewItem(b"fresh")])  # an interrupted creation is created again
+    assert (path / "queues" / "q" / "0000000001-0000000001.seg").exists()
+    assert not (path / "queues" / "q" / "0000000001.log").exists()
