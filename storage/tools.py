@@ -227,8 +227,14 @@ def _verify_queue(directory: str) -> Iterator[Problem]:
             yield from _verify_meta(path, meta)
         elif name.endswith(".tmp"):
             yield Problem(path, None, "half-written file (deleted on open)", damage=False)
-    if len(live_logs) > 1:
-        yield Problem(directory, None, f"more than one open log: {live_logs}")
+    if len(live_logs) > 1:  # a crash during a rotation: the next log was already created
+        yield Problem(
+            directory,
+            None,
+            f"more than one open log: {live_logs} (a crash during a rotation; recovery "
+            "freezes each)",
+            damage=False,
+        )
     ranges.sort()
     for (lo1, hi1, p1), (lo2, hi2, p2) in itertools.pairwise(ranges):
         if lo2 <= hi1 and not (lo1 <= lo2 and hi2 <= hi1):

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from dq.storage import Engine, EngineConfig, NewItem, Release
+from dq.storage.wal import WalWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -94,3 +95,18 @@ def test_verify_checks_what_opening_a_queue_checks(tmp_path: Path) -> None:
     assert f"DAMAGE: {sidecar} @ 0: metadata sidecar checksum mismatch" in out.stdout
     assert f"DAMAGE: {qdir / 'state.json'}" in out.stdout
     assert "unreadable state.json: not a JSON object" in out.stdout
+
+
+def test_verify_takes_two_open_logs_for_a_crash_during_rotation(tmp_path: Path) -> None:
+    """A rotation creates the next log before it renames the current one ``.log_ro``: a
+    crash in between leaves two ``.log`` files, which recovery freezes both. That is a
+    note, not damage: the salvage steps must not send an operator after it."""
+    make_dir(tmp_path / "d")
+    qdir = tmp_path / "d" / "queues" / "jobs"
+    [log] = qdir.glob("*.log")
+    WalWriter.create(str(qdir), int(log.stem) + 1, 1000).abandon()
+    out = dq("verify", str(tmp_path / "d"))
+    assert out.returncode == 0, out.stdout
+    assert "note:" in out.stdout and "more than one open log" in out.stdout
+    with Engine.open(tmp_path / "d", EngineConfig(fsync="never", compaction="inline")) as e:
+        assert len(e.dequeue("jobs", 1000)) == 291  # 290 in the segment and the tail
