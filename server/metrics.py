@@ -236,6 +236,15 @@ class _EngineCollector(Collector):
                     "Age of the oldest live lease, from its dequeue (extends do not reset it)",
                 ),
                 ("paused", "1 while the queue is paused"),
+                ("failed", "1 while the queue refuses work after an I/O error (until it reopens)"),
+                ("damaged", "1 while the queue is quarantined: damage found on disk"),
+            )
+        }
+        faults = {
+            name: CounterMetricFamily(f"dq_queue_{name}", help_, labels=labels)
+            for name, help_ in (
+                ("io_errors", "I/O errors (disk full, EIO, a failed fsync) that failed the queue"),
+                ("freeze_failures", "Failed attempts to write a log's segment file (retried)"),
             )
         }
         dead = CounterMetricFamily(
@@ -271,9 +280,15 @@ class _EngineCollector(Collector):
             lease_age = s.oldest_lease_age_ms
             families["oldest_lease_age_seconds"].add_metric([name], (lease_age or 0) / 1000.0)
             families["paused"].add_metric([name], 1.0 if s.paused else 0.0)
+            # a queue's faults, for alerts: stats().extra counts them since the start
+            for field in ("failed", "damaged"):
+                families[field].add_metric([name], float(s.extra.get(field, 0)))
+            for field, family in faults.items():
+                family.add_metric([name], float(s.extra.get(field, 0)))
             dead.add_metric([name], float(s.dead_lettered))
             expired.add_metric([name], float(s.lease_expired))
         yield from families.values()
+        yield from faults.values()
         yield dead
         yield expired
 

@@ -92,3 +92,23 @@ def test_group_commits_say_which_thread_ran_them(tmp_path: Path) -> None:
     assert s[("dq_group_commits_total", (("thread", "syncer"),))] >= 1
     assert s[("dq_group_commits_total", (("thread", "request"),))] + handed >= 19
     assert s[("dq_group_commits_total", (("thread", "request"),))] >= 1 or handed >= 19
+
+
+def test_a_quarantined_queue_shows_in_the_metrics(tmp_path: Path) -> None:
+    """A queue's faults can be alerted on from /metrics, not only read in its stats: a
+    quarantined queue is 1 in dq_queue_damaged, the healthy one 0."""
+    m = Metrics()
+    cfg = EngineConfig(fsync="never", compaction="inline")
+    with Engine.open(tmp_path / "d", cfg) as engine:
+        engine.enqueue("bad", [NewItem(b"x")])
+        engine.enqueue("good", [NewItem(b"y")])
+    (tmp_path / "d" / "queues" / "bad" / "queue.json").write_text("{")
+    with Engine.open(tmp_path / "d", cfg) as engine:
+        m.watch_engine(lambda: engine, max_queues=200)
+        s = _samples(m)
+    assert s[("dq_queue_damaged", (("queue", "bad"),))] == 1
+    assert s[("dq_queue_failed", (("queue", "bad"),))] == 1  # it refuses work
+    assert s[("dq_queue_damaged", (("queue", "good"),))] == 0
+    assert s[("dq_queue_failed", (("queue", "good"),))] == 0
+    assert s[("dq_queue_io_errors_total", (("queue", "good"),))] == 0
+    assert s[("dq_queue_freeze_failures_total", (("queue", "good"),))] == 0
