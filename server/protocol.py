@@ -466,6 +466,11 @@ class DqHttpProtocol(HttpToolsProtocol):
             self._hot_cycle = None
         if isinstance(cycle, _HotCycle):
             cycle = self._framework_cycle(cycle)
+        else:
+            # uvicorn's own cycle (a request whose URL has a query or a %-escape, or one
+            # queued behind another): its body came through ``on_body`` here, which
+            # wakes no reader; unset, the app would wait for a body that has arrived.
+            cycle.message_event.set()
         # The body is complete in the cycle: the app reads it as uvicorn would hand it.
         super()._start_asgi_task(cycle, self.app)
 

@@ -132,6 +132,10 @@ def _script(conn: Raw) -> Iterator[bytes]:
     yield conn.send(q + "/items", keyed)  # a duplicate: the first item's id, nothing written
     yield conn.send(q + "/items", _j({"items": [{"value": "x" * 65}]}))  # value_too_large
     yield conn.send("/v1/queues/sp%20ace/items", _j({"items": [{"value": "x"}]}))
+    # a query or a %-escape in the URL, answered by the framework after all
+    yield conn.send(q + "/items?x=1", _j({"items": []}))
+    yield conn.send("/v1/queues/h%6Ft2/items", _j({"items": [{"value": "new queue"}]}))
+    yield conn.send(q + "/dequeue?", _j({"count": 6}))
     yield conn.send(q + "/items", _j({"items": [{"value": "x"}] * 6}))  # batch_too_large
     yield conn.send(q + "/items", _j({"items": [{"value": "x", "deadline": 1, "delay_ms": 1}]}))
     yield conn.send(q + "/items", b'{"items": [')  # invalid JSON
