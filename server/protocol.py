@@ -135,6 +135,8 @@ class DqHttpProtocol(HttpToolsProtocol):
         #: Reads may be served from remembered heads: off for good once the parser has
         #: seen anything that ends or changes the connection.
         self._known_heads = self.dq_fast
+        #: The head of a request that asked to upgrade, to be read again without asking.
+        self._plain_head: bytes | None = None
 
     # ------------------------------------------------------------ connection limits
 
@@ -172,12 +174,15 @@ class DqHttpProtocol(HttpToolsProtocol):
             self.logger.warning(msg)
             self.send_400_response(msg)
             return
-        except httptools.HttpParserUpgrade:
+        except httptools.HttpParserUpgrade as exc:
             self._known_heads = False
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+                return
+            self._unsupported_upgrade_warning()
+            head, self._plain_head = self._plain_head, None
+            if head is not None:  # read it again as the ordinary request it is
+                self.data_received(head + data[exc.args[0] :])
             return
         if learn and self._begun == 1 and self._seen is not None and not self._in_message:
             self._learn(data, self._seen)
@@ -326,9 +331,12 @@ class DqHttpProtocol(HttpToolsProtocol):
     # ------------------------------------------------------------ request dispatch
 
     def on_headers_complete(self) -> None:
+        parser = self.parser
+        if parser.should_upgrade() and parser.get_method() != b"CONNECT":
+            self._plain_head = self._head_without_upgrade()
+            return  # nothing is served: the parser stops here (data_received)
         self._read_deadline = self.loop.time() + self.dq_body_timeout
         self._reading = "body"
-        parser = self.parser
         version = parser.get_http_version()
         keep_alive = version != "1.0" and parser.should_keep_alive()
         if version != "1.1" or not keep_alive:
@@ -360,6 +368,21 @@ class DqHttpProtocol(HttpToolsProtocol):
         self._new_scope()
         super().on_headers_complete()  # builds the cycle; may call _start_asgi_task
 
+    def _head_without_upgrade(self) -> bytes:
+        """The head just read, without its ``Upgrade`` header. No route upgrades (not to
+        WebSocket, not to ``h2c`` as ``curl --http2`` asks), but the parser reads
+        nothing past the head of a request asking to (its body would be lost, and the
+        request answered without it): such a head is read again without the header,
+        so the request is served whole, as any other."""
+        parser = self.parser
+        lines = [
+            b"%s %s HTTP/%s\r\n"
+            % (parser.get_method(), self.url, parser.get_http_version().encode())
+        ]
+        lines += [b"%s: %s\r\n" % pair for pair in self.headers if pair[0] != b"upgrade"]
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
     def _new_scope(self) -> None:
         """The scope uvicorn's ``on_message_begin`` would have built."""
         self.scope = {  # type: ignore[typeddict-item]
@@ -375,6 +398,8 @@ class DqHttpProtocol(HttpToolsProtocol):
         }
 
     def on_message_complete(self) -> None:
+        if self._plain_head is not None:
+            return  # a head asking to upgrade: read again (data_received)
         self._in_message = False
         self._read_deadline = 0.0
         cycle = self._hot_cycle

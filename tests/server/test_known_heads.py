@@ -523,3 +523,29 @@ def test_an_unexpected_error_answers_500_on_either_path(
     assert out[1] is True and out[3] is True and out[5] is True  # closed after each
     assert b'"internal_error"' in out[0]
     assert served.at_least(2 * len(known))
+
+
+def test_a_request_asking_to_upgrade_is_served_with_its_body(
+    pair: tuple[ThreadedServer, ...],
+) -> None:
+    """``curl --http2`` on plain HTTP asks to upgrade to ``h2c``; no route upgrades, and
+    the request is served whole as any other: its body is read (whether it comes with
+    the head or after it), and a request pipelined behind it is answered too."""
+    q = "/v1/queues/upgrading"
+    h2c = "connection: Upgrade, HTTP2-Settings\r\nupgrade: h2c\r\nhttp2-settings: AAMAAABk\r\n"
+    enqueue = request(q + "/items", _j({"items": [{"value": "whole"}]}), extra=h2c)
+    at = enqueue.index(b"\r\n\r\n") + 4
+
+    def script(connect: Any) -> list[Any]:
+        conn = connect()
+        conn.send(enqueue)
+        out: list[Any] = [conn.answer(2)]
+        conn.send(enqueue[:at], enqueue[at:], pause=0.2)  # the body after the head
+        out.append(conn.answer(2))
+        conn.send(enqueue + request(q + "/dequeue", _j({"count": 5})))
+        out += [conn.answer(2), conn.answer(2)]
+        return out
+
+    out = both(pair, script)
+    assert [a.split(b" ", 2)[1] for a in out] == [b"200"] * 4
+    assert out[3].count(b'"value":"whole"') == 3  # (the answers' times are masked)
