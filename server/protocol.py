@@ -448,20 +448,22 @@ class DqHttpProtocol(HttpToolsProtocol):
             if route not in HOT_ROUTES or not queue:
                 return None
         length = -1
-        json_body = False
-        auth = None
+        ctype = auth = None
         for name, value in headers:
             if name == b"content-length":
                 length = int(value) if value.isdigit() else -1
+            # a header given twice counts as the framework counts it: the first one
             elif name == b"content-type":
-                json_body = (
-                    value == _JSON_TYPE or value.split(b";", 1)[0].strip().lower() == _JSON_TYPE
-                )
+                if ctype is None:
+                    ctype = value
             elif name == b"authorization":
-                auth = value
+                if auth is None:
+                    auth = value
             elif name == b"transfer-encoding":
                 return None
-        if not json_body or not 0 <= length <= self.dq_body_limit:
+        if ctype is None or not 0 <= length <= self.dq_body_limit:
+            return None
+        if ctype != _JSON_TYPE and ctype.split(b";", 1)[0].strip().lower() != _JSON_TYPE:
             return None
         if self.dq_guarded and not token_ok(auth, self.dq_tokens):
             return None

@@ -61,8 +61,9 @@ class Raw:
         token: str | None = TOKEN,
         close: bool = False,
         ctype: str = "application/json",
+        extra: tuple[str, ...] = (),
     ) -> bytes:
-        head = [f"POST {path} HTTP/1.1", "host: x", f"content-type: {ctype}"]
+        head = [f"POST {path} HTTP/1.1", "host: x", *extra, f"content-type: {ctype}"]
         head.append(f"content-length: {len(body)}")
         if token is not None:
             head.append(f"authorization: Bearer {token}")
@@ -127,6 +128,13 @@ def _script(conn: Raw) -> Iterator[bytes]:
     )
     for ctype in ("application/json; charset=utf-8", "Application/JSON", "text/plain"):
         yield conn.send(q + "/items", _j({"items": [{"value": ctype}]}), ctype=ctype)
+    # a header given twice: the first one counts, on either path
+    yield conn.send(
+        q + "/items", _j({"items": [{"value": "t"}]}), extra=("content-type: text/plain",)
+    )
+    yield conn.send(
+        q + "/items", _j({"items": [{"value": "a"}]}), extra=("authorization: Bearer no",)
+    )
     keyed = _j({"items": [{"value": "once", "key": "order-17"}]})
     yield conn.send(q + "/items", keyed)
     yield conn.send(q + "/items", keyed)  # a duplicate: the first item's id, nothing written
