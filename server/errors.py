@@ -27,6 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from dq.storage.errors import EngineUnavailable, NotLeader, StorageError, status_for_code
 
@@ -182,7 +183,26 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_CODES.get(exc.status_code, "http_error")
     headers = dict(exc.headers) if exc.headers else None
+    if exc.status_code == 405:
+        headers = {**(headers or {}), "Allow": _allowed(request)}
     return error_response(exc.status_code, code, str(exc.detail), headers)
+
+
+#: The methods a 405's ``Allow`` may name.
+_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+
+
+def _allowed(request: Request) -> str:
+    """Every method the request's path answers. Each method of a path is a route of
+    its own (``GET``, ``PUT`` and ``DELETE /v1/queues/{queue}``), and the router's 405
+    names the methods of the first one only."""
+    routes = request.app.router.routes
+    allowed = []
+    for method in _METHODS:
+        scope = {**request.scope, "method": method}
+        if any(route.matches(scope)[0] is Match.FULL for route in routes):
+            allowed.append(method)
+    return ", ".join(allowed)
 
 
 #: What a request that met a bug is answered (details go to the server log only).

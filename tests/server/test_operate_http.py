@@ -202,6 +202,9 @@ def test_bad_input_answers_say_what_to_fix(server: LiveServer, queue: str) -> No
     assert r.status_code == 422 and message.count("not valid base64") == 1, message
     r = call(server, "PATCH", f"/v1/queues/{queue}")
     assert r.status_code == 405 and r.json()["error"] == "method_not_allowed"
+    assert r.headers["allow"] == "DELETE, GET, PUT"  # every method of the path
+    r = call(server, "PUT", f"/v1/queues/{queue}/items")
+    assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET, POST"
     r = call(server, "GET", f"/v1/queues/{queue}/items/abc")
     assert r.status_code == 422 and r.json()["details"][0]["loc"] == ["path", "item_id"]
     assert call(server, "GET", f"/v1/queues/{queue}").status_code == 404  # nothing was written
