@@ -168,11 +168,10 @@ class DqHttpProtocol(HttpToolsProtocol):
                 self._seen = None
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self._known_heads = False
-            msg = "Invalid HTTP request received."
-            self.logger.warning(msg)
-            self.send_400_response(msg)
+        except httptools.HttpParserError as exc:
+            # uvicorn answers text; every error of the API is JSON (docs/http.md)
+            self.logger.warning("Invalid HTTP request received.")
+            self._refuse(400, "bad_request", f"invalid HTTP request: {exc}")
             return
         except httptools.HttpParserUpgrade as exc:
             self._known_heads = False

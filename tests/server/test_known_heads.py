@@ -549,3 +549,30 @@ def test_a_request_asking_to_upgrade_is_served_with_its_body(
     out = both(pair, script)
     assert [a.split(b" ", 2)[1] for a in out] == [b"200"] * 4
     assert out[3].count(b'"value":"whole"') == 3  # (the answers' times are masked)
+
+
+def test_a_request_the_parser_refuses_is_answered_in_json(
+    pair: tuple[ThreadedServer, ...],
+) -> None:
+    """Bytes that are not HTTP (two lengths, a raw non-ASCII path) get the API's JSON
+    error, saying what the parser refused, and the connection is closed."""
+    bad = [
+        _ODD["duplicate-length"],
+        request("/v1/queues/\u00e9/items", _BODY).replace(b"\xc3\xa9", b"\xe9"),
+    ]
+
+    def script(connect: Any) -> list[Any]:
+        out: list[Any] = []
+        for data in bad:
+            conn = connect()
+            conn.send(data)
+            out += [conn.answer(2), conn.closed()]
+        return out
+
+    out = both(pair, script)
+    for answer in out[::2]:
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head
+        assert json.loads(body)["error"] == "bad_request"
+    assert out[1::2] == [True, True]
+    assert b"Duplicate Content-Length" in out[0]
