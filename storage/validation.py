@@ -25,6 +25,12 @@ def resolve_deadline(deadline: int | None, delay_ms: int | None, now: int) -> in
         or isinstance(deadline, bool)
         or not 0 <= deadline <= MAX_DEADLINE
     ):
+        if delay_ms is not None:  # the caller gave no deadline: say what they gave
+            raise InvalidDeadline(
+                f"delay_ms puts the deadline past the last one a key holds ({MAX_DEADLINE} "
+                "ms since the epoch, 48 bits)",
+                delay_ms=delay_ms,
+            )
         raise InvalidDeadline(
             "deadline must be ms since the epoch within 48 bits", deadline=deadline
         )

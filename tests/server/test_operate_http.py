@@ -200,6 +200,9 @@ def test_bad_input_answers_say_what_to_fix(server: LiveServer, queue: str) -> No
     r = call(server, "POST", url, json={"items": [{"value": "a!!", "encoding": "base64"}]})
     message = r.json()["message"]
     assert r.status_code == 422 and message.count("not valid base64") == 1, message
+    r = call(server, "POST", url, json={"items": [{"value": "a", "delay_ms": 2**48 - 1}]})
+    assert r.status_code == 400 and r.json()["error"] == "invalid_deadline"
+    assert "delay_ms" in r.json()["message"], r.json()  # what was sent, not a sum of it
     r = call(server, "PATCH", f"/v1/queues/{queue}")
     assert r.status_code == 405 and r.json()["error"] == "method_not_allowed"
     assert r.headers["allow"] == "DELETE, GET, PUT"  # every method of the path
