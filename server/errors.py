@@ -34,6 +34,7 @@ from dq.storage.errors import EngineUnavailable, NotLeader, StorageError, status
 __all__ = [
     "LEADER_HEADER",
     "ApiError",
+    "allowed_methods",
     "as_storage_error",
     "error_json",
     "error_response",
@@ -196,13 +197,24 @@ def _allowed(request: Request) -> str:
     """Every method the request's path answers. Each method of a path is a route of
     its own (``GET``, ``PUT`` and ``DELETE /v1/queues/{queue}``), and the router's 405
     names the methods of the first one only."""
-    routes = request.app.router.routes
-    allowed = []
-    for method in _METHODS:
-        scope = {**request.scope, "method": method}
-        if any(route.matches(scope)[0] is Match.FULL for route in routes):
-            allowed.append(method)
-    return ", ".join(allowed)
+    return ", ".join(allowed_methods(request))
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """The methods dq's routes serve at the request's path. A route taking every method
+    is a catch-all (the SQS queue URL ``/{account}/{queue}``, which answers 404 to what
+    is not SQS): it is no route of the path's own."""
+    scopes = [{**request.scope, "method": method} for method in _METHODS]
+    allowed: set[str] = set()
+    for route in request.app.router.routes:
+        serves = [
+            m
+            for m, scope in zip(_METHODS, scopes, strict=True)
+            if route.matches(scope)[0] is Match.FULL
+        ]
+        if len(serves) < len(_METHODS):
+            allowed.update(serves)
+    return [m for m in _METHODS if m in allowed]
 
 
 #: What a request that met a bug is answered (details go to the server log only).

@@ -21,7 +21,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from dq.server.errors import LEADER_HEADER, error_response
+from dq.server.errors import LEADER_HEADER, allowed_methods, error_response
 from dq.server.routers.items import disconnected
 from dq.server.sqs import admin, receive, send
 from dq.server.sqs.context import Ctx, Limits, SqsState
@@ -199,7 +199,12 @@ _ANY = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 @router.api_route("/{account}/{queue}", methods=_ANY)
 async def sqs_queue_path(account: str, queue: str, request: Request) -> Response:
-    """A query-protocol request sent to a queue's URL; anything else here is not found."""
+    """A query-protocol request sent to a queue's URL; anything else here is not found,
+    or, at a path of dq's own API (``PATCH /v1/queues``), a 405 naming its methods."""
     if request.method != "POST" or request.headers.get("x-amz-target") or not _is_query(request):
+        allowed = allowed_methods(request)
+        if allowed:
+            allow = {"Allow": ", ".join(allowed)}
+            return error_response(405, "method_not_allowed", "Method Not Allowed", allow)
         return error_response(404, "not_found", "Not Found")
     return await _serve(request, f"/{account}/{queue}")

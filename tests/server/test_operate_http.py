@@ -208,6 +208,10 @@ def test_bad_input_answers_say_what_to_fix(server: LiveServer, queue: str) -> No
     assert r.headers["allow"] == "DELETE, GET, PUT"  # every method of the path
     r = call(server, "PUT", f"/v1/queues/{queue}/items")
     assert r.status_code == 405 and r.headers["allow"] == "DELETE, GET, POST"
+    for method, path, allow in (("PATCH", "/v1/queues", "GET"), ("GET", "/v1/backup", "POST")):
+        r = call(server, method, path)  # two segments, like an SQS queue URL: still dq's
+        assert r.status_code == 405 and r.headers["allow"] == allow, (path, r.text)
+    assert call(server, "GET", "/000000000000/q").status_code == 404  # an SQS queue URL
     r = call(server, "GET", f"/v1/queues/{queue}/items/abc")
     assert r.status_code == 422 and r.json()["details"][0]["loc"] == ["path", "item_id"]
     assert call(server, "GET", f"/v1/queues/{queue}").status_code == 404  # nothing was written
