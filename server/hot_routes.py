@@ -40,6 +40,7 @@ from dq.server.schemas import (
 )
 from dq.storage.errors import StorageError, WriteStall
 from dq.storage.types import ItemOutcome
+from dq.storage.validation import MAX_LEASE_MS
 
 if TYPE_CHECKING:
     from dq.server.dependencies import Service
@@ -204,10 +205,12 @@ class HotRoutes:
                 if len(self._dequeues) >= _DEQUEUES_KEPT:
                     self._dequeues.clear()
                 self._dequeues[body] = request  # read, never changed, by what follows
-        if request.count > self.max_batch or (
-            request.release is not None and len(request.release) > self.max_batch
+        if (
+            request.count > self.max_batch
+            or (request.release is not None and len(request.release) > self.max_batch)
+            or (request.lease_ms is not None and request.lease_ms > MAX_LEASE_MS)
         ):
-            raise _FallBack
+            raise _FallBack  # the route refuses it, releasing nothing
         if not request.release:
             self._lease(queue, request, None, reply, gone)
             return

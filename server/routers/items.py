@@ -50,6 +50,7 @@ from dq.server.schemas import (
 from dq.storage.codec import MAX_ID
 from dq.storage.errors import QueueNotFound, StorageError
 from dq.storage.types import Delivery, Enqueued, Extend, ItemOutcome, Release, Requeue
+from dq.storage.validation import check_lease_ms
 
 __all__ = [
     "check_dequeue",
@@ -130,10 +131,14 @@ async def dequeue(queue: QueuePath, body: DequeueRequest, request: Request) -> R
 
 
 def check_dequeue(service: Service, body: DequeueRequest) -> None:
-    """The limits a dequeue's body must keep (``count``, releases carried)."""
+    """The limits a dequeue's body must keep (``count``, ``lease_ms``, releases carried),
+    checked before the releases it carries are applied: a refused dequeue releases
+    nothing."""
     limit = service.settings.max_batch
     if body.count > limit:
         raise ApiError(400, "invalid_argument", f"count {body.count} exceeds the limit {limit}")
+    if body.lease_ms is not None:
+        check_lease_ms(body.lease_ms)
     if body.release is not None:
         _check_batch(service, len(body.release))
 

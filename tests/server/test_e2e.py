@@ -191,6 +191,22 @@ def test_limits_and_validation(dq: Client, server: LiveServer, queue: str) -> No
     assert r.status_code == 200 and r.json()["results"][0]["error"] == "invalid_receipt"
 
 
+@pytest.mark.parametrize("bad", [{"lease_ms": 12 * 3600 * 1000 + 1}, {"count": 1001}])
+def test_a_refused_dequeue_releases_nothing(
+    dq: Client, server: LiveServer, queue: str, bad: dict[str, int]
+) -> None:
+    """A dequeue carrying releases that is refused (400) has released nothing: the
+    worker may send its releases again and they apply."""
+    dq.enqueue(queue, b"work")
+    (item,) = dq.dequeue(queue)
+    done = {"id": item.id, "receipt": item.receipt}
+    url = f"{server.url}/v1/queues/{queue}"
+    r = httpx.post(url + "/dequeue", json={"count": 1, **bad, "release": [done]})
+    assert r.status_code == 400 and r.json()["error"] == "invalid_argument", r.text
+    r = httpx.post(url + "/release", json={"items": [done]})
+    assert r.json()["results"] == [{"id": item.id, "ok": True}]
+
+
 def test_health_metrics_and_docs(dq: Client, server: LiveServer, queue: str) -> None:
     dq.enqueue(queue, b"x")
     dq.release_many(queue, dq.dequeue(queue))
