@@ -186,7 +186,17 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     headers = dict(exc.headers) if exc.headers else None
     if exc.status_code == 405:
         headers = {**(headers or {}), "Allow": _allowed(request)}
+    elif exc.status_code == 400 and exc.detail == _UNPARSED:
+        # JSON the parser gives up on: nested too deep, or a number of thousands of digits
+        message = (
+            "the request body could not be read as JSON (nested too deep, or a number too long)"
+        )
+        return error_response(400, "invalid_json", message)
     return error_response(exc.status_code, code, str(exc.detail), headers)
+
+
+#: FastAPI's 400 for a body its JSON parser failed on other than by a syntax error.
+_UNPARSED = "There was an error parsing the body"
 
 
 #: The methods a 405's ``Allow`` may name.

@@ -175,6 +175,13 @@ def test_limits_and_validation(dq: Client, server: LiveServer, queue: str) -> No
         headers={"content-type": "application/json"},
     )
     assert r.status_code == 400 and r.json()["error"] == "invalid_json"
+    for unreadable in (b'{"items": ' + b"[" * 10_000 + b"]" * 10_000 + b"}", b"1" * 5000):
+        r = httpx.post(
+            f"{server.url}/v1/queues/{queue}/items",
+            content=unreadable,
+            headers={"content-type": "application/json"},
+        )
+        assert r.status_code == 400 and r.json()["error"] == "invalid_json", r.text
     r = httpx.post(
         f"{server.url}/v1/queues/{queue}/items",
         json={"items": [{"value": "@@", "encoding": "base64"}]},
