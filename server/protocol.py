@@ -181,6 +181,10 @@ class DqHttpProtocol(HttpToolsProtocol):
             self._unsupported_upgrade_warning()
             head, self._plain_head = self._plain_head, None
             if head is not None:  # read it again as the ordinary request it is
+                # by a new parser: after an upgrade that ends the connection (HTTP/1.0,
+                # ``close``) this one would read no more
+                self.parser = httptools.HttpRequestParser(self)
+                self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
                 self.data_received(head + data[exc.args[0] :])
             return
         if learn and self._begun == 1 and self._seen is not None and not self._in_message:

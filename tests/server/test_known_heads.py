@@ -544,10 +544,13 @@ def test_a_request_asking_to_upgrade_is_served_with_its_body(
         out.append(conn.answer(2))
         conn.send(enqueue + request(q + "/dequeue", _j({"count": 5})))
         out += [conn.answer(2), conn.answer(2)]
+        conn = connect()  # a request that ends its connection, too
+        conn.send(enqueue.replace(b"HTTP/1.1", b"HTTP/1.0"))
+        out.append(conn.answer(2))
         return out
 
     out = both(pair, script)
-    assert [a.split(b" ", 2)[1] for a in out] == [b"200"] * 4
+    assert [a.split(b" ", 2)[1] for a in out] == [b"200"] * 5
     assert out[3].count(b'"value":"whole"') == 3  # (the answers' times are masked)
 
 
