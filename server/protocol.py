@@ -171,7 +171,9 @@ class DqHttpProtocol(HttpToolsProtocol):
         except httptools.HttpParserError as exc:
             # uvicorn answers text; every error of the API is JSON (docs/http.md)
             self.logger.warning("Invalid HTTP request received.")
-            self._refuse(400, "bad_request", f"invalid HTTP request: {exc}")
+            # (a callback's error is the head's, e.g. CONNECT's authority as its URL)
+            what = "" if isinstance(exc, httptools.HttpParserCallbackError) else f": {exc}"
+            self._refuse(400, "bad_request", f"invalid HTTP request{what}")
             return
         except httptools.HttpParserUpgrade as exc:
             self._known_heads = False

@@ -562,6 +562,7 @@ def test_a_request_the_parser_refuses_is_answered_in_json(
     bad = [
         _ODD["duplicate-length"],
         request("/v1/queues/\u00e9/items", _BODY).replace(b"\xc3\xa9", b"\xe9"),
+        b"CONNECT example.com:443 HTTP/1.1\r\nhost: example.com:443\r\n\r\n",
     ]
 
     def script(connect: Any) -> list[Any]:
@@ -577,5 +578,6 @@ def test_a_request_the_parser_refuses_is_answered_in_json(
         head, _, body = answer.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 400 ") and b"content-type: application/json" in head
         assert json.loads(body)["error"] == "bad_request"
-    assert out[1::2] == [True, True]
+    assert out[1::2] == [True, True, True]
     assert b"Duplicate Content-Length" in out[0]
+    assert out[4].endswith(b'"message":"invalid HTTP request"}')  # no "User callback error"
