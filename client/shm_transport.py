@@ -70,6 +70,7 @@ HTTP_SPELL_S = 5.0
 _FOLLOWER = frozenset({Status.NOT_LEADER, Status.NO_LEADER})
 _DEFAULT_TIMEOUT = 30.0
 _MAX_DEADLINE = (1 << 48) - 1
+_MAX_COUNT = 1_000_000  # a dequeue's count, as the HTTP API's request model allows
 _ITEM_ERRORS = frozenset({"stale_receipt", "item_not_found", "invalid_receipt"})
 _ZERO_KEY = bytes(KEY_SIZE)
 _DELIVERY_GUESS = 330  # bytes per delivery in a FIND answer before one was seen
@@ -113,6 +114,14 @@ def _check_item(item: NewItem) -> None:
         raise error_for(400, "invalid_deadline", "deadline must be within 48 bits")
     if item.delay_ms is not None and not 0 <= item.delay_ms <= _MAX_DEADLINE:
         raise error_for(400, "invalid_argument", "delay_ms must be a non-negative integer")
+
+
+def _check_range(name: str, value: int | None, low: int, high: int = _MAX_DEADLINE) -> None:
+    """Refuse what the HTTP API refuses (422) where the ring would misread it: in a ring
+    field 0 means "not given" (a count of 0 would lease one item, a lease of 0 the
+    queue's default) and a negative number does not fit at all."""
+    if value is not None and not low <= value <= high:
+        raise error_for(422, "validation_error", f"{name}: must be between {low} and {high}")
 
 
 def _ascii(receipt: str) -> bool:
@@ -387,7 +396,10 @@ class ShmTransport:
         if self._over_http():
             got: Dequeued = self._http_transport().dequeue(queue, count, lease_ms, wait_ms, release)
             return got
-        wait_ms = max(0, min(wait_ms, 0xFFFFFFFF))
+        _check_range("count", count, 1, _MAX_COUNT)
+        _check_range("lease_ms", lease_ms, 1)
+        _check_range("wait_ms", wait_ms, 0)
+        wait_ms = min(wait_ms, 0xFFFFFFFF)  # the server waits at most DQ_MAX_WAIT_MS anyway
         timeout = self._timeout + wait_ms / 1000
         if not release:  # the common call: a FIND alone, without the releases' bookkeeping
             find = self._find_span(count, wait_ms, lease_ms, self._ring.capacity - 1)
@@ -488,6 +500,10 @@ class ShmTransport:
         )
 
     def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]:
+        for b in batch:
+            _check_range("deadline", b.deadline, 0)
+            _check_range("delay_ms", b.delay_ms, 0)
+
         def command(i: int) -> Command:
             b = batch[i]
             return (Op.REQUEUE, *codec.encode_requeue(b.id, b.receipt, b.deadline, b.delay_ms))
@@ -506,6 +522,9 @@ class ShmTransport:
         )
 
     def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]:
+        for b in batch:
+            _check_range("lease_ms", b.lease_ms, 1)
+
         def command(i: int) -> Command:
             b = batch[i]
             return (Op.EXTEND, *codec.encode_extend(b.id, b.receipt, b.lease_ms))

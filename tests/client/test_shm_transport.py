@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from dq.client import AsyncClient, Client, NewItem, QueueConfig, QueueNotFound, StaleReceipt
-from dq.client.errors import ServerError, TransportError
+from dq.client.errors import ServerError, TransportError, ValidationError
 from dq.client.shm_transport import ShmTransport
 from dq.shm import _atomics as at
 from dq.shm.attach import SHM_DIR, shm_prefix
@@ -280,3 +280,32 @@ def test_a_single_release_fails_as_over_http(server: LiveServer, shm_url: str) -
         with pytest.raises(StaleReceipt):
             dq.release("one-release", item.id, item.receipt)
         assert dq.queue("one-release").stats.pending == 0
+
+
+def test_arguments_the_ring_cannot_carry_are_refused_as_over_http(
+    server: LiveServer, shm_url: str
+) -> None:
+    """A count or lease of 0 means "not given" in a ring field, and a negative number
+    fits none: over the ring they are refused as over HTTP (422), and nothing is leased."""
+    with Client(shm_url) as dq, Client(server.url) as http:
+        dq.enqueue_many("bad-args", [b"a", b"b"])
+        (item,) = dq.dequeue("bad-args", lease_ms=60_000)
+        calls: list[Callable[[Client], object]] = [
+            lambda c: c.dequeue("bad-args", count=0),
+            lambda c: c.dequeue("bad-args", count=-1),
+            lambda c: c.dequeue("bad-args", lease_ms=0),
+            lambda c: c.dequeue("bad-args", lease_ms=-1),
+            lambda c: c.dequeue("bad-args", wait_ms=-1),
+            lambda c: c.requeue("bad-args", item.id, item.receipt, delay_ms=-5),
+            lambda c: c.requeue("bad-args", item.id, item.receipt, deadline=-5),
+            lambda c: c.extend("bad-args", item.id, item.receipt, -1),
+            lambda c: c.extend("bad-args", item.id, item.receipt, 0),
+        ]
+        for call in calls:
+            for client in (dq, http):
+                with pytest.raises(ValidationError) as refused:
+                    call(client)
+                assert refused.value.status == 422
+        stats = dq.queue("bad-args").stats
+        assert (stats.due, stats.leased) == (1, 1)  # only the one good dequeue leased
+        dq.release("bad-args", item.id, item.receipt)  # its delivery is untouched
