@@ -167,7 +167,9 @@ class ShmTransport:
         self._timeout = timeout
         try:
             self._attachment = attach(self.data_dir, capacity=capacity, timeout_s=timeout)
-            self._ring = ClientRing(self._attachment.mm, spin_us=spin_us)
+            self._ring = ClientRing(
+                self._attachment.mm, spin_us=spin_us, server_gone=self._attachment.server_gone
+            )
         except ShmError as exc:
             raise TransportError(f"{url}: cannot attach: {exc}") from exc
         self.http_url = http_url or self._attachment.http_url

@@ -178,6 +178,16 @@ class Attachment:
             self.mm.close()
         self.sock.close()
 
+    def server_gone(self) -> bool:
+        """Whether the server closed its end of the socket (it stopped, crashed or dropped
+        this client): after the handshake it never writes, so a readable socket is EOF."""
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:  # nothing to read: the connection is open
+            return False
+        except OSError:  # reset, or closed on this side
+            return True
+
 
 def attach(
     data_dir: str | os.PathLike[str],

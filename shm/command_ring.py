@@ -32,6 +32,7 @@ import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -100,6 +101,10 @@ FLAG_MORE = 0x01  # the body continues: send Op.CONTINUE for the next chunk
 
 MAX_CAPACITY = 4096
 CONTINUE_WINDOW = 32  # continuation chunks a client asks for at once
+#: How often a client waiting for a response checks that the server is still there (its
+#: attach socket still open): a server that died answers nothing, and its client should
+#: hear so within this, not at the end of its timeout and the long-poll's wait.
+LIVENESS_S = 0.25
 
 #: How long a waiting side spins before it parks on the futex. Spinning saves the ~3-5 us
 #: of a futex wake only when a core is free for it; on the 2-vCPU machine of
@@ -221,8 +226,15 @@ class ClientRing:
     Thread-safe: one lock serialises use of the ring, as the design's single producer requires.
     """
 
-    def __init__(self, mm: mmap.mmap, *, spin_us: float = DEFAULT_SPIN_US) -> None:
+    def __init__(
+        self,
+        mm: mmap.mmap,
+        *,
+        spin_us: float = DEFAULT_SPIN_US,
+        server_gone: Callable[[], bool] | None = None,
+    ) -> None:
         self._mm = mm
+        self._server_gone = server_gone
         self._view = memoryview(mm)
         capacity = at.load_u64(mm, CAPACITY_OFF)
         if not 2 <= capacity <= MAX_CAPACITY or ring_size(capacity) > len(mm):
@@ -231,6 +243,8 @@ class ClientRing:
         self.spin_us = spin_us
         self.lock = threading.Lock()
         self.closed = False
+        #: set once ``server_gone`` said so: every later wait fails at once
+        self.server_lost = False
 
     def close(self) -> None:
         self.closed = True
@@ -320,14 +334,18 @@ class ClientRing:
         off = slot_offset(index)
         end = time.monotonic() + timeout_s
         spin_us = self.spin_us
+        parked = False  # the first wait costs no liveness check: answers come in microseconds
         while at.load_u8(mm, off + RESPONSE_READY) == 0:
             if self.closed:
                 raise RingClosed("ring closed while waiting for a response")
+            if self.server_lost or (parked and self._server_gone and self._server_gone()):
+                self.server_lost = True  # no later command can be answered either
+                raise RingClosed("the server is gone (it stopped or crashed)", slot=index)
             left = end - time.monotonic()
             if left <= 0:
                 raise RingTimeout("no response from the server", slot=index, timeout_s=timeout_s)
-            at.spin_wait_u8(mm, off + RESPONSE_READY, 0, left, spin_us)
-            spin_us = 0.0
+            at.spin_wait_u8(mm, off + RESPONSE_READY, 0, min(left, LIVENESS_S), spin_us)
+            spin_us, parked = 0.0, True
         return self._response(index)
 
     def _response(self, index: int) -> Response:

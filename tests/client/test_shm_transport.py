@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -309,3 +310,26 @@ def test_arguments_the_ring_cannot_carry_are_refused_as_over_http(
         stats = dq.queue("bad-args").stats
         assert (stats.due, stats.leased) == (1, 1)  # only the one good dequeue leased
         dq.release("bad-args", item.id, item.receipt)  # its delivery is untouched
+
+
+def test_a_client_waiting_on_a_server_that_dies_hears_so_at_once(tmp_path: Path) -> None:
+    """SIGKILL the server while a ring client long-polls: the client raises a
+    TransportError that says the server is gone within a second, not at the end of its
+    timeout plus the wait, and later calls fail at once instead of timing out each."""
+    data = tmp_path / "data"
+    with live_server(data, env=ENV) as server, Client(f"shm://{data}", timeout=30) as dq:
+        dq.enqueue("dies", b"x")
+        assert dq.dequeue("dies", lease_ms=60_000)
+        killer = threading.Timer(0.5, server.kill)
+        killer.start()
+        started = time.monotonic()
+        with pytest.raises(TransportError, match="server is gone"):
+            dq.dequeue("dies", wait_ms=20_000)
+        killer.join()
+        assert time.monotonic() - started < 5
+        started = time.monotonic()
+        with pytest.raises(TransportError, match="server is gone"):
+            dq.enqueue("dies", b"y")
+        assert time.monotonic() - started < 1
+    with live_server(data, env=ENV) as server, Client(f"shm://{data}") as again:
+        assert again.queue("dies").stats.pending == 1  # a new client of the new server
