@@ -187,6 +187,24 @@ def test_settings_are_edited(page: Any, api: httpx.Client, server: LiveServer, s
     assert config["dedup_window_ms"] == 60000
 
 
+def test_a_refused_save_says_so_beside_the_form(
+    page: Any, api: httpx.Client, server: LiveServer
+) -> None:
+    """A save the server refuses never shows the "saved" of an earlier save: the note
+    beside Save says why, and stays after the status line has moved on to a refresh."""
+    enqueue(api, "refused-save", 1)
+    page.goto(server.url + "/ui/" + REFRESH + "#/queue/refused-save/settings")
+    page.fill("#s-lease", "45000")
+    page.click("#settings button[type=submit]")
+    expect()(page.locator("#saved")).to_have_text("saved")
+    page.fill("#s-lease", "99999999999")  # longer than the longest lease the server allows
+    page.click("#settings button[type=submit]")
+    expect()(page.locator("#saved")).to_contain_text("not saved: lease_ms must be between")
+    expect()(page.locator("#status")).to_contain_text("updated")  # a refresh came since
+    expect()(page.locator("#saved")).to_contain_text("not saved")
+    assert queue_info(api, "refused-save")["config"]["default_lease_ms"] == 45000
+
+
 def test_pause_and_resume_with_confirmation(
     page: Any, api: httpx.Client, server: LiveServer
 ) -> None:

@@ -1,7 +1,7 @@
 // A queue's settings: default lease, max deliveries, dead-letter queue, dedup window.
 // Saved with PUT /v1/queues/{queue}; an empty field means "none" / "the default".
 
-import { put, q } from "../api.js";
+import { ApiError, put, q } from "../api.js";
 import { esc } from "../format.js";
 
 export function settingsForm(root, name, info, ctx, reload) {
@@ -30,12 +30,24 @@ export function settingsForm(root, name, info, ctx, reload) {
       dead_letter_queue: f.get("dead_letter_queue") || null,
     };
     if (hasDedup) body.dedup_window_ms = Number(f.get("dedup_window_ms"));
+    // The note beside Save answers this save only: a refused save must not leave the
+    // "saved" of an earlier one, and says why next to the form (the status line moves on).
+    const saved = root.querySelector("#saved");
+    saved.textContent = "";
+    saved.className = "muted";
     try {
       await put(`/v1/queues/${q(name)}`, body);
-      root.querySelector("#saved").textContent = "saved";
-      ctx.status(`settings of ${name} saved`);
-      await reload();
-    } catch (err) { ctx.report(err); }
+    } catch (err) {
+      if (err instanceof ApiError) {
+        saved.textContent = `not saved: ${err.message}`;
+        saved.className = "error";
+      }
+      ctx.report(err);
+      return;
+    }
+    saved.textContent = "saved";
+    ctx.status(`settings of ${name} saved`);
+    await reload().catch(ctx.report);
   });
   // No refresh: a form being edited must not be redrawn under the user.
   return null;
