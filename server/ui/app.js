@@ -34,9 +34,38 @@ function status(text, error = false) {
   statusLine.classList.toggle("error", error);
 }
 
-export function report(err) {
+// What the user's last action got back, if the server refused it. It stays in the status
+// line until the next action or view: the refresh that follows within seconds must not
+// wipe out the only sign that a pause, purge, redrive or delete did not happen.
+let refused = null;
+
+function updated() {
+  const at = new Date().toLocaleTimeString();
+  if (refused) status(`${refused} (figures updated ${at})`, true);
+  else status(`updated ${at}`);
+}
+
+function describe(err) {
+  return err instanceof ApiError ? `${err.code ?? err.status}: ${err.message}` : String(err);
+}
+
+// A refresh that failed: shown until the next one succeeds.
+function report(err) {
   if (err instanceof Unauthorized) { showLogin(); return; }
-  status(err instanceof ApiError ? `${err.code ?? err.status}: ${err.message}` : String(err), true);
+  status(describe(err), true);
+}
+
+// An action that failed (the views' ctx.report): shown until the next action or view.
+function reportAction(err) {
+  if (err instanceof Unauthorized) { showLogin(); return; }
+  refused = describe(err);
+  status(refused, true);
+}
+
+// An action that succeeded (the views' ctx.status).
+function actionDone(text) {
+  refused = null;
+  status(text);
 }
 
 function route() {
@@ -57,12 +86,15 @@ async function show() {
     a.classList.toggle("active", a.dataset.view === name);
   }
   main.replaceChildren();
-  const ctx = { status, report, refreshMs: REFRESH_MS, isCurrent: () => mine === generation };
+  refused = null;
+  const ctx = {
+    status: actionDone, report: reportAction, refreshMs: REFRESH_MS, isCurrent: () => mine === generation,
+  };
   try {
     const view = await VIEWS[name].mount(main, args, ctx);
     if (mine !== generation) { view?.stop?.(); return; }
     current = view;
-    status(`updated ${new Date().toLocaleTimeString()}`);
+    updated();
     schedule(mine);
   } catch (err) {
     report(err);
@@ -80,7 +112,7 @@ function schedule(mine) {
     try {
       await current.refresh();
       lastRefreshMs = performance.now() - started;
-      if (mine === generation) status(`updated ${new Date().toLocaleTimeString()}`);
+      if (mine === generation) updated();
     } catch (err) {
       report(err);
       if (err instanceof Unauthorized) return;

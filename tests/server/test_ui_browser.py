@@ -317,6 +317,33 @@ def test_select_and_delete_dead_letters(page: Any, api: httpx.Client, server: Li
     assert queue_info(api, "doomed")["stats"]["pending"] == 0
 
 
+def test_a_refused_action_stays_in_the_status_line(
+    page: Any, api: httpx.Client, server: LiveServer
+) -> None:
+    """Deleting a dead letter that someone else deleted meanwhile fails (404), and the
+    status line keeps saying so after the next refreshes, until the next action."""
+    dead_letter(api, "raced", 2)
+    page.goto(server.url + "/ui/" + REFRESH + "#/queue/raced.dlq/dead")
+    expect()(page.locator("table.items tbody tr[data-id]")).to_have_count(2)
+    dlq_ids = [
+        int(i)
+        for i in page.locator("table.items tbody tr[data-id]").evaluate_all(
+            "rows => rows.map((r) => r.dataset.id)"
+        )
+    ]
+    page.click(f'button[data-delete="{dlq_ids[0]}"]')
+    api.delete(f"/v1/queues/raced.dlq/items/{dlq_ids[0]}").raise_for_status()
+    confirm(page)
+    status = page.locator("#status")
+    expect()(status).to_contain_text("item_not_found")
+    expect()(status).to_contain_text("figures updated")  # a refresh came, the error stayed
+    expect()(page.locator("table.items tbody tr[data-id]")).to_have_count(1)
+    page.click(f'button[data-delete="{dlq_ids[1]}"]')  # the next action clears it
+    confirm(page)
+    expect()(status).to_contain_text("deleted 1 item")
+    assert queue_info(api, "raced.dlq")["stats"]["pending"] == 0
+
+
 def test_find_an_item_by_id(page: Any, api: httpx.Client, server: LiveServer, shot: Any) -> None:
     [text_id] = enqueue(api, "findable", 1, value="hello, find me")
     [bin_id] = enqueue(api, "findable", 1, value="AAEC/w==", encoding="base64")
