@@ -365,6 +365,18 @@ def test_find_an_item_by_id(page: Any, api: httpx.Client, server: LiveServer, sh
     expect()(page.locator("#not-found")).to_be_visible()
 
 
+def test_find_a_gone_item(page: Any, api: httpx.Client, server: LiveServer) -> None:
+    """An item released since has no deadline: the page says so, not "55 years ago"."""
+    [item_id] = enqueue(api, "left", 1)
+    api.delete(f"/v1/queues/left/items/{item_id}").raise_for_status()
+    page.goto(server.url + f"/ui/#/find?queue=left&id={item_id}")
+    panel = page.locator(".panel.item")
+    expect()(panel.locator('dd[data-field="state"]')).to_have_text("gone")
+    expect()(panel.locator('dd[data-field="deadline"]')).to_have_text(
+        "\u2013"
+    )  # an en dash: no deadline
+
+
 def test_server_view(page: Any, api: httpx.Client, server: LiveServer, shot: Any) -> None:
     enqueue(api, "stored", 2)
     page.goto(server.url + "/ui/#/server")

@@ -14,7 +14,9 @@ export function itemPanel(item) {
   const rows = [
     ["Id", num(item.id)],
     ["State", esc(item.state)],
-    ["Deadline", `${time(item.deadline)} <span class="muted">(${duration(item.deadline - now)} from now)</span>`],
+    // A gone item has no deadline (null): "null - now" would read as 55 years ago.
+    ["Deadline", item.deadline === null || item.deadline === undefined ? "–"
+      : `${time(item.deadline)} <span class="muted">(${duration(item.deadline - now)} from now)</span>`],
     ["Enqueued", time(st.enqueue_time)],
     ["Requeued", st.requeue_time ? time(st.requeue_time) : "–"],
     ["Deliveries", num(st.dequeue_count)],
