@@ -338,7 +338,8 @@ class ShmTransport:
     def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]:
         """One item: a PUT; a batch (or an item with a key or a value over a slot): one
         PUT_MANY. What does not fit one command, or is refused by a follower, goes over
-        HTTP whole."""
+        HTTP whole, and so does a batch with a deadline of 0, which a ring field cannot
+        tell from "not given" (an item due at the epoch sorts first; one due now, last)."""
         span = None if self._over_http() or not items else self._put_span(items)
         if span is None:
             result: list[Enqueued] = self._http_transport().enqueue(queue, items)
@@ -356,6 +357,8 @@ class ShmTransport:
     def _put_span(self, items: Sequence[NewItem]) -> Span | None:
         for item in items:
             _check_item(item)
+            if item.deadline == 0:  # "not given" (now) on the ring; the epoch over HTTP
+                return None
         one = items[0]
         if len(items) == 1 and one.key is None and len(one.value) <= VALUE_MAX:
             return [(_PUT, codec.encode_put(one.deadline, one.delay_ms), one.value)]

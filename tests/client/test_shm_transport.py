@@ -333,3 +333,16 @@ def test_a_client_waiting_on_a_server_that_dies_hears_so_at_once(tmp_path: Path)
         assert time.monotonic() - started < 1
     with live_server(data, env=ENV) as server, Client(f"shm://{data}") as again:
         assert again.queue("dies").stats.pending == 1  # a new client of the new server
+
+
+def test_a_deadline_of_zero_sorts_first_as_over_http(server: LiveServer, shm_url: str) -> None:
+    """Deadline 0 is the epoch over HTTP (kept: the item is due and sorts first); on the
+    ring 0 means "not given" (now). The ring client gives it the HTTP answer."""
+    with Client(shm_url) as dq:
+        dq.enqueue("epoch", b"now")
+        first = dq.enqueue_many("epoch", [NewItem(b"first", deadline=0)])
+        assert first[0].deadline == 0
+        assert dq.enqueue("epoch", b"also first", deadline=0) == first[0].id + 1
+        items = dq.dequeue("epoch", count=3)
+        assert [i.value for i in items] == [b"first", b"also first", b"now"]
+        dq.release_many("epoch", items)
