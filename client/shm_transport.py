@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -63,10 +64,12 @@ from dq.shm.command_ring import (
 )
 from dq.shm.errors import ShmError
 
-__all__ = ["HTTP_SPELL_S", "AsyncShmTransport", "ShmTransport"]
+__all__ = ["HTTP_SPELL_S", "LONG_POLL_SLICE_MS", "AsyncShmTransport", "ShmTransport"]
 
 #: how long a transport whose ring said "not the leader" sends its calls over HTTP
 HTTP_SPELL_S = 5.0
+#: the longest FIND an ``AsyncShmTransport`` sends: a cancelled long-poll ends within it
+LONG_POLL_SLICE_MS = 250
 _FOLLOWER = frozenset({Status.NOT_LEADER, Status.NO_LEADER})
 _DEFAULT_TIMEOUT = 30.0
 _MAX_DEADLINE = (1 << 48) - 1
@@ -628,7 +631,31 @@ class AsyncShmTransport:
         wait_ms: int,
         release: Sequence[Release] = (),
     ) -> Dequeued:
-        return await asyncio.to_thread(self._sync.dequeue, queue, count, lease_ms, wait_ms, release)
+        """A long-poll is sent as FINDs of at most ``LONG_POLL_SLICE_MS`` each: a call
+        cancelled meanwhile (``asyncio.wait_for``, a task stopped at shutdown) stops
+        within one slice. Sent whole, its FIND went on in the worker thread and leased,
+        up to ``wait_ms`` later, items nobody would receive (they came back only when
+        their lease ran out); over HTTP the server ends the long-poll of a client that
+        went away with nothing leased."""
+        cancelled = threading.Event()
+
+        def poll() -> Dequeued:
+            sync = self._sync
+            end = time.monotonic() + max(wait_ms, 0) / 1000
+            first = sync.dequeue(queue, count, lease_ms, min(wait_ms, LONG_POLL_SLICE_MS), release)
+            got: list[Item] = first
+            while not got and not cancelled.is_set():
+                left = int((end - time.monotonic()) * 1000)
+                if left <= 0:
+                    break
+                got = sync.dequeue(queue, count, lease_ms, min(left, LONG_POLL_SLICE_MS))
+            return Dequeued(list(got), first.released)
+
+        try:
+            return await asyncio.to_thread(poll)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
 
     async def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]:
         return await asyncio.to_thread(self._sync.release, queue, batch)

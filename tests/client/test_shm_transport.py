@@ -15,7 +15,7 @@ import pytest
 
 from dq.client import AsyncClient, Client, NewItem, QueueConfig, QueueNotFound, StaleReceipt
 from dq.client.errors import ServerError, TransportError, ValidationError
-from dq.client.shm_transport import ShmTransport
+from dq.client.shm_transport import LONG_POLL_SLICE_MS, ShmTransport
 from dq.shm import _atomics as at
 from dq.shm.attach import SHM_DIR, shm_prefix
 from tests.server.live import LiveServer, live_server
@@ -346,3 +346,25 @@ def test_a_deadline_of_zero_sorts_first_as_over_http(server: LiveServer, shm_url
         items = dq.dequeue("epoch", count=3)
         assert [i.value for i in items] == [b"first", b"also first", b"now"]
         dq.release_many("epoch", items)
+
+
+def test_a_cancelled_async_long_poll_leases_nothing(server: LiveServer, shm_url: str) -> None:
+    """``asyncio.wait_for`` gives up on a ring long-poll: as over HTTP, the item another
+    producer enqueues next goes to the next dequeue, not to the abandoned one (which held
+    it, leased to nobody, until its lease ran out). The abandoned wait ends within one
+    ``LONG_POLL_SLICE_MS``."""
+
+    async def run() -> tuple[list[bytes], float]:
+        async with AsyncClient(shm_url) as dq:
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(dq.dequeue("abandoned", wait_ms=5_000), 0.5)
+            await asyncio.sleep(LONG_POLL_SLICE_MS / 1000 + 0.1)
+            with Client(server.url) as producer:
+                producer.enqueue("abandoned", b"job")
+            started = time.monotonic()
+            items = await dq.dequeue("abandoned", wait_ms=3_000, lease_ms=60_000)
+            await dq.release_many("abandoned", items)
+            return [i.value for i in items], time.monotonic() - started
+
+    values, took = asyncio.run(run())
+    assert values == [b"job"] and took < 1
