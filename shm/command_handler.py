@@ -42,7 +42,7 @@ from dq.shm.command_ring import (
     encode_response,
 )
 from dq.shm.errors import MalformedSlot
-from dq.storage.errors import NotLeader, StorageError
+from dq.storage.errors import InvalidArgument, NotLeader, StorageError
 from dq.storage.types import Extend, ItemOutcome, NewItem, Release, Requeue, check_queue_name
 
 __all__ = ["ASYNC_OPS", "MANY_OPS", "CommandHandler", "Outcome"]
@@ -380,6 +380,9 @@ class CommandHandler:
         """
         engine = self._engine
         engine.check_writable()  # a follower sends the dequeue to the leader, queue or not
+        limit = engine.config.max_batch
+        if args.count > limit:  # as over HTTP: a count, not a batch (400, not 413)
+            raise InvalidArgument(f"count {args.count} exceeds the limit {limit}")
         end = time.monotonic() + min(args.wait_ms, self._max_wait_ms) / 1000
         while not engine.has_queue(queue):
             check_queue_name(queue)  # a bad name is an error, not an endless wait

@@ -368,3 +368,13 @@ def test_a_cancelled_async_long_poll_leases_nothing(server: LiveServer, shm_url:
 
     values, took = asyncio.run(run())
     assert values == [b"job"] and took < 1
+
+
+def test_a_count_over_the_limit_is_refused_as_over_http(server: LiveServer, shm_url: str) -> None:
+    """A dequeue's ``count`` over ``DQ_MAX_BATCH`` is a bad argument (400), over the ring
+    as over HTTP, not a batch too large (413)."""
+    with Client(shm_url) as dq, Client(server.url) as http:
+        for client in (dq, http):
+            with pytest.raises(ServerError) as refused:
+                client.dequeue("counted", count=1001)
+            assert (refused.value.status, refused.value.code) == (400, "invalid_argument")
