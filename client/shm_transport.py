@@ -73,6 +73,7 @@ LONG_POLL_SLICE_MS = 250
 _FOLLOWER = frozenset({Status.NOT_LEADER, Status.NO_LEADER})
 _DEFAULT_TIMEOUT = 30.0
 _MAX_DEADLINE = (1 << 48) - 1
+_MAX_RECEIPT = 512  # characters, as the HTTP API's request models allow
 _MAX_COUNT = 1_000_000  # a dequeue's count, as the HTTP API's request model allows
 _ITEM_ERRORS = frozenset({"stale_receipt", "item_not_found", "invalid_receipt"})
 _ZERO_KEY = bytes(KEY_SIZE)
@@ -125,6 +126,13 @@ def _check_range(name: str, value: int | None, low: int, high: int = _MAX_DEADLI
     queue's default) and a negative number does not fit at all."""
     if value is not None and not low <= value <= high:
         raise error_for(422, "validation_error", f"{name}: must be between {low} and {high}")
+
+
+def _check_receipts(receipts: Sequence[str]) -> None:
+    """A receipt longer than the HTTP API takes is refused as there (422): on the ring it
+    could fill no slot, and came back as a TransportError, as if the server were away."""
+    if any(len(r) > _MAX_RECEIPT for r in receipts):
+        raise error_for(422, "validation_error", f"receipt: at most {_MAX_RECEIPT} characters")
 
 
 def _ascii(receipt: str) -> bool:
@@ -307,6 +315,7 @@ class ShmTransport:
         ``releases``: the items are releases (sent as one DELETE_MANY)."""
         if self._over_http():
             return over_http(list(range(len(ids))))
+        _check_receipts(receipts)
         sendable = [i for i, r in enumerate(receipts) if _ascii(r)]
         if releases is not None:
             spans, many = self._deletes([releases[i] for i in sendable])
@@ -421,6 +430,7 @@ class ShmTransport:
             if r.status != _OK:
                 _raise(r, queue)
             return Dequeued(self._deliveries(r.body), [])
+        _check_receipts([r.receipt for r in release])
         sendable = [r for r in release if _ascii(r.receipt)]
         commands, many = self._deletes(sendable)
         free = self._ring.capacity - 1 - sum(len(c) for c in commands)
@@ -477,7 +487,7 @@ class ShmTransport:
     def release_one(self, queue: str, item_id: int, receipt: str) -> Outcome | None:
         """``Client.release``'s call: ``None`` once released, else the failed outcome; the
         one DELETE ``release`` would send, without its per-batch bookkeeping."""
-        if self._over_http() or not _ascii(receipt):
+        if self._over_http() or not _ascii(receipt) or len(receipt) > _MAX_RECEIPT:
             outcome = self.release(queue, [Release(item_id, receipt)])[0]
             return None if outcome.ok else outcome
         command: Command = (_DELETE, *codec.encode_item(item_id, receipt))

@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from dq.client import AsyncClient, Client, NewItem, QueueConfig, QueueNotFound, StaleReceipt
+from dq.client import (
+    AsyncClient,
+    Client,
+    NewItem,
+    QueueConfig,
+    QueueNotFound,
+    Release,
+    StaleReceipt,
+)
 from dq.client.errors import ServerError, TransportError, ValidationError
 from dq.client.shm_transport import LONG_POLL_SLICE_MS, ShmTransport
 from dq.shm import _atomics as at
@@ -378,3 +386,24 @@ def test_a_count_over_the_limit_is_refused_as_over_http(server: LiveServer, shm_
             with pytest.raises(ServerError) as refused:
                 client.dequeue("counted", count=1001)
             assert (refused.value.status, refused.value.code) == (400, "invalid_argument")
+
+
+def test_a_receipt_too_long_is_refused_as_over_http(server: LiveServer, shm_url: str) -> None:
+    """A receipt longer than the API takes (512) is a bad argument over the ring too, not
+    a TransportError (which reads as "the server is away", and is retried as such)."""
+    with Client(shm_url) as dq, Client(server.url) as http:
+        dq.enqueue("long-receipt", b"x")
+        (item,) = dq.dequeue("long-receipt", lease_ms=60_000)
+        long = "a" * 2000
+        calls: list[Callable[[Client], object]] = [
+            lambda c: c.release("long-receipt", item.id, long),
+            lambda c: c.release_many("long-receipt", [Release(item.id, long)]),
+            lambda c: c.requeue("long-receipt", item.id, long, delay_ms=1),
+            lambda c: c.extend("long-receipt", item.id, long, 1_000),
+            lambda c: c.dequeue("long-receipt", release=[Release(item.id, long)]),
+        ]
+        for call in calls:
+            for client in (dq, http):
+                with pytest.raises(ValidationError):
+                    call(client)
+        dq.release("long-receipt", item.id, item.receipt)
