@@ -29,6 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, NoReturn
 
 from dq.client import _wire
@@ -68,7 +69,8 @@ __all__ = ["HTTP_SPELL_S", "LONG_POLL_SLICE_MS", "AsyncShmTransport", "ShmTransp
 
 #: how long a transport whose ring said "not the leader" sends its calls over HTTP
 HTTP_SPELL_S = 5.0
-#: the longest FIND an ``AsyncShmTransport`` sends: a cancelled long-poll ends within it
+#: the longest FIND a long-poll sends: the ring is free for the client's other threads,
+#: and a cancelled async long-poll ends, within it
 LONG_POLL_SLICE_MS = 250
 _FOLLOWER = frozenset({Status.NOT_LEADER, Status.NO_LEADER})
 _DEFAULT_TIMEOUT = 30.0
@@ -408,15 +410,45 @@ class ShmTransport:
         lease_ms: int | None,
         wait_ms: int,
         release: Sequence[Release] = (),
+        *,
+        cancelled: threading.Event | None = None,
     ) -> Dequeued:
-        """The releases go first, pipelined with the FIND in one burst: one wake-up."""
+        """A long-poll goes as FINDs of at most ``LONG_POLL_SLICE_MS``, the ring free
+        between them. The server answers a ring's commands in order, so one FIND waiting
+        20 s held up every call of the client's other threads for those 20 s (over HTTP
+        each thread has its own connection); now they wait one slice at most. And a
+        ``cancelled`` call (an ``AsyncShmTransport``'s) stops within one slice, leasing
+        nothing for nobody, as the HTTP server ends the long-poll of a client gone away."""
         if self._over_http():
             got: Dequeued = self._http_transport().dequeue(queue, count, lease_ms, wait_ms, release)
             return got
         _check_range("count", count, 1, _MAX_COUNT)
         _check_range("lease_ms", lease_ms, 1)
         _check_range("wait_ms", wait_ms, 0)
-        wait_ms = min(wait_ms, 0xFFFFFFFF)  # the server waits at most DQ_MAX_WAIT_MS anyway
+        end = time.monotonic() + wait_ms / 1000
+        first = self._dequeue_once(
+            queue, count, lease_ms, min(wait_ms, LONG_POLL_SLICE_MS), release
+        )
+        items: list[Item] = first
+        while not items and not (cancelled is not None and cancelled.is_set()):
+            left = int((end - time.monotonic()) * 1000)
+            if left <= 0:
+                break
+            items = self._dequeue_once(queue, count, lease_ms, min(left, LONG_POLL_SLICE_MS))
+        return first if items is first else Dequeued(list(items), first.released)
+
+    def _dequeue_once(
+        self,
+        queue: str,
+        count: int,
+        lease_ms: int | None,
+        wait_ms: int,
+        release: Sequence[Release] = (),
+    ) -> Dequeued:
+        """One FIND. The releases go first, pipelined with it in one burst: one wake-up."""
+        if self._over_http():
+            got: Dequeued = self._http_transport().dequeue(queue, count, lease_ms, wait_ms, release)
+            return got
         timeout = self._timeout + wait_ms / 1000
         if not release:  # the common call: a FIND alone, without the releases' bookkeeping
             find = self._find_span(count, wait_ms, lease_ms, self._ring.capacity - 1)
@@ -641,26 +673,14 @@ class AsyncShmTransport:
         wait_ms: int,
         release: Sequence[Release] = (),
     ) -> Dequeued:
-        """A long-poll is sent as FINDs of at most ``LONG_POLL_SLICE_MS`` each: a call
-        cancelled meanwhile (``asyncio.wait_for``, a task stopped at shutdown) stops
-        within one slice. Sent whole, its FIND went on in the worker thread and leased,
-        up to ``wait_ms`` later, items nobody would receive (they came back only when
-        their lease ran out); over HTTP the server ends the long-poll of a client that
-        went away with nothing leased."""
+        """A call cancelled meanwhile (``asyncio.wait_for``, a task stopped at shutdown)
+        stops its long-poll within one slice (``ShmTransport.dequeue``): run whole, the
+        FIND went on in the worker thread and leased, up to ``wait_ms`` later, items
+        nobody would receive (they came back only when their lease ran out)."""
         cancelled = threading.Event()
-
-        def poll() -> Dequeued:
-            sync = self._sync
-            end = time.monotonic() + max(wait_ms, 0) / 1000
-            first = sync.dequeue(queue, count, lease_ms, min(wait_ms, LONG_POLL_SLICE_MS), release)
-            got: list[Item] = first
-            while not got and not cancelled.is_set():
-                left = int((end - time.monotonic()) * 1000)
-                if left <= 0:
-                    break
-                got = sync.dequeue(queue, count, lease_ms, min(left, LONG_POLL_SLICE_MS))
-            return Dequeued(list(got), first.released)
-
+        poll = partial(
+            self._sync.dequeue, queue, count, lease_ms, wait_ms, release, cancelled=cancelled
+        )
         try:
             return await asyncio.to_thread(poll)
         except asyncio.CancelledError:

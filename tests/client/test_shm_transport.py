@@ -407,3 +407,18 @@ def test_a_receipt_too_long_is_refused_as_over_http(server: LiveServer, shm_url:
                 with pytest.raises(ValidationError):
                     call(client)
         dq.release("long-receipt", item.id, item.receipt)
+
+
+def test_a_long_poll_does_not_hold_up_the_other_threads(shm_url: str) -> None:
+    """One client shared by threads (one per process, docs/shm.md): while one thread
+    long-polls an empty queue, another's enqueue is answered within a slice of the
+    long-poll, not after its whole wait, as each thread's call over HTTP would be."""
+    with Client(shm_url) as dq:
+        poller = threading.Thread(target=dq.dequeue, args=("idle",), kwargs={"wait_ms": 5_000})
+        poller.start()
+        time.sleep(0.3)
+        started = time.monotonic()
+        dq.enqueue("busy", b"x")
+        took = time.monotonic() - started
+        poller.join(10)
+        assert took < 1, took
