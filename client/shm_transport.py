@@ -52,7 +52,7 @@ from dq.client.types import (
     Requeue,
 )
 from dq.shm import command_codec as codec
-from dq.shm.attach import attach
+from dq.shm.attach import Attachment, attach
 from dq.shm.command_ring import (
     DEFAULT_SPIN_US,
     KEY_SIZE,
@@ -178,13 +178,11 @@ class ShmTransport:
         self.url = url
         self.data_dir = url[len("shm://") :]
         self._timeout = timeout
-        try:
-            self._attachment = attach(self.data_dir, capacity=capacity, timeout_s=timeout)
-            self._ring = ClientRing(
-                self._attachment.mm, spin_us=spin_us, server_gone=self._attachment.server_gone
-            )
-        except ShmError as exc:
-            raise TransportError(f"{url}: cannot attach: {exc}") from exc
+        self._capacity, self._spin_us = capacity, spin_us
+        self._attach_lock = threading.Lock()
+        self._retired: list[tuple[ClientRing, Attachment]] = []  # rings of servers gone
+        self._attachment, self._ring = self._attach()
+        self._http_url_given = http_url
         self.http_url = http_url or self._attachment.http_url
         #: the other nodes of a replicated deployment (HTTP), when given
         self.http_urls = list(http_urls)
@@ -200,6 +198,44 @@ class ShmTransport:
         self._delivery_bytes = _DELIVERY_GUESS  # the last FIND answer's, per delivery
 
     # ---- plumbing ------------------------------------------------------------------------
+
+    def _attach(self) -> tuple[Attachment, ClientRing]:
+        try:
+            attachment = attach(self.data_dir, capacity=self._capacity, timeout_s=self._timeout)
+        except ShmError as exc:
+            raise TransportError(f"{self.url}: cannot attach: {exc}") from exc
+        try:
+            ring = ClientRing(
+                attachment.mm, spin_us=self._spin_us, server_gone=attachment.server_gone
+            )
+        except ShmError as exc:
+            attachment.close()
+            raise TransportError(f"{self.url}: cannot attach: {exc}") from exc
+        return attachment, ring
+
+    def _live_ring(self) -> ClientRing:
+        """The ring, attached again if its server is gone (stopped, crashed, restarted),
+        as the HTTP client opens a new connection: the call that was waiting when the
+        server went failed (its outcome unknown), the next ones reach the server serving
+        the data directory now, or fail at once while there is none."""
+        ring = self._ring
+        if not ring.server_lost:
+            return ring
+        with self._attach_lock:
+            if self._ring is ring:
+                old = self._attachment
+                self._attachment, self._ring = self._attach()
+                self._bound = None
+                if self._http_url_given is None and self._attachment.http_url != self.http_url:
+                    self.http_url = self._attachment.http_url  # the new server's port
+                    if self._http is not None:
+                        self._http.close()
+                        self._http = None
+                # another thread may still be parked on the old mapping for a moment:
+                # it is unmapped at close(), never under a waiter
+                old.sock.close()
+                self._retired.append((ring, old))
+            return self._ring
 
     def _http_transport(self) -> Any:
         if self._http is None:
@@ -241,7 +277,7 @@ class ShmTransport:
     ) -> list[Response]:
         """Send ``commands`` (each one or more slots) to ``queue`` pipelined; one joined
         response per command, in order."""
-        ring = self._ring
+        ring = self._live_ring()
         timeout = self._timeout if timeout is None else timeout
         if self._generation != _generation:
             # a forked child shares the ring with its parent: two producers would collide
@@ -610,7 +646,7 @@ class ShmTransport:
     def health(self) -> dict[str, Any]:
         """The ring answers (a CONTINUE with nothing to continue is a no-op round trip)."""
         try:
-            r = self._ring.call(Op.CONTINUE, _ZERO_KEY, b"", self._timeout)
+            r = self._live_ring().call(Op.CONTINUE, _ZERO_KEY, b"", self._timeout)
         except ShmError as exc:
             raise TransportError(f"{self.url}: {exc}") from exc
         if r.status not in (Status.OK, Status.NO_CONTINUATION):
@@ -649,8 +685,9 @@ class ShmTransport:
         return result
 
     def close(self) -> None:
-        self._ring.close()
-        self._attachment.close()
+        for ring, attachment in [*self._retired, (self._ring, self._attachment)]:
+            ring.close()
+            attachment.close()
         if self._http is not None:
             self._http.close()
 
