@@ -29,11 +29,17 @@ export async function api(method, path, body, tokenOverride) {
   const bearer = tokenOverride ?? token.get();
   if (bearer) headers.Authorization = `Bearer ${bearer}`;
   if (body !== undefined) headers["Content-Type"] = "application/json";
-  const response = await fetch(new URL(path.replace(/^\//, ""), ROOT), {
-    method,
-    headers,
-    body: body === undefined ? undefined : JSON.stringify(body),
-  });
+  let response;
+  try {
+    response = await fetch(new URL(path.replace(/^\//, ""), ROOT), {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+  } catch (err) {
+    // The browser says only "TypeError: Failed to fetch": say what it means here.
+    throw new ApiError(0, "unreachable", `cannot reach the server (${err.message})`);
+  }
   if (response.status === 401) throw new Unauthorized("a valid bearer token is required");
   if (response.status === 204) return null;
   const text = await response.text();

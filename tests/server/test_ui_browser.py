@@ -407,6 +407,18 @@ def test_swagger_ui_works_offline(page: Any, server: LiveServer, shot: Any) -> N
 # ------------------------------------------------------------------ auth
 
 
+def test_a_server_out_of_reach_is_said_so(
+    page: Any, browser: Any, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The server stops under an open page: the status line says it cannot reach the
+    server (not the browser's bare "TypeError: Failed to fetch")."""
+    with live_server(tmp_path_factory.mktemp("dq-ui-gone") / "data", env=SERVER_ENV) as s:
+        page.goto(s.url + "/ui/" + REFRESH)
+        expect()(page.locator("#status")).to_contain_text("updated")
+        s.kill()
+        expect()(page.locator("#status")).to_contain_text("unreachable: cannot reach the server")
+
+
 @pytest.fixture(scope="module")
 def guarded(browser: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     env = {**SERVER_ENV, "DQ_TOKENS": "s3cret", "DQ_READ_TOKENS": "viewer"}
