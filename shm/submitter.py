@@ -14,6 +14,7 @@ every wait is bounded.
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 from collections import deque
@@ -21,13 +22,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from dq.shm import _atomics as A
-from dq.shm.errors import RingFullError, RingTimeout, ShmError, ValueTooLargeForRing
+from dq.shm.errors import RingClosed, RingFullError, RingTimeout, ShmError, ValueTooLargeForRing
 from dq.shm.submission_ring import (
     ALLOCATED,
     DONE,
     ENQUEUE_AFTER,
     ENQUEUE_AT,
     FAILED,
+    OFF_SERVER_PID,
     PRIORITY,
     RESULT,
     S_ERROR,
@@ -63,6 +65,20 @@ class SubmissionRejected(ShmError):
     def __init__(self, code: str, **context: object) -> None:
         super().__init__(f"the server refused the item: {code}", **context)
         self.code = code
+
+
+def _server_alive(buf: Any) -> bool:
+    """Whether the server that made the ring (its pid is in the header) still runs: a
+    producer waiting on a server that died hears so at its next poll, not at its timeout
+    (30 s by default, and again for every item after)."""
+    pid = A.load_u32(buf, OFF_SERVER_PID)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's (not ours to signal)
+        return True
+    return pid != 0
 
 
 class Submitter:
@@ -127,7 +143,10 @@ class Submitter:
         buf, off = self.buf, self.ring.slot_off(index)
         give_up = time.monotonic() + timeout_s
         state = A.load_u32(buf, off + S_STATE)
+        parked = False
         while state == SUBMITTED:
+            if parked and not _server_alive(buf):
+                raise RingClosed("the server is gone (it stopped or crashed)", slot=index)
             left = give_up - time.monotonic()
             if left <= 0:
                 raise RingTimeout("no completion from the server", slot=index, timeout_s=timeout_s)
@@ -138,6 +157,7 @@ class Submitter:
                 break
             A.futex_wait(buf, off + S_STATE, SUBMITTED, min(left, self.poll_s))
             state = A.load_u32(buf, off + S_STATE)
+            parked = True
         try:
             if state == DONE:
                 item_id, stored = RESULT.unpack_from(buf, off + S_ID)

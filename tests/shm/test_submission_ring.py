@@ -16,7 +16,14 @@ from typing import Any
 import pytest
 
 from dq.shm import _atomics as A
-from dq.shm.errors import ProtocolError, RingFullError, RingTimeout, ValueTooLargeForRing
+from dq.shm import subscriber
+from dq.shm.errors import (
+    ProtocolError,
+    RingClosed,
+    RingFullError,
+    RingTimeout,
+    ValueTooLargeForRing,
+)
 from dq.shm.submission_drain import SubmissionDrainer
 from dq.shm.submission_ring import (
     DONE,
@@ -35,6 +42,7 @@ from dq.shm.submitter import SubmissionRejected, Submitter
 from dq.storage import Engine, EngineConfig
 from dq.storage.errors import WriteStall
 from dq.storage.types import NewItem
+from tests.server.live import live_server
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "shm.md"
 CTX = mp.get_context("fork")
@@ -358,3 +366,19 @@ def test_a_stalled_queue_holds_up_neither_other_queues_nor_its_own_order(engine:
         assert (sub.wait(first, 10).id, sub.wait(second, 10).id) == (1, 2)
     finally:
         drainer.close()
+
+
+def test_a_producer_whose_server_died_hears_so_at_once(tmp_path: Path) -> None:
+    """SIGKILL the server: a producer's next enqueue raises RingClosed ("the server is
+    gone") within a poll or two, not RingTimeout at the end of its 30 s timeout."""
+    data = tmp_path / "data"
+    with live_server(data, env={"DQ_SHM": "1"}) as server:
+        producer = subscriber.submitter(data)
+        assert producer.enqueue("jobs", b"before").id == 1
+        server.kill()
+        started = time.monotonic()
+        with pytest.raises(RingClosed, match="server is gone"):
+            producer.enqueue("jobs", b"after")
+        assert time.monotonic() - started < 2
+    with live_server(data, env={"DQ_SHM": "1"}):  # and a restart clears its rings
+        pass
