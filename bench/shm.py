@@ -11,7 +11,8 @@ bytes. Printed, per fsync mode, for 1 and 4 client processes and for both transp
 - dequeue (count 1) + release of one item: items/s and p50/p99 of the pair
 - (shm, fsync never, 1 client) a no-op round trip through the ring (``Client.health()``)
 
-and, once: the server process's CPU while 8 shm clients sit attached and idle, and the
+and, once: the server process's CPU while 8 shm clients sit attached and idle (and, with
+``--idle``, while 8 long-poll an empty queue), and the
 floors (the C atomics per call; the engine's own enqueue, in-process, no transport; the
 disk's append+fsync rate).
 """
@@ -163,14 +164,33 @@ for c in clients:
     c.close()
 """
 
+#: 8 workers long-polling an empty queue, each its own client and thread: a long-poll
+#: over the ring goes as FINDs of at most 250 ms (docs/shm.md), so waiting is not free.
+WAITING_CLIENTS = """
+import sys, threading, time
+from dq.client import Client
+clients = [Client(sys.argv[1]) for _ in range(8)]
+for c in clients:
+    c.health()
+end = time.monotonic() + float(sys.argv[2])
+def wait(c):
+    while time.monotonic() < end:
+        c.dequeue("nothing-due", wait_ms=20000)
+threads = [threading.Thread(target=wait, args=(c,)) for c in clients]
+for t in threads:
+    t.start()
+print("ready", flush=True)
+for t in threads:
+    t.join()
+for c in clients:
+    c.close()
+"""
 
-def idle_cpu(data_dir: Path, pid: int, seconds: float) -> dict[str, float]:
-    time.sleep(0.5)
-    c0, t0 = cpu_seconds(pid), time.monotonic()
-    time.sleep(seconds)
-    base = (cpu_seconds(pid) - c0) / (time.monotonic() - t0) * 100
+
+def _cpu_with(script: str, data_dir: Path, pid: int, seconds: float) -> float:
+    """The server's CPU, % of one core, over ``seconds`` while ``script`` runs."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", IDLE_CLIENTS, f"shm://{data_dir}", str(seconds + 1.5)],
+        [sys.executable, "-c", script, f"shm://{data_dir}", str(seconds + 1.5)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
@@ -180,9 +200,21 @@ def idle_cpu(data_dir: Path, pid: int, seconds: float) -> dict[str, float]:
     time.sleep(0.5)
     c0, t0 = cpu_seconds(pid), time.monotonic()
     time.sleep(seconds)
-    attached = (cpu_seconds(pid) - c0) / (time.monotonic() - t0) * 100
+    pct = (cpu_seconds(pid) - c0) / (time.monotonic() - t0) * 100
     proc.wait(seconds + 60)
-    return {"no_clients_pct": base, "eight_idle_shm_clients_pct": attached}
+    return pct
+
+
+def idle_cpu(data_dir: Path, pid: int, seconds: float) -> dict[str, float]:
+    time.sleep(0.5)
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    base = (cpu_seconds(pid) - c0) / (time.monotonic() - t0) * 100
+    return {
+        "no_clients_pct": base,
+        "eight_idle_shm_clients_pct": _cpu_with(IDLE_CLIENTS, data_dir, pid, seconds),
+        "eight_waiting_shm_clients_pct": _cpu_with(WAITING_CLIENTS, data_dir, pid, seconds),
+    }
 
 
 def floors() -> dict[str, float]:
@@ -286,7 +318,8 @@ def main() -> None:
         type=float,
         metavar="SECONDS",
         help="only this: the CPU of `dq serve` as shipped (shared memory on, fsync always) "
-        "over SECONDS with no client, then with 8 idle shm clients attached",
+        "over SECONDS with no client, then with 8 idle shm clients attached, then with 8 "
+        "shm clients long-polling an empty queue",
     )
     args = parser.parse_args()
     if args.idle:
@@ -297,7 +330,8 @@ def main() -> None:
         print(
             f"idle server CPU over {args.idle:.0f} s, % of one core: no client "
             f"{idle['no_clients_pct']:.2f}, 8 idle shm clients "
-            f"{idle['eight_idle_shm_clients_pct']:.2f}; load average {os.getloadavg()}"
+            f"{idle['eight_idle_shm_clients_pct']:.2f}, 8 shm clients long-polling an empty "
+            f"queue {idle['eight_waiting_shm_clients_pct']:.2f}; load average {os.getloadavg()}"
         )
         return
     if args.worker:
