@@ -117,6 +117,22 @@ def test_overview_shows_the_queues_and_counts(
     shot(page, "overview")
 
 
+def test_the_bare_address_opens_the_dashboard(
+    page: Any, api: httpx.Client, server: LiveServer
+) -> None:
+    """Typing the server's address into a browser lands on the dashboard; every other
+    client of ``GET /`` still gets the 405 of a path that only SQS's POST serves."""
+    enqueue(api, "landing", 2)
+    page.goto(server.url)
+    expect()(page).to_have_url(server.url + "/ui/")
+    expect()(cell(page, "landing", "due")).to_have_text("2")
+    for accept in (None, "*/*", "application/json", "text/html;q=0"):
+        headers = {} if accept is None else {"Accept": accept}
+        r = api.get("/", headers=headers)
+        assert (r.status_code, r.json()["error"]) == (405, "method_not_allowed"), accept
+        assert r.headers["allow"] == "POST"
+
+
 def test_a_count_changes_without_reloading(
     page: Any, api: httpx.Client, server: LiveServer
 ) -> None:
