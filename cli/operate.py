@@ -13,11 +13,13 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from dq.cli._format import plural
 from dq.cli._local import data_dir_problem
 from dq.cli._remote import add_common, console, emit_json, run_remote, value_text
 
 if TYPE_CHECKING:
-    from dq.client import BrowsedItem, Client
+    from dq.client import BackupResult, BrowsedItem, Client
+    from dq.storage.backup import BackupResult as EngineBackup
 
 __all__ = ["register"]
 
@@ -120,7 +122,8 @@ def pause(args: argparse.Namespace) -> int:
         if args.json:
             emit_json(info)
         else:
-            print(f"paused {info.name} ({info.stats.pending} items wait; writes go on)")
+            pending = plural(info.stats.pending, "item")
+            print(f"paused {info.name} ({pending} pending; writes go on)")
         return 0
 
     return run_remote(args, action)
@@ -132,7 +135,7 @@ def resume(args: argparse.Namespace) -> int:
         if args.json:
             emit_json(info)
         else:
-            print(f"resumed {info.name} ({info.stats.due} items due)")
+            print(f"resumed {info.name} ({plural(info.stats.due, 'item')} due)")
         return 0
 
     return run_remote(args, action)
@@ -194,7 +197,7 @@ def redrive(args: argparse.Namespace) -> int:
             emit_json(result)
             return 1 if result.failed else 0
         where = ", ".join(result.to) or "-"
-        print(f"moved {result.moved} items from {args.queue} to {where}")
+        print(f"moved {plural(result.moved, 'item')} from {args.queue} to {where}")
         for f in result.failed:
             print(f"  not moved: item {f.id}: {f.error}: {f.message}", file=sys.stderr)
         return 1 if result.failed else 0
@@ -211,7 +214,7 @@ def purge(args: argparse.Namespace) -> int:
         if args.json:
             emit_json({"purged": n})
         else:
-            print(f"purged {n} items from {args.queue}")
+            print(f"purged {plural(n, 'item')} from {args.queue}")
         return 0
 
     return run_remote(args, action)
@@ -225,9 +228,7 @@ def backup(args: argparse.Namespace) -> int:
             if args.json:
                 emit_json(result)
             else:
-                print(
-                    f"backup written to {result.path}: {result.files} files, {result.bytes} bytes"
-                )
+                print(_backup_line(result))
             return 0
 
         return run_remote(args, action)
@@ -244,5 +245,10 @@ def backup(args: argparse.Namespace) -> int:
     except (StorageError, OSError) as exc:
         print(f"dq backup: {exc}", file=sys.stderr)
         return 1
-    print(f"backup written to {result.path}: {result.files} files, {result.bytes} bytes")
+    print(_backup_line(result))
     return 0
+
+
+def _backup_line(result: BackupResult | EngineBackup) -> str:
+    files, size = plural(result.files, "file"), plural(result.bytes, "byte")
+    return f"backup written to {result.path}: {files}, {size}"

@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from dq.cli._format import plural
+
 __all__ = ["register"]
 
 
@@ -33,7 +35,7 @@ def _verify(args: argparse.Namespace) -> int:
         print(p)
     damage = [p for p in problems if p.damage]
     print(
-        f"{len(damage)} damaged, {len(problems) - len(damage)} notes"
+        f"{len(damage)} damaged, {plural(len(problems) - len(damage), 'note')}"
         if problems
         else "ok: no damage found"
     )

@@ -57,6 +57,11 @@ def _entry_lines(entries: Iterator[tuple[bytes, bytes | None, bytes | None, int]
         yield line
 
 
+def _count(n: int, word: str, many: str | None = None) -> str:
+    """``1 record``, ``2 records``: ``dq inspect`` speaks to people."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
 def inspect_file(path: str, *, entries: bool = False) -> Iterator[str]:
     """Lines describing a log or segment file."""
     with open(path, "rb") as f:
@@ -74,16 +79,19 @@ def inspect_file(path: str, *, entries: bool = False) -> Iterator[str]:
                     n_pend += 1
         yield f"log {path}"
         yield f"  segment number {c.segment_no}, id floor {c.id_floor}"
-        yield f"  {len(c.records)} records, {n_pend} pending entries, {n_tomb} tombstones"
+        yield (
+            f"  {_count(len(c.records), 'record')}, {_count(n_pend, 'pending entry', 'pending entries')}, "
+            f"{_count(n_tomb, 'tombstone')}"
+        )
         yield f"  valid bytes {c.valid_end} of {c.file_size}" + (
-            f" (torn tail of {c.torn_bytes} bytes)" if c.torn_bytes else ""
+            f" (torn tail of {_count(c.torn_bytes, 'byte')})" if c.torn_bytes else ""
         )
         if keys:
             yield f"  first key {describe_key(min(keys))}"
             yield f"  last key  {describe_key(max(keys))}"
         if entries:
             for off, payload in c.records:
-                yield f" record @{off} ({len(payload)} bytes)"
+                yield f" record @{off} ({_count(len(payload), 'byte')})"
                 yield from _entry_lines(
                     iter_entries(payload, where=path, base=off + RECORD_HEADER.size)
                 )
@@ -92,15 +100,21 @@ def inspect_file(path: str, *, entries: bool = False) -> Iterator[str]:
         try:
             i = r.info
             yield f"segment {path}"
-            yield f"  covers logs {i.seg_lo}..{i.seg_hi}, {r.file_size} bytes, {i.block_count} blocks"
+            yield (
+                f"  covers logs {i.seg_lo}..{i.seg_hi}, {_count(r.file_size, 'byte')}, "
+                f"{_count(i.block_count, 'block')}"
+            )
             yield f"  pending_count {i.pending_count}, tombstone_count {i.tombstone_count}, max_id {i.max_id}"
             yield f"  first key {describe_key(i.first_key)}"
             yield f"  last key  {describe_key(i.last_key)}"
-            yield f"  index at {i.index_offset} ({i.index_length} bytes)"
+            yield f"  index at {i.index_offset} ({_count(i.index_length, 'byte')})"
             if entries:
                 for b in range(i.block_count):
                     block = r.read_block(b)
-                    yield f" block {b}: {len(block.keys)} entries, {len(block.raw)} bytes raw"
+                    yield (
+                        f" block {b}: {_count(len(block.keys), 'entry', 'entries')}, "
+                        f"{_count(len(block.raw), 'byte')} raw"
+                    )
                     yield from _entry_lines(iter_entries(block.raw, where=path))
         finally:
             r.close()
@@ -215,7 +229,7 @@ def _verify_queue(directory: str) -> Iterator[Problem]:
                 yield Problem(
                     path,
                     c.valid_end,
-                    f"torn tail of {c.torn_bytes} bytes (recovery cuts it)",
+                    f"torn tail of {_count(c.torn_bytes, 'byte')} (recovery cuts it)",
                     damage=False,
                 )
         elif _META.fullmatch(name):  # opening the queue reads every sidecar

@@ -91,6 +91,19 @@ def test_create_pause_resume_peek_browse_purge_delete(server: LiveServer, queue:
     assert r.returncode == 0 and r.stdout.strip() == f"deleted queue {queue}"
 
 
+def test_counts_agree_with_their_nouns(server: LiveServer, queue: str) -> None:
+    """One item is "1 item", never "1 items", in every line the operator commands print."""
+    dq(server, "put", queue, "only")
+    r = dq(server, "pause", queue)
+    assert r.stdout.strip() == f"paused {queue} (1 item pending; writes go on)"
+    r = dq(server, "resume", queue)
+    assert r.stdout.strip() == f"resumed {queue} (1 item due)"
+    r = dq(server, "purge", queue, "--yes")
+    assert r.stdout.strip() == f"purged 1 item from {queue}"
+    r = dq(server, "pause", queue)
+    assert r.stdout.strip() == f"paused {queue} (0 items pending; writes go on)"
+
+
 def test_a_queue_name_with_a_slash_touches_no_other_queue(server: LiveServer, queue: str) -> None:
     dq(server, "put", queue, "kept")
     r = dq(server, "delete", f"{queue}/items", "--yes")  # the server would purge `queue`
@@ -106,7 +119,7 @@ def test_redrive_from_the_command_line(server: LiveServer, queue: str) -> None:
     r = dq(server, "redrive", queue)
     assert r.returncode == 1 and "not_a_dead_letter_queue" in r.stderr
     r = dq(server, "redrive", queue, "--to", queue + "-b")
-    assert r.returncode == 0 and r.stdout.strip() == f"moved 1 items from {queue} to {queue}-b"
+    assert r.returncode == 0 and r.stdout.strip() == f"moved 1 item from {queue} to {queue}-b"
     r = dq(server, "redrive", queue + "-b", "--to", queue, "--id", "999")
     assert r.returncode == 1 and "item 999: item_not_found" in r.stderr
 

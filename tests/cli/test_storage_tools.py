@@ -42,7 +42,7 @@ def test_inspect_segment_and_log(tmp_path: Path) -> None:
     [log] = qdir.glob("*.log")
     out = dq("inspect", "--entries", str(log))
     assert out.returncode == 0
-    assert "1 records, 1 pending entries, 0 tombstones" in out.stdout
+    assert "1 record, 1 pending entry, 0 tombstones" in out.stdout  # counts agree with nouns
     assert "value=" + b"tail".hex() in out.stdout
 
 
@@ -67,6 +67,7 @@ def test_verify_reports_a_torn_tail_as_a_note(tmp_path: Path) -> None:
     out = dq("verify", str(tmp_path / "d"))
     assert out.returncode == 0
     assert "note:" in out.stdout and "torn tail of 11 bytes" in out.stdout
+    assert out.stdout.rstrip().endswith("0 damaged, 1 note")
 
 
 def test_inspect_rejects_other_files(tmp_path: Path) -> None:
