@@ -4,7 +4,8 @@ A task moves messages out of a dead-letter queue with the engine's ``redrive`` â
 to the queue each message died in, or to one destination â€” in chunks, in a worker
 thread, at most ``MaxNumberOfMessagesPerSecond`` a second if given. It ends when a
 chunk moves nothing (the queue is empty, or only messages that cannot move are left),
-or when cancelled between chunks. Tasks live in memory: ``ListMessageMoveTasks``
+or when cancelled between chunks; a task that leaves messages behind (in flight, or
+refused) ends ``FAILED`` with a ``FailureReason`` saying why. Tasks live in memory: ``ListMessageMoveTasks``
 reports the recent ones of a source queue; a restart forgets them (a move already made
 stays made: each chunk is durable before the next starts).
 """
@@ -100,21 +101,24 @@ class MoveTasks:
 
     def _run(self, engine: Engine, task: MoveTask) -> None:
         chunk = _CHUNK if task.rate is None else max(1, min(_CHUNK, task.rate))
+        #: messages a chunk could not move, by id (they stay in the queue, and each
+        #: later chunk meets them again)
+        refused: dict[int, str] = {}
         try:
             while not task.cancel.is_set():
                 t0 = time.monotonic()
                 result = engine.redrive(task.source, to=task.destination, limit=chunk)
                 task.moved += result.moved
+                for outcome in result.failed:
+                    refused[outcome.id] = f"{outcome.error}: {outcome.message or outcome.error}"
                 if result.moved == 0:
-                    if result.failed:
-                        first = result.failed[0]
-                        task.failure = f"{first.error}: {first.message or first.error}"
-                        if task.moved == 0:
-                            task.status = "FAILED"
-                            return
                     break
                 if task.rate is not None:
                     time.sleep(max(0.0, result.moved / task.rate - (time.monotonic() - t0)))
+            if task.cancel.is_set():
+                task.status = "CANCELLED"
+                return
+            in_flight = engine.stats(task.source).leased
         except StorageError as exc:
             task.status, task.failure = "FAILED", f"{exc.code}: {exc.message}"
             return
@@ -122,4 +126,35 @@ class MoveTasks:
             log.exception("message move task from %s failed", task.source)
             task.status, task.failure = "FAILED", f"internal error: {exc}"
             return
-        task.status = "CANCELLED" if task.cancel.is_set() else "COMPLETED"
+        task.failure = _left_behind(task.moved, in_flight, refused)
+        task.status = "COMPLETED" if task.failure is None else "FAILED"
+
+
+def _left_behind(moved: int, in_flight: int, refused: dict[int, str]) -> str | None:
+    """Why a task that ran to its end left messages behind, or None if it left none.
+
+    As in SQS, a task reports a ``FailureReason`` only with the status ``FAILED``: so a
+    task that could not move every message it found ends ``FAILED``, and the reason
+    says how many it moved and why the others stayed. A message in flight (received
+    from the dead-letter queue and neither deleted nor visible again) is not moved: the
+    receiver holds it, and moving it would end its receipt handle under it."""
+    reasons = []
+    if in_flight:
+        reasons.append(
+            f"{_messages(in_flight)} in flight (received and not yet deleted or visible "
+            f"again) and not moved: start a new task once {_pronoun(in_flight)} visible"
+        )
+    if refused:
+        first = next(iter(refused.values()))
+        reasons.append(f"{_messages(len(refused))} could not be moved ({first})")
+    if not reasons:
+        return None
+    return f"{_messages(moved)} moved; " + "; ".join(reasons)
+
+
+def _pronoun(n: int) -> str:
+    return "it is" if n == 1 else "they are"
+
+
+def _messages(n: int) -> str:
+    return f"{n} message was" if n == 1 else f"{n} messages were"

@@ -163,3 +163,39 @@ def test_cancel_a_move_task(sqs: Any, qname: str) -> None:
     assert attrs["Attributes"]["ApproximateNumberOfMessages"] == str(10 - moved)
     with pytest.raises(sqs.exceptions.ResourceNotFoundException):
         sqs.cancel_message_move_task(TaskHandle=handle)
+
+
+def test_a_move_task_that_leaves_a_message_in_flight_says_why(sqs: Any, qname: str) -> None:
+    """A dead letter someone has received (in flight) is not moved: the task ends FAILED
+    with a FailureReason saying so, as SQS reports a task that could not do its work,
+    instead of COMPLETED with 0 of 1 moved and no word."""
+    dlq_url = sqs.create_queue(QueueName=qname + "-dlq")["QueueUrl"]
+    dlq_arn = _arn(sqs, dlq_url)
+    policy = {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": 1}
+    src_url = sqs.create_queue(QueueName=qname, Attributes={"RedrivePolicy": json.dumps(policy)})[
+        "QueueUrl"
+    ]
+    sqs.send_message_batch(
+        QueueUrl=dlq_url, Entries=[{"Id": str(i), "MessageBody": f"m{i}"} for i in range(3)]
+    )
+    (held,) = sqs.receive_message(QueueUrl=dlq_url, VisibilityTimeout=60)["Messages"]
+    sqs.start_message_move_task(SourceArn=dlq_arn)
+    task = _wait_task(sqs, dlq_arn)
+    assert task["Status"] == "FAILED"
+    assert task["ApproximateNumberOfMessagesToMove"] == 3
+    assert task["ApproximateNumberOfMessagesMoved"] == 2
+    reason = task["FailureReason"]
+    assert "2 messages were moved" in reason and "1 message was in flight" in reason, reason
+    moved = sqs.receive_message(QueueUrl=src_url, MaxNumberOfMessages=10, WaitTimeSeconds=2)
+    assert sorted(m["Body"] for m in moved["Messages"]) == sorted(
+        {"m0", "m1", "m2"} - {held["Body"]}
+    )
+
+    # once the message is visible again, a new task moves it and completes without a reason
+    sqs.change_message_visibility(
+        QueueUrl=dlq_url, ReceiptHandle=held["ReceiptHandle"], VisibilityTimeout=0
+    )
+    sqs.start_message_move_task(SourceArn=dlq_arn)
+    task = _wait_task(sqs, dlq_arn)
+    assert task["Status"] == "COMPLETED" and task["ApproximateNumberOfMessagesMoved"] == 1
+    assert "FailureReason" not in task
