@@ -112,15 +112,18 @@ def error_json(code: str, message: str, leader: str | None = None) -> bytes:
 
 
 def storage_error_reply(exc: StorageError, where: str) -> tuple[int, bytes, dict[str, str] | None]:
-    """(status, body, headers) for a storage error; 5xx are logged here, once (a
-    follower's refusal is routine: not logged)."""
+    """(status, body, headers) for a storage error; 5xx are logged here, once: as an
+    error, or as a warning when the error's class says it is ``expected`` (a replica
+    group's commit that timed out or stalled during a failover is answered in full and
+    needs no one's attention). A follower's refusal is routine: not logged."""
     if isinstance(exc, NotLeader):
         if exc.leader:
             return 421, error_json("not_leader", str(exc), exc.leader), {LEADER_HEADER: exc.leader}
         return 503, error_json("no_leader", str(exc)), _RETRY
     status = exc.http_status
     if status >= 500:
-        logger.error("storage error on %s: %s", where, exc)
+        level = logging.WARNING if exc.expected else logging.ERROR
+        logger.log(level, "storage error on %s: %s: %s", where, exc.code, exc)
     return status, error_json(exc.code, str(exc)), _RETRY if status == 503 else None
 
 

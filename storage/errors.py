@@ -69,6 +69,10 @@ class StorageError(Exception):
     code = "storage_error"
     #: The HTTP status this error answers with (subclasses narrow it).
     http_status = 500
+    #: A condition of normal operation that the answer reports in full (a failover, a
+    #: group short of members): a 5xx of such a class is logged as a warning, so that an
+    #: ERROR in the server's log keeps meaning that something needs looking at.
+    expected = False
 
     def __init__(self, message: str, **context: object) -> None:
         super().__init__(message)
@@ -201,6 +205,7 @@ class ReplicationTimeout(EngineUnavailable):
     acknowledgements come later). Retrying an enqueue may duplicate it; use a key."""
 
     code = "replication_timeout"
+    expected = True
 
 
 class ReplicationStalled(EngineUnavailable):
@@ -210,6 +215,7 @@ class ReplicationStalled(EngineUnavailable):
     pile up writes whose outcome it cannot know."""
 
     code = "replication_stalled"
+    expected = True
 
 
 def _codes(cls: type[StorageError]) -> dict[str, int]:
