@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from dq.cli._format import when
 from dq.cli._remote import add_common, console, emit_json, run_remote
 
 if TYPE_CHECKING:
@@ -53,7 +54,9 @@ def _show(info: QueueInfo) -> None:
     for name in ("default_lease_ms", "max_deliveries", "dead_letter_queue", "dedup_window_ms"):
         table.add_row(name, _cell(getattr(info.config, name)))
     # paused first among the figures: a paused queue's due items are not handed out
-    for name in ("paused", "paused_since", *_COLUMNS, "oldest_lease_age_ms", "next_id"):
+    table.add_row("paused", _cell(info.stats.paused))
+    table.add_row("paused_since", when(info.stats.paused_since))
+    for name in (*_COLUMNS, "oldest_lease_age_ms", "next_id"):
         table.add_row(name, _cell(getattr(info.stats, name)))
     for name, value in sorted(info.stats.extra.items()):
         table.add_row(name, str(value))

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
+from dq.cli._format import When, parse_when, when
 from dq.cli._remote import add_common, console, emit_json, run_remote, value_text
 
 if TYPE_CHECKING:
@@ -20,9 +21,7 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("queue")
     p.add_argument("values", nargs="*", metavar="VALUE", help="values; none or '-': one from stdin")
-    when = p.add_mutually_exclusive_group()
-    when.add_argument("--delay-ms", type=int, help="due this many ms from now")
-    when.add_argument("--deadline", type=int, help="due at this time (ms since the epoch)")
+    _when_flags(p)
     p.add_argument(
         "--key",
         action="append",
@@ -52,11 +51,29 @@ def register(subparsers: Any) -> None:
     p.add_argument("queue")
     p.add_argument("id", type=int)
     p.add_argument("receipt")
-    when = p.add_mutually_exclusive_group()
-    when.add_argument("--delay-ms", type=int)
-    when.add_argument("--deadline", type=int)
+    _when_flags(p)
     add_common(p)
     p.set_defaults(func=requeue)
+
+
+def _when_flags(p: argparse.ArgumentParser) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--delay-ms", type=int, help="due this many ms from now")
+    group.add_argument(
+        "--deadline",
+        type=parse_when,
+        metavar="TIME",
+        help="due at TIME: ISO 8601 (2026-12-01T09:30, local time unless it has an "
+        "offset or Z), relative (+90s, +5m, +2h, +1d) or ms since the epoch",
+    )
+
+
+def _deadline(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """(deadline, delay_ms) from ``--deadline``/``--delay-ms``."""
+    given: When | None = args.deadline
+    if given is None:
+        return None, args.delay_ms
+    return given.deadline, given.delay_ms
 
 
 def put(args: argparse.Namespace) -> int:
@@ -67,11 +84,12 @@ def put(args: argparse.Namespace) -> int:
     if keys and len(keys) != len(raw):
         print(f"dq put: give one --key per value ({len(raw)}), not {len(keys)}", file=sys.stderr)
         return 2
+    deadline, delay_ms = _deadline(args)
     items = [
         NewItem(
             v.encode() if isinstance(v, str) else v,
-            args.deadline,
-            args.delay_ms,
+            deadline,
+            delay_ms,
             keys[n] if keys else None,
         )
         for n, v in enumerate(raw)
@@ -83,7 +101,7 @@ def put(args: argparse.Namespace) -> int:
             emit_json(done)
         else:
             for e in done:
-                print(f"{e.id}\t{e.deadline}" + ("\tduplicate" if e.duplicate else ""))
+                print(f"{e.id}\t{when(e.deadline)}" + ("\tduplicate" if e.duplicate else ""))
         return 0
 
     return run_remote(args, action)
@@ -104,7 +122,7 @@ def get(args: argparse.Namespace) -> int:
                 table.add_row(
                     str(i.id),
                     i.receipt,
-                    str(i.deadline),
+                    when(i.deadline),
                     str(i.stats.dequeue_count),
                     value_text(i.value),
                 )
@@ -135,13 +153,14 @@ def ack(args: argparse.Namespace) -> int:
 
 def requeue(args: argparse.Namespace) -> int:
     def action(dq: Client) -> int:
+        deadline, delay_ms = _deadline(args)
         deadline = dq.requeue(
-            args.queue, args.id, args.receipt, deadline=args.deadline, delay_ms=args.delay_ms
+            args.queue, args.id, args.receipt, deadline=deadline, delay_ms=delay_ms
         )
         if args.json:
             emit_json({"id": args.id, "ok": True, "deadline": deadline})
         else:
-            print(f"requeued {args.id} (deadline {deadline})")
+            print(f"requeued {args.id} (deadline {when(deadline)})")
         return 0
 
     return run_remote(args, action)

@@ -13,7 +13,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from dq.cli._format import plural
+from dq.cli._format import plural, when
 from dq.cli._local import data_dir_problem
 from dq.cli._remote import add_common, console, emit_json, run_remote, value_text
 
@@ -150,10 +150,10 @@ def _table(items: list[BrowsedItem], values: bool) -> None:
         row = [
             str(i.id),
             i.state,
-            "-" if i.deadline is None else str(i.deadline),
+            when(i.deadline),
             "-" if i.stats is None else str(i.stats.dequeue_count),
             str(i.value_size),
-            "-" if i.lease_expires is None else str(i.lease_expires),
+            when(i.lease_expires),
             i.dead_lettered_from or "-",
         ]
         if values:

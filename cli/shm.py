@@ -16,6 +16,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+from dq.cli._format import when
+
 if TYPE_CHECKING:
     from rich.table import Table
 
@@ -115,7 +117,8 @@ def tail(args: argparse.Namespace) -> int:
                     ids = ",".join(map(str, event.ids[:20])) + (
                         "..." if len(event.ids) > 20 else ""
                     )
-                    print(f"{event.time} {event.kind:<13} {event.queue} {ids}".rstrip(), flush=True)
+                    line = f"{when(event.time)} {event.kind:<13} {event.queue} {ids}"
+                    print(line.rstrip(), flush=True)
                     seen += 1
                     if args.count and seen >= args.count:
                         break

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -98,6 +99,8 @@ def test_tail_prints_every_event_of_the_queue(served: tuple[Path, str]) -> None:
         f[1:] == ["enqueued", "tailq", str(done.id)] for f in lines
     )
     assert len(lines) == 4
+    for fields in lines:  # each line starts with when, as an ISO 8601 local time
+        assert datetime.fromisoformat(fields[0]).tzinfo is not None, fields
 
 
 def test_top_shows_the_queues(served: tuple[Path, str]) -> None:
