@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from dq.client._batches import DEFAULT_MAX_BATCH, Batches
 from dq.client._common import as_new_item, as_release, check_outcome
 from dq.client._transport import AsyncTransport, open_async_transport
 from dq.client.types import (
@@ -36,10 +38,17 @@ class AsyncClient:
     replicated deployment may be given together, as to ``Client``."""
 
     def __init__(
-        self, url: str | Sequence[str], *, transport: AsyncTransport | None = None, **options: Any
+        self,
+        url: str | Sequence[str],
+        *,
+        transport: AsyncTransport | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        **options: Any,
     ) -> None:
         #: the address(es) given, comma-separated
         self.url = url if isinstance(url, str) else ",".join(url)
+        #: ``*_many`` calls send at most ``max_batch`` items a request (client/_batches.py)
+        self.batches = Batches(max_batch)
         self.transport = (
             transport if transport is not None else open_async_transport(url, **options)
         )
@@ -77,7 +86,10 @@ class AsyncClient:
     async def enqueue_many(
         self, queue: str, items: Iterable[bytes | str | NewItem]
     ) -> list[Enqueued]:
-        return await self.transport.enqueue(queue, [as_new_item(i) for i in items])
+        """Enqueue every value, in order; a list longer than the server takes in one
+        request goes as several (``docs/client.md``, "Long lists")."""
+        send = partial(self.transport.enqueue, queue)
+        return await self.batches.send_async(send, [as_new_item(i) for i in items])
 
     async def dequeue(
         self,
@@ -103,7 +115,8 @@ class AsyncClient:
         check_outcome((await self.transport.release(queue, [Release(id, receipt)]))[0], queue)
 
     async def release_many(self, queue: str, items: Iterable[Item | Release]) -> list[Outcome]:
-        return await self.transport.release(queue, [as_release(i) for i in items])
+        send = partial(self.transport.release, queue)
+        return await self.batches.send_async(send, [as_release(i) for i in items])
 
     async def requeue(
         self,
@@ -119,14 +132,14 @@ class AsyncClient:
         return outcome.deadline if outcome.deadline is not None else 0
 
     async def requeue_many(self, queue: str, batch: Iterable[Requeue]) -> list[Outcome]:
-        return await self.transport.requeue(queue, list(batch))
+        return await self.batches.send_async(partial(self.transport.requeue, queue), list(batch))
 
     async def extend(self, queue: str, id: int, receipt: str, lease_ms: int) -> Outcome:
         outcomes = await self.transport.extend(queue, [Extend(id, receipt, lease_ms)])
         return check_outcome(outcomes[0], queue)
 
     async def extend_many(self, queue: str, batch: Iterable[Extend]) -> list[Outcome]:
-        return await self.transport.extend(queue, list(batch))
+        return await self.batches.send_async(partial(self.transport.extend, queue), list(batch))
 
     async def queues(self) -> list[QueueInfo]:
         return await self.transport.list_queues()

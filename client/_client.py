@@ -7,9 +7,11 @@ Single-item ``release``/``requeue``/``extend`` raise the item's error (``StaleRe
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from dq.client._batches import DEFAULT_MAX_BATCH, Batches
 from dq.client._common import as_new_item, as_release, check_outcome
 from dq.client._transport import Transport, open_transport
 from dq.client.types import (
@@ -44,10 +46,17 @@ class Client:
     follow it when it moves (``docs/client.md``, "Several servers")."""
 
     def __init__(
-        self, url: str | Sequence[str], *, transport: Transport | None = None, **options: Any
+        self,
+        url: str | Sequence[str],
+        *,
+        transport: Transport | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        **options: Any,
     ) -> None:
         #: the address(es) given, comma-separated
         self.url = url if isinstance(url, str) else ",".join(url)
+        #: ``*_many`` calls send at most ``max_batch`` items a request (client/_batches.py)
+        self.batches = Batches(max_batch)
         self.transport = transport if transport is not None else open_transport(url, **options)
 
     def __enter__(self) -> Client:
@@ -81,7 +90,10 @@ class Client:
         return self.transport.enqueue(queue, [item])[0].id
 
     def enqueue_many(self, queue: str, items: Iterable[bytes | str | NewItem]) -> list[Enqueued]:
-        return self.transport.enqueue(queue, [as_new_item(i) for i in items])
+        """Enqueue every value, in order; a list longer than the server takes in one
+        request goes as several (``docs/client.md``, "Long lists")."""
+        send = partial(self.transport.enqueue, queue)
+        return self.batches.send(send, [as_new_item(i) for i in items])
 
     def dequeue(
         self,
@@ -111,7 +123,8 @@ class Client:
         check_outcome(self.transport.release(queue, [Release(id, receipt)])[0], queue)
 
     def release_many(self, queue: str, items: Iterable[Item | Release]) -> list[Outcome]:
-        return self.transport.release(queue, [as_release(i) for i in items])
+        send = partial(self.transport.release, queue)
+        return self.batches.send(send, [as_release(i) for i in items])
 
     def requeue(
         self,
@@ -128,7 +141,7 @@ class Client:
         return outcome.deadline if outcome.deadline is not None else 0
 
     def requeue_many(self, queue: str, batch: Iterable[Requeue]) -> list[Outcome]:
-        return self.transport.requeue(queue, list(batch))
+        return self.batches.send(partial(self.transport.requeue, queue), list(batch))
 
     def extend(self, queue: str, id: int, receipt: str, lease_ms: int) -> Outcome:
         """Lengthen a lease; the outcome carries the new ``receipt`` and ``lease_expires``."""
@@ -137,7 +150,7 @@ class Client:
         )
 
     def extend_many(self, queue: str, batch: Iterable[Extend]) -> list[Outcome]:
-        return self.transport.extend(queue, list(batch))
+        return self.batches.send(partial(self.transport.extend, queue), list(batch))
 
     # queues ------------------------------------------------------------------
     def queues(self) -> list[QueueInfo]:

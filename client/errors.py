@@ -20,6 +20,8 @@ ClientError
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "BadRequest",
     "ClientError",
@@ -42,7 +44,17 @@ __all__ = [
 
 
 class ClientError(Exception):
-    """Base of every error the client raises."""
+    """Base of every error the client raises.
+
+    ``done``: a ``*_many`` call sends a list longer than one request takes as several
+    requests (``client/_batches.py``); when one fails, its error carries the results of
+    the requests before it, in order (``Enqueued`` for ``enqueue_many``, ``Outcome``
+    otherwise): those items were carried out and stay so, and nothing after was sent.
+    Empty for any other call, or when the first request failed."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)
+        self.done: list[Any] = []
 
 
 class TransportError(ClientError):
