@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -13,7 +14,7 @@ import httpx
 import pytest
 
 from tests.client.scripted import Answer, scripted
-from tests.server.live import REPO, LiveServer
+from tests.server.live import REPO, LiveServer, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -170,3 +171,40 @@ def test_serve_refuses_replication_without_fsync_always(tmp_path: Path) -> None:
     cmd += ["--etcd", "http://127.0.0.1:2379", "--fsync", "interval"]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "fsync=always" in r.stderr, r.stderr
+
+
+def test_no_server_is_said_in_one_line_with_what_to_do() -> None:
+    """A refused connection is one line naming the URL and the way to point elsewhere,
+    not the transport's account of every try; the same through ``DQ_URL``."""
+    url = f"http://127.0.0.1:{free_port()}"
+    r = subprocess.run(
+        [sys.executable, "-m", "dq.cli.main", "queues", "--url", url],
+        cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 1
+    assert r.stderr == f"dq queues: no dq server at {url} — is it running? set --url or DQ_URL\n"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DQ_")} | {"DQ_URL": url}
+    r = subprocess.run(
+        [sys.executable, "-m", "dq.cli.main", "put", "q", "x"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 1 and r.stderr.splitlines() == [
+        f"dq put: no dq server at {url} — is it running? set --url or DQ_URL"
+    ]
+
+
+def test_a_url_with_a_path_says_the_path_is_the_problem(server: LiveServer, queue: str) -> None:
+    def at(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "dq.cli.main", *args, "--url", url]
+        return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+
+    r = at(server.url + "/v1", "put", queue, "x")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.splitlines() == [
+        f"dq put: {server.url}/v1: give the server's address without the API's path /v1 "
+        f"(the commands add it): --url {server.url} or DQ_URL={server.url}"
+    ]
+    r = at(server.url + "/dq/", "stats", queue)
+    assert r.returncode == 1
+    assert f"{server.url}/dq answered 404 not_found: no dq API under the path /dq" in r.stderr
+    assert httpx.get(f"{server.url}/v1/queues/{queue}", timeout=10).status_code == 404
