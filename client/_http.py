@@ -12,7 +12,10 @@ where safe, by the call's ``idempotent`` flag and the transport's ``RetryPolicy`
     requeue, dequeue, extend, purge, delete and redrive are never resent once they may
     have reached the server: that could duplicate or misreport work;
   - a follower's refusal (421 ``not_leader``, 503 ``no_leader``) is re-sent to the leader
-    for every call: a follower refuses before doing anything.
+    for every call: a follower refuses before doing anything;
+  - with several nodes, a node that has not answered since its last lost answer is
+    first asked who leads (``GET /v1/cluster``, a short timeout): a stalled leader's
+    kernel still takes requests, and a call sent there would only time out.
 
 A transport may know several nodes of a replicated deployment (``"http://a:1,http://b:2"``
 or a list): ``client/_routing.py`` decides which one each try goes to.
@@ -40,8 +43,15 @@ from urllib.parse import quote, urlencode
 from dq.client import _wire
 from dq.client._common import as_new_item
 from dq.client._connection import AsyncConnection, Connection, Lost, NotSent, Response
-from dq.client._routing import DEFAULT_FAILOVER_S, Cluster, Endpoint, Walk, split_urls
-from dq.client.errors import BadRequest, ClientError, NotLeaderError, TransportError
+from dq.client._routing import (
+    DEFAULT_FAILOVER_S,
+    PROBE_PATH,
+    Cluster,
+    Endpoint,
+    Walk,
+    split_urls,
+)
+from dq.client.errors import BadRequest, ClientError, NotLeaderError, TransportError, Unavailable
 from dq.client.types import (
     BackupResult,
     BrowsedItem,
@@ -92,6 +102,10 @@ class Call:
     queue: str | None = None
     timeout: float | None = None
     params: dict[str, Any] | None = None  # the query string
+
+
+#: the probe a node not confirmed is asked before it gets a call (``client/_routing.py``)
+_PROBE = Call("GET", PROBE_PATH, idempotent=True)
 
 
 #: ``json.dumps(body, separators=(",", ":"))``'s C encoder, made once: ``JSONEncoder``
@@ -176,6 +190,22 @@ def _redirect(response: Response) -> tuple[bool, str | None] | None:
     return True, leader if isinstance(leader, str) and leader else None
 
 
+def _view(response: Response) -> tuple[str | None, str | None]:
+    """``(role, leader URL)`` from a ``GET /v1/cluster`` answer; ``(None, None)`` for any
+    other answer (an error, a server without that route)."""
+    if response.status != 200:
+        return None, None
+    try:
+        doc = _loads(response.body)
+    except ValueError:
+        return None, None
+    if not isinstance(doc, dict) or not isinstance(doc.get("role"), str):
+        return None, None
+    leader = doc.get("leader")
+    url = leader.get("url") if isinstance(leader, dict) else None
+    return doc["role"], url if isinstance(url, str) and url else None
+
+
 def _not_leader(call: Call, walk: Walk, leader: str | None) -> ClientError:
     message = f"{call.method} {call.path}: no leader answered: {walk.story()}"
     if walk.lost is not None:
@@ -246,7 +276,7 @@ class _Base:
         """Start the next calls at ``url`` (a leader learnt outside this transport)."""
         self.cluster.prefer(url)
 
-    def _walk(self, endpoint: Endpoint, started: float) -> Walk:
+    def _walk(self, endpoint: Endpoint | None, started: float) -> Walk:
         return Walk(self.cluster, self.retry, self.failover_s, endpoint, started)
 
     def _plain(self, response: Response) -> bool:
@@ -295,9 +325,12 @@ class _Base:
         return True, None
 
     @staticmethod
-    def _unreachable(call: Call, walk: Walk, exc: NotSent) -> float:
-        pause = walk.unreachable(str(exc))
+    def _unreachable(call: Call, walk: Walk, exc: NotSent | Lost, probe: bool = False) -> float:
+        """A try that never reached its node, or a probe without an answer."""
+        pause = walk.probe_lost(str(exc)) if probe else walk.unreachable(str(exc))
         if pause is None:
+            if walk.lost is not None:
+                raise _in_doubt(call, walk, f"then no server answered: {walk.story()}") from exc
             raise TransportError(
                 f"{call.method} {call.path}: no server answered: {walk.story()}"
             ) from exc
@@ -305,11 +338,33 @@ class _Base:
 
     @staticmethod
     def _lost(call: Call, walk: Walk, exc: Lost) -> float:
-        walk.lost = f"{walk.endpoint.url} ({exc})"
-        pause = walk.again() if call.idempotent else None
+        url = walk.endpoint.url
+        pause = walk.lost_answer(str(exc), call.idempotent)
         if pause is None:
-            raise TransportError(f"{call.method} {walk.endpoint.url}{call.path}: {exc}") from exc
+            raise TransportError(f"{call.method} {url}{call.path}: {exc}") from exc
         return pause
+
+    def _probe(self, ep: Endpoint) -> bytes:
+        return self._encode(_PROBE, ep)
+
+    @staticmethod
+    def _probed(call: Call, walk: Walk, response: Response) -> float:
+        """What a probe's answer means for the call: the pause before the next try.
+        Raises when the rounds are over (followers naming each other, or no leader)."""
+        role, leader = _view(response)
+        pause = walk.probed(role, leader)
+        if pause is not None:
+            return pause
+        if walk.lost is not None:
+            raise _in_doubt(call, walk, f"no leader: {walk.story()}")
+        if role == "follower" and leader:
+            raise _not_leader(call, walk, leader)
+        raise Unavailable(
+            503,
+            "no_leader",
+            f"{call.method} {call.path}: no node knows a leader: {walk.story()}",
+            queue=call.queue,
+        )
 
     @staticmethod
     def _enqueue(queue: str, items: Sequence[NewItem]) -> Call:
@@ -430,8 +485,20 @@ class HttpTransport(_Base):
         timeout = call.timeout if call.timeout is not None else self._timeout
         ep = self.cluster.leader
         started = time.monotonic()
-        walk: Walk | None = None
+        walk: Walk | None = None if ep.confirmed else self._walk(None, started)
         while True:
+            if walk is not None and walk.probing:
+                wait = walk.probe_timeout(timeout)
+                try:
+                    answer = self._connection(ep, wait).request(self._probe(ep), wait)
+                except (NotSent, Lost) as exc:
+                    pause = self._unreachable(call, walk, exc, isinstance(exc, Lost))
+                else:
+                    pause = self._probed(call, walk, answer)
+                if pause > 0:
+                    time.sleep(pause)
+                ep = walk.endpoint
+                continue
             try:
                 response = self._connection(ep, timeout).request(self._encode(call, ep), timeout)
             except NotSent as exc:
@@ -639,8 +706,20 @@ class AsyncHttpTransport(_Base):
         timeout = call.timeout if call.timeout is not None else self._timeout
         ep = self.cluster.leader
         started = time.monotonic()
-        walk: Walk | None = None
+        walk: Walk | None = None if ep.confirmed else self._walk(None, started)
         while True:
+            if walk is not None and walk.probing:
+                wait = walk.probe_timeout(timeout)
+                try:
+                    answer = await self._request(ep, self._probe(ep), wait)
+                except (NotSent, Lost) as exc:
+                    pause = self._unreachable(call, walk, exc, isinstance(exc, Lost))
+                else:
+                    pause = self._probed(call, walk, answer)
+                if pause > 0:
+                    await asyncio.sleep(pause)
+                ep = walk.endpoint
+                continue
             try:
                 response = await self._request(ep, self._encode(call, ep), timeout)
             except NotSent as exc:

@@ -5,6 +5,13 @@ It answers each request it reads with the next entry of its script: an answer
 answer is lost) or ``CLOSE_AFTER`` an answer (answer, then close the connection
 without saying so, as a server whose keep-alive timeout ran out) or ``HANG`` (never
 answer, until the client gives up). The last entry repeats. Every request is recorded in ``seen`` as ``(method, path, body)``.
+
+``GET /v1/cluster`` (the client's question "who leads?" to a node it has not heard from
+since its last lost answer) is answered apart from the script, with ``view`` (404 while
+it is ``None``, as a server without that route), and counted in ``probes``, not in
+``seen``. With ``stalled`` set the server answers nothing at all (it still records what
+it was sent), probes included, as a process stopped by ``SIGSTOP`` whose kernel still
+accepts the connection.
 """
 
 from __future__ import annotations
@@ -47,6 +54,10 @@ class ScriptedServer:
     def __init__(self, script: list[Answer | str]) -> None:
         self.script = script
         self.seen: list[tuple[str, str, bytes]] = []
+        #: the answer to ``GET /v1/cluster`` (None: 404)
+        self.view: dict[str, Any] | None = None
+        self.probes = 0
+        self.stalled = False
         self.connections = 0
         #: connections this server has closed so far
         self.closed = 0
@@ -98,7 +109,22 @@ class ScriptedServer:
                     if name.strip().lower() == "content-length":
                         length = int(value)
                 body = reader.read(length)
-                self.seen.append((method, path, body))
+                probe = (method, path) == ("GET", "/v1/cluster")
+                if probe:
+                    self.probes += 1
+                else:
+                    self.seen.append((method, path, body))
+                if self.stalled:
+                    reader.read(1)  # returns when the client closes (or after 10 s)
+                    return
+                if probe:
+                    view = self.view
+                    conn.sendall(
+                        Answer(404, {"error": "not_found"}).encode()
+                        if view is None
+                        else Answer(200, view).encode()
+                    )
+                    continue
                 step = self.script[min(len(self.seen), len(self.script)) - 1]
                 if step == DROP:
                     return

@@ -164,3 +164,125 @@ def test_refusals_after_a_lost_answer_end_as_an_unknown_outcome() -> None:
         pytest.raises(TransportError, match="outcome unknown"),
     ):
         dq.enqueue("q", b"x", key="k")
+
+
+# A stalled leader (SIGSTOP, a frozen VM): its kernel takes the connection and the
+# request, nothing answers. ``stalled`` scripted nodes do the same.
+
+ENQUEUED_8 = Answer(200, {"items": [{"id": 8, "deadline": 1}]})
+
+
+def view(role: str, leader: str | None) -> dict[str, object]:
+    """A ``GET /v1/cluster`` answer."""
+    return {"node": "n", "role": role, "leader": None if leader is None else {"url": leader}}
+
+
+def elect(new: ScriptedServer, followers: list[ScriptedServer]) -> None:
+    new.script[:] = [ENQUEUED_8]
+    new.view = view("leader", new.url)
+    for f in followers:
+        f.script[:] = [not_leader(new.url)]
+        f.view = view("follower", new.url)
+
+
+def test_a_stalled_leader_costs_one_timeout_then_calls_go_to_the_new_one() -> None:
+    with (
+        scripted(ENQUEUED) as old,
+        scripted(not_leader(None)) as new,
+        scripted(not_leader(None)) as other,
+    ):
+        old.view = view("leader", old.url)
+        for f in (new, other):
+            f.script[:] = [not_leader(old.url)]
+            f.view = view("follower", old.url)
+        with Client([other.url, new.url, old.url], timeout=0.5, failover_s=5) as dq:
+            # a new client asks who leads before its first call: other names old
+            assert dq.enqueue("q", b"a") == 7
+            assert (other.probes, old.probes, len(other.seen)) == (1, 1, 0)
+            old.stalled = True
+            elect(new, [other])
+            t0 = time.monotonic()
+            with pytest.raises(TransportError, match=r"no answer within 0\.5 s"):
+                dq.enqueue("q", b"b")  # sent to old before the client could know
+            assert time.monotonic() - t0 < 3.0
+            t1 = time.monotonic()
+            for n in range(20):  # none goes back to the stalled node
+                assert dq.enqueue("q", f"c{n}".encode()) == 8
+            assert time.monotonic() - t1 < 3.0
+            assert dq.transport.leader == new.url  # type: ignore[attr-defined]
+        assert len(old.seen) == 2 and old.probes == 1
+        assert len(new.seen) == 20 and len(other.seen) == 1  # one 421, then the leader
+
+
+def test_a_keyed_enqueue_that_timed_out_is_sent_again_to_the_new_leader() -> None:
+    """A keyed enqueue may be resent (the server answers a repeated key with the first
+    item): after its timeout at the stalled node it goes to the next one, not back."""
+    with scripted(ENQUEUED) as old, scripted(not_leader(None)) as new:
+        with Client([old.url, new.url], timeout=0.5) as dq:
+            old.view = view("leader", old.url)
+            assert dq.enqueue("q", b"a") == 7
+            old.stalled = True
+            elect(new, [])
+            t0 = time.monotonic()
+            assert dq.enqueue("q", b"b", key="k") == 8
+            assert time.monotonic() - t0 < 3.0
+        assert [json.loads(b)["items"][0]["key"] for _, _, b in new.seen] == ["k"]
+
+
+def test_a_new_client_skips_a_stalled_first_url_after_a_short_probe() -> None:
+    """As the CLI does, each run a new process: the first node is asked who leads (2 s
+    at most, the call's timeout if shorter) and the call never goes to a stalled one."""
+    with (
+        scripted(ENQUEUED) as old,
+        scripted(not_leader(None)) as new,
+        scripted(not_leader(None)) as other,
+    ):
+        old.stalled = True
+        elect(new, [other])
+        t0 = time.monotonic()
+        with Client([old.url, other.url, new.url], timeout=30) as dq:
+            assert dq.enqueue("q", b"x") == 8
+        assert time.monotonic() - t0 < 10.0  # the probe's 2 s, not the call's 30 s
+        assert old.seen == [] and other.seen == [] and new.probes == 1
+
+
+def test_the_async_client_leaves_a_stalled_leader_too() -> None:
+    async def run(old: ScriptedServer, new: ScriptedServer) -> float:
+        async with AsyncClient([old.url, new.url], timeout=0.5, retries=0) as dq:
+            assert await dq.enqueue("q", b"a") == 7
+            old.stalled = True
+            elect(new, [])
+            with pytest.raises(TransportError, match="no answer"):
+                await dq.enqueue("q", b"b")
+            t0 = time.monotonic()
+            got = [await dq.enqueue("q", b"c") for _ in range(5)]
+            assert got == [8] * 5
+            return time.monotonic() - t0
+
+    with scripted(ENQUEUED) as old, scripted(not_leader(None)) as new:
+        old.view = view("leader", old.url)
+        assert asyncio.run(run(old, new)) < 3.0
+        assert len(old.seen) == 2 and len(new.seen) == 5
+
+
+def test_the_consumer_group_client_leaves_a_stalled_leader() -> None:
+    """The Spark source's client: every call of its protocol may be repeated, so the
+    call that timed out at the stalled node is itself carried on at the new leader."""
+    from dq.client.groups import ConsumerClient
+
+    info = {
+        "queue": "q", "consumer": "c", "epoch": "e", "next_seq": 0, "first_unacked": 0,
+        "in_flight": 0, "bytes": 0, "lease_ms": 1000, "idle_timeout_ms": 1000, "lost": 0,
+    }  # fmt: skip
+    with scripted(Answer(200, info)) as old, scripted(not_leader(None)) as new:
+        old.view = view("leader", old.url)
+        with ConsumerClient(f"{old.url},{new.url}", "q", "c", timeout=0.5) as consumer:
+            assert consumer.info() is not None
+            old.stalled = True
+            new.script[:] = [Answer(200, {**info, "epoch": "new"})]
+            new.view = view("leader", new.url)
+            t0 = time.monotonic()
+            got = consumer.info()
+            assert got is not None and got.epoch == "new"
+            assert time.monotonic() - t0 < 3.0
+        assert len(old.seen) == 2 and len(new.seen) == 1
