@@ -21,17 +21,27 @@ import errno
 import os
 import shutil
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from dq.storage import fileio
 from dq.storage.errors import InvalidArgument, QueueNotFound
 from dq.storage.queue_state import STATE_FILE
 
 if TYPE_CHECKING:
-    from dq.storage.engine import Engine
     from dq.storage.queue import Queue
 
-__all__ = ["BackupResult", "backup"]
+__all__ = ["BackupResult", "BackupSource", "backup"]
+
+
+class BackupSource(Protocol):
+    """What a backup reads of the engine: its data directory and its queues."""
+
+    root: str
+
+    def list_queues(self) -> list[str]: ...
+
+    def queue(self, name: str) -> Queue: ...
+
 
 _CHUNK = 1 << 20
 
@@ -106,7 +116,7 @@ def _snapshot(q: Queue, qdest: str) -> tuple[list[_Pending], int, int]:
     return pending, linked_bytes, files
 
 
-def backup(engine: Engine, dest: str) -> BackupResult:
+def backup(engine: BackupSource, dest: str) -> BackupResult:
     """Copy every queue of ``engine`` to the new directory ``dest``."""
     dest = os.path.abspath(dest)
     if os.path.exists(dest):

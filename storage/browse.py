@@ -174,7 +174,7 @@ def _item(
 
 
 def _leased_item(q: Queue, item_id: int, lease: Lease, with_values: bool) -> BrowsedItem:
-    found = q._lookup(lease.key, lease.source)
+    found = q.lookup(lease.key, lease.source)
     value = found[1] if found is not None else None
     stats = ItemStats(lease.enqueue_time, lease.requeue_time, lease.dequeue_count)
     return _item(q, item_id, key_deadline(lease.key), "leased", stats, value, with_values, lease)
@@ -354,7 +354,7 @@ def resolve(q: Queue, item_id: int, candidates: set[bytes]) -> Found | None:
     """The live copy of item ``item_id`` (call under the queue lock), or None if gone."""
     lease = q.leases.get(item_id)
     if lease is not None:
-        found = q._lookup(lease.key, lease.source)
+        found = q.lookup(lease.key, lease.source)
         stats = ItemStats(lease.enqueue_time, lease.requeue_time, lease.dequeue_count)
         return Found(item_id, lease.key, stats, found[1] if found else None, lease)
     low, high = _id_bytes(item_id)

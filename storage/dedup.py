@@ -10,21 +10,19 @@ could still take back. A batch may mix new keys, repeated keys and items without
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from dq.storage.codec import PENDING_HEADER
-from dq.storage.errors import EngineUnavailable
-from dq.storage.futures import settle
+from dq.storage.futures import after_all
 from dq.storage.itemmeta import Remembered, encode_key_entry
 from dq.storage.types import Enqueued
 
 if TYPE_CHECKING:
     from dq.storage.queue import Queue
 
-__all__ = ["after_all", "enqueue_keyed"]
+__all__ = ["enqueue_keyed"]
 
 
 def enqueue_keyed(
@@ -85,7 +83,7 @@ def enqueue_keyed(
                 new_keys.append(k)
                 new_entries.append(entry)
         q.rates.add("enqueue", len(fresh), now)
-        token = q._hold(min(k for k, _ in keyed))
+        token = q.hold(min(k for k, _ in keyed))
         mem = q.memseg
 
         def publish() -> None:
@@ -94,7 +92,7 @@ def enqueue_keyed(
             for entry in new_entries:  # committed: a repeat is answered at once
                 entry.pending = None
             del q._unpublished[token]
-            q._notify()
+            q.notify()
 
         def rollback() -> None:
             q._unpublished.pop(token, None)
@@ -114,32 +112,3 @@ def enqueue_keyed(
         results[i] = Enqueued(entry.id, entry.deadline, duplicate=True)
     answer = [r for r in results if r is not None]
     return after_all([mine, *waits] if mine is not None else waits, answer)
-
-
-def after_all(futures: list[Future[Any]], answer: Any) -> Future[Any]:
-    """A future resolving to ``answer`` once every future in ``futures`` has succeeded
-    (or with the first failure)."""
-    out: Future[Any] = Future()
-    if not futures:
-        out.set_result(answer)
-        return out
-    left = [len(futures)]
-    lock = threading.Lock()
-
-    def one(f: Future[Any]) -> None:
-        error = f.exception() if not f.cancelled() else EngineUnavailable("write cancelled")
-        with lock:
-            left[0] -= 1
-            last = left[0] == 0
-        if error is not None:
-            _settle(out, error=error)
-        elif last:
-            _settle(out, answer)
-
-    for f in futures:
-        f.add_done_callback(one)
-    return out
-
-
-def _settle(fut: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
-    settle(fut, result, error)

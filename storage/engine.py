@@ -53,7 +53,6 @@ from dq.storage.itemmeta import check_key
 from dq.storage.merge_policy import MergePolicy
 from dq.storage.operations import MAX_DEDUP_WINDOW_MS, Operations, effective_dead_letter_queue
 from dq.storage.queue import Queue
-from dq.storage.queue_config import save_config
 from dq.storage.replica_engine import SCRATCH_PREFIX, ReplicaEngine, restore_replaced_queues
 from dq.storage.syncer import FsyncStats, Syncer
 from dq.storage.types import (
@@ -324,8 +323,7 @@ class Engine(Operations, ReplicaEngine):
         with q.lock:
             if q.quarantined and q.failed is not None:
                 raise q.failed
-            save_config(q.directory, config)
-            q.config = config
+            q.set_config(config)
             lsn = self._ship_control(name, "put_queue", config=asdict(config))
             sink = self.replication
         self._await_commit(lsn, sink)
@@ -579,17 +577,10 @@ class Engine(Operations, ReplicaEngine):
             return
 
         def again() -> None:
-            with source.lock:
-                source._timers.discard(timer)
-                if source.closed or self.closed or not self.writable:
-                    return
-            self.dead_letter(source, entries)
+            if not self.closed and self.writable:
+                self.dead_letter(source, entries)
 
-        timer = threading.Timer(1.0, again)
-        timer.daemon = True
-        with source.lock:
-            source._timers.add(timer)
-        timer.start()
+        source.call_later(1.0, again)
 
     def dead_letter(self, source: Queue, entries: list[tuple[bytes, bytes, bytes]]) -> None:
         """Move entries to ``source``'s dead-letter queue, then cancel them at the source.

@@ -3,10 +3,13 @@ given up (cancelled its future) meanwhile."""
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
-__all__ = ["settle"]
+from dq.storage.errors import EngineUnavailable
+
+__all__ = ["after_all", "settle"]
 
 
 def settle(fut: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
@@ -24,3 +27,28 @@ def settle(fut: Future[Any], result: Any = None, error: BaseException | None = N
             fut.set_result(result)
     except InvalidStateError:  # cancelled between the check and the call
         pass
+
+
+def after_all(futures: list[Future[Any]], answer: Any) -> Future[Any]:
+    """A future resolving to ``answer`` once every future in ``futures`` has succeeded
+    (or with the first failure)."""
+    out: Future[Any] = Future()
+    if not futures:
+        out.set_result(answer)
+        return out
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one(f: Future[Any]) -> None:
+        error = f.exception() if not f.cancelled() else EngineUnavailable("write cancelled")
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if error is not None:
+            settle(out, error=error)
+        elif last:
+            settle(out, answer)
+
+    for f in futures:
+        f.add_done_callback(one)
+    return out

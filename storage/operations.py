@@ -47,7 +47,7 @@ from dq.storage.errors import (
     StorageError,
     WriteStall,
 )
-from dq.storage.queue_state import QueueState, save_state
+from dq.storage.queue_state import QueueState
 from dq.storage.types import (
     BrowsedItem,
     BrowsePage,
@@ -60,7 +60,7 @@ from dq.storage.types import (
 )
 
 if TYPE_CHECKING:
-    from dq.storage.engine import EngineConfig
+    from dq.storage.config import EngineConfig
     from dq.storage.queue import Queue
     from dq.storage.replication import ReplicationSink
 
@@ -126,23 +126,6 @@ def _check_id(q: Queue, item_id: object) -> int:
     return item_id
 
 
-def _tombstones_ahead(q: Queue, pkeys: list[bytes], result: Any = None) -> Future[Any]:
-    """Cancel live, unleased items (ahead of the dequeue cursor); call under the lock."""
-    tombs = [tombstone_key(k) for k in pkeys]
-    token = q._hold(min(pkeys))
-    mem = q.memseg
-
-    def publish() -> None:
-        for t in tombs:
-            mem.add(t, None, None)
-        del q._unpublished[token]
-
-    def rollback() -> None:
-        q._unpublished.pop(token, None)
-
-    return q._submit(b"".join(tombs), publish, result, rollback)
-
-
 class Operations:
     """Operator calls of ``Engine``; see the module docstring."""
 
@@ -155,6 +138,8 @@ class Operations:
         root: str
 
         def _queue(self, name: str) -> Queue: ...
+        def queue(self, name: str) -> Queue: ...
+        def list_queues(self) -> list[str]: ...
         def _queue_for_write(self, name: str) -> Queue: ...
         def _check_writable(self) -> None: ...
         def _ship_control(self, name: str, op: str, **fields: Any) -> int: ...
@@ -169,11 +154,10 @@ class Operations:
         q = self._queue(name)
         lsn = 0
         with q.lock:
-            q._check_open()
+            q.check_open()
             if not q.state.paused:
                 state = QueueState(paused_since=self.now())
-                save_state(q.directory, state)
-                q.state = state
+                q.set_state(state)
                 lsn = self._ship_control(name, "paused", paused=True, since=state.paused_since)
                 log.info("queue %s paused", name)
             sink = self.replication
@@ -186,14 +170,12 @@ class Operations:
         q = self._queue(name)
         lsn = 0
         with q.lock:
-            q._check_open()
+            q.check_open()
             if q.state.paused:
-                state = QueueState()
-                save_state(q.directory, state)
-                q.state = state
+                q.set_state(QueueState())
                 lsn = self._ship_control(name, "paused", paused=False)
                 log.info("queue %s resumed", name)
-                q._notify()
+                q.notify()
             sink = self.replication
         self._await_commit(lsn, sink)
         return self.stats(name)
@@ -219,8 +201,8 @@ class Operations:
         start = decode_cursor(name, after) if after else b""
         now = self.now()
         with q.lock:
-            q._check_open()
-            q._expire_locked(now)
+            q.check_open()
+            q.requeue_expired(now)
             return browse(q, state, start, limit, with_values, now)
 
     def peek(self, name: str, item_id: int, with_values: bool = True) -> BrowsedItem:
@@ -232,9 +214,9 @@ class Operations:
         q = self._queue(name)
         now = self.now()
         with q.lock:
-            q._check_open()
+            q.check_open()
             _check_id(q, item_id)
-            q._expire_locked(now)
+            q.requeue_expired(now)
             found = resolve(q, item_id, set())  # leases and in-memory segments first
             if found is not None:
                 return as_item(q, found, now, with_values)
@@ -253,8 +235,8 @@ class Operations:
         with q.lock:
             _check_id(q, item_id)
         with _scanned(q, item_id) as candidates:
-            q._check_open()
-            q._expire_locked(self.now())
+            q.check_open()
+            q.requeue_expired(self.now())
             found = resolve(q, item_id, candidates)
             if found is None:
                 raise ItemNotFound(
@@ -264,11 +246,9 @@ class Operations:
                     id=item_id,
                 )
             if found.lease is not None:
-                q.leases.pop(item_id)
-                # a refused write (a stalled replica group) gives the lease back
-                fut = q.tombstone_keys([found.key], rollback=q._restore([(item_id, found.lease)]))
+                fut = q.cancel_leased([item_id])
             else:
-                fut = _tombstones_ahead(q, [found.key])
+                fut = q.cancel_ahead([found.key])
         fut.result()
         log.info("queue %s: item %d deleted", name, item_id)
 
@@ -278,21 +258,18 @@ class Operations:
         q = self._queue(name)
         removed = 0
         with q.lock:
-            q._check_open()
-            q._expire_locked(self.now())
-            leased = q.leases.values()
-            for item_id, _lease in leased:
-                q.leases.pop(item_id)
-            keys = [lease.key for _, lease in leased]
-            futures = [q.tombstone_keys(keys, rollback=q._restore(leased))] if leased else []
+            q.check_open()
+            q.requeue_expired(self.now())
+            leased = [item_id for item_id, _lease in q.leases.values()]
+            futures = [q.cancel_leased(leased)] if leased else []
             removed += len(leased)
         after = b""
         while True:
             with q.lock:
-                q._check_open()
+                q.check_open()
                 if q.stalled():
                     stalled = True
-                    q._retry_rotation()  # as a stalled enqueue does: nothing else may
+                    q.retry_rotation()  # as a stalled enqueue does: nothing else may
                 else:
                     stalled = False
                     found = waiting_keys(q, after, _CHUNK)
@@ -300,7 +277,7 @@ class Operations:
                         break
                     keys = [k for k, _ in found]
                     try:
-                        futures.append(_tombstones_ahead(q, keys))
+                        futures.append(q.cancel_ahead(keys))
                     except ReplicationStalled as exc:
                         if not futures:
                             raise  # nothing written: a plain refusal
@@ -368,8 +345,8 @@ class Operations:
             wanted = list(dict.fromkeys(ids))[:limit] if limit else list(dict.fromkeys(ids))
             scans = {i: scan_candidates(src, i)[0] for i in wanted if 0 < i < src.next_id}
             with src.lock:
-                src._check_open()
-                src._expire_locked(self.now())
+                src.check_open()
+                src.requeue_expired(self.now())
                 chosen: list[tuple[int, bytes, tuple[bytes, bytes]]] = []
                 for i in wanted:
                     found = resolve(src, i, scans[i]) if i in scans else None
@@ -394,7 +371,7 @@ class Operations:
         left = limit
         while left is None or left > 0:
             with src.lock:
-                src._check_open()
+                src.check_open()
                 want = _CHUNK if left is None else min(_CHUNK, left)
                 found_keys = waiting_keys(src, after, want)
                 if not found_keys:
@@ -416,7 +393,7 @@ class Operations:
         """Bar dequeue from passing the first chosen item until the move is written."""
         if not chosen:
             return None, chosen
-        return src._hold(min(k for _, k, _ in chosen)), chosen
+        return src.hold(min(k for _, k, _ in chosen)), chosen
 
     def _redrive_move(
         self,
@@ -462,10 +439,10 @@ class Operations:
                 targets.add(target)
             with src.lock:
                 if token is not None:
-                    src._unpublished.pop(token, None)
+                    src.unhold(token)
                     token = None
                 try:
-                    tombs = _tombstones_ahead(src, done) if done else None
+                    tombs = src.cancel_ahead(done) if done else None
                 except ReplicationStalled as exc:  # the copies are written: no refusal
                     raise ReplicationTimeout(
                         f"{len(done)} item(s) were copied to {sorted(targets)} but the replica "
@@ -475,7 +452,7 @@ class Operations:
         finally:
             if token is not None:
                 with src.lock:
-                    src._unpublished.pop(token, None)
+                    src.unhold(token)
         if tombs is not None:
             tombs.result()
         if done:
@@ -486,7 +463,7 @@ class Operations:
 
     def backup(self, dest: str) -> BackupResult:
         """A consistent copy of the data directory at ``dest`` (``storage/backup.py``)."""
-        return backup(self, dest)  # type: ignore[arg-type]
+        return backup(self, dest)
 
     # ------------------------------------------------------------------ upkeep
 

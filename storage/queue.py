@@ -32,6 +32,8 @@ This module opens, loads and closes a queue, and places keys after the cursor.
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 
 from dq.storage import fileio
 from dq.storage.codec import encode_key, key_deadline, key_id
@@ -46,7 +48,7 @@ from dq.storage.queue_failure import FailureMixin
 from dq.storage.queue_items import ItemsMixin
 from dq.storage.queue_reads import ReadsMixin
 from dq.storage.queue_replica import ReplicaMixin
-from dq.storage.queue_state import STATE_FILE, load_state
+from dq.storage.queue_state import STATE_FILE, QueueState, load_state, save_state
 from dq.storage.recovery import recover_directory
 from dq.storage.segment_set import SegmentSetMixin
 from dq.storage.types import QueueConfig
@@ -156,6 +158,36 @@ class Queue(FailureMixin, CommitMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, 
             deadline = cd if item_id > key_id(cursor) else cd + 1
             key = encode_key(deadline, item_id)
         return deadline, key
+
+    # ------------------------------------------------------------------ settings
+
+    def set_config(self, config: QueueConfig) -> None:
+        """Replace the queue's config, durably (``queue.json``); call under the lock."""
+        save_config(self.directory, config)
+        self.config = config
+
+    def set_state(self, state: QueueState) -> None:
+        """Replace the queue's operator state, durably (``state.json``); call under the
+        lock."""
+        save_state(self.directory, state)
+        self.state = state
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> None:
+        """Call ``fn`` after ``delay`` seconds on a timer thread, unless the queue has
+        closed by then (closing cancels the timer)."""
+
+        def run() -> None:
+            with self.lock:
+                self._timers.discard(timer)
+                if self.closed:
+                    return
+            fn()
+
+        timer = threading.Timer(delay, run)
+        timer.daemon = True
+        with self.lock:
+            self._timers.add(timer)
+        timer.start()
 
     # ------------------------------------------------------------------ closing
 

@@ -92,10 +92,16 @@ def answer(answers: list[Answer]) -> None:
 class CommitMixin(QueueCore):
     """The queue's write path into its log (group commit)."""
 
-    def _hold(self: Queue, key: bytes) -> int:
+    def hold(self: Queue, key: bytes) -> int:
+        """Bar dequeue from passing ``key`` until ``unhold`` (the token returned): for
+        a write whose entries are not published yet. Call under the lock."""
         self._token += 1
         self._unpublished[self._token] = key
         return self._token
+
+    def unhold(self: Queue, token: int) -> None:
+        """Lift the barrier ``hold`` returned ``token`` for (no matter if lifted already)."""
+        self._unpublished.pop(token, None)
 
     def _submit(
         self: Queue,
@@ -177,10 +183,26 @@ class CommitMixin(QueueCore):
             self._waiting = waiting[n:]
         return done
 
-    def _drop_replicated(self: Queue, error: BaseException) -> list[Answer]:
+    def awaits_commit(self: Queue) -> bool:
+        """Some write waits for its sync or its commit (read without the lock: a hint)."""
+        return bool(self._waiting)
+
+    def publish_committed(self: Queue, now: float) -> list[Answer]:
+        """The replica group's commit lsn moved (``Engine.commit``): publish what is now
+        synced and committed, and answer ``ReplicationTimeout`` to replicated writes
+        that waited past their deadline (``now``, monotonic seconds). Call under the
+        lock; settle the answers once it is let go."""
+        answers = self._publish_ready()
+        if answers:
+            self.notify()
+        return answers + self._expire_waits(now)
+
+    def drop_replicated(self: Queue, error: BaseException) -> list[Answer]:
         """Forget every waiting replicated batch (the sink that numbered it is gone):
-        undo what it held in memory and answer ``error``. Its record stays in the
-        log; a node that stops leading replaces its queues with the leader's copy."""
+        undo what it held in memory and answer ``error``; the next record shipped is
+        numbered by the next sink. Its record stays in the log; a node that stops
+        leading replaces its queues with the leader's copy. Call under the lock."""
+        self.last_lsn = 0
         keep: list[PendingBatch] = []
         out: list[Answer] = []
         for batch in self._waiting:
@@ -212,7 +234,7 @@ class CommitMixin(QueueCore):
                 )
         return out
 
-    def _notify(self: Queue) -> None:
+    def notify(self: Queue) -> None:
         for cb in list(self.watchers):
             try:
                 cb()
@@ -260,6 +282,6 @@ class CommitMixin(QueueCore):
             else:
                 answers = []
             if any(e is None for _f, _r, e in answers):
-                self._notify()
+                self.notify()
         answer(answers)
         return took

@@ -182,7 +182,7 @@ class FailureMixin(QueueCore):
 
     # ------------------------------------------------------------------ the open check
 
-    def _check_open(self: Queue) -> None:
+    def check_open(self: Queue) -> None:
         if self.failed is not None:
             self._recover_locked()
         if self.failed is not None:

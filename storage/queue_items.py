@@ -59,9 +59,9 @@ class ItemsMixin(QueueCore):
         pack = PENDING_HEADER.pack
         with self.lock:
             if self.failed is not None or self.closed:
-                self._check_open()
+                self.check_open()
             if self.stalled():
-                self._retry_rotation()
+                self.retry_rotation()
                 self._warn_stalled()
                 raise WriteStall("writes are stalled while segment files are written; retry")
             window = self.config.dedup_window_ms
@@ -88,13 +88,13 @@ class ItemsMixin(QueueCore):
                     self.meta.origins[item_id] = origin
                 item_id += 1
             self.rates.add("enqueue", n, now)
-            token = self._hold(keyed[0][0] if n == 1 else min(keyed)[0])
+            token = self.hold(keyed[0][0] if n == 1 else min(keyed)[0])
             mem = self.memseg
 
             def publish() -> None:
                 mem.add_pending(keyed, st)
                 del self._unpublished[token]
-                self._notify()
+                self.notify()
 
             def rollback() -> None:
                 self._unpublished.pop(token, None)
@@ -112,7 +112,7 @@ class ItemsMixin(QueueCore):
         tombs: list[bytes] = []
         pack = PENDING_HEADER.pack
         for item_id, lease, deadline in moves:
-            found = self._lookup(lease.key, lease.source)
+            found = self.lookup(lease.key, lease.source)
             if found is None:
                 log.error("queue %s: value of item %d not found; left pending", self.name, item_id)
                 continue
@@ -137,7 +137,7 @@ class ItemsMixin(QueueCore):
         rollback: Callable[[], None] | None,
     ) -> Future[Any]:
         payload, pend, tombs = built
-        token = self._hold(min(k for k, _, _ in pend))
+        token = self.hold(min(k for k, _, _ in pend))
         mem = self.memseg
 
         def publish() -> None:
@@ -146,7 +146,7 @@ class ItemsMixin(QueueCore):
             for t in tombs:
                 mem.add_tombstone_behind(t)
             del self._unpublished[token]
-            self._notify()
+            self.notify()
 
         def undo() -> None:
             self._unpublished.pop(token, None)
@@ -167,7 +167,7 @@ class ItemsMixin(QueueCore):
         now = self.engine.now()
         outcomes: list[ItemOutcome] = []
         with self.lock:
-            self._check_open()
+            self.check_open()
             taken: list[tuple[int, Lease]] = []
             for r in items:
                 try:
@@ -192,7 +192,7 @@ class ItemsMixin(QueueCore):
         results: dict[int, ItemOutcome] = {}
         order: list[int] = []
         with self.lock:
-            self._check_open()
+            self.check_open()
             moves: list[tuple[int, Lease, int]] = []
             taken: list[tuple[int, Lease]] = []
             for r in items:
@@ -223,7 +223,7 @@ class ItemsMixin(QueueCore):
         now = self.engine.now()
         out: list[ItemOutcome] = []
         with self.lock:
-            self._check_open()
+            self.check_open()
             for e in items:
                 try:
                     check_lease_ms(e.lease_ms)
@@ -246,10 +246,10 @@ class ItemsMixin(QueueCore):
         with self.lock:
             if self.closed or self.failed is not None:
                 return 0
-            n = self._expire_locked(now)
+            n = self.requeue_expired(now)
         return n
 
-    def _expire_locked(self: Queue, now: int) -> int:
+    def requeue_expired(self: Queue, now: int) -> int:
         expired = self.leases.pop_expired(now)
         if not expired:
             return 0
@@ -267,16 +267,40 @@ class ItemsMixin(QueueCore):
             self.engine.emit("lease_expired", self.name, [o.id for o in moved])
         return len(expired)
 
-    def tombstone_keys(
-        self: Queue,
-        keys: list[bytes],
-        result: Any = None,
-        rollback: Callable[[], None] | None = None,
-    ) -> Future[Any]:
-        """Cancel delivered pending entries (a release, or a move to a dead-letter queue)."""
+    def tombstone_keys(self: Queue, keys: list[bytes]) -> Future[Any]:
+        """Cancel delivered pending entries (a move to a dead-letter queue)."""
         with self.lock:
-            self._check_open()
-            return self._write_tombstones([tombstone_of(k) for k in keys], result, rollback)
+            self.check_open()
+            return self._write_tombstones([tombstone_of(k) for k in keys], None, None)
+
+    def cancel_leased(self: Queue, item_ids: Sequence[int]) -> Future[Any]:
+        """Cancel leased items without their receipts (an operator's delete or purge):
+        their leases end (receipts go stale) and their entries get tombstones. A refused
+        write (a stalled replica group) gives the leases back. Call under the lock, the
+        queue checked open."""
+        taken = [(i, self.leases.pop(i)) for i in item_ids]
+        tombs = [tombstone_of(lease.key) for _, lease in taken]
+        return self._write_tombstones(tombs, None, self._restore(taken))
+
+    def cancel_ahead(self: Queue, pkeys: list[bytes], result: Any = None) -> Future[Any]:
+        """Cancel live, unleased items (ahead of the dequeue cursor: an operator's delete,
+        purge or redrive). Their tombstones are kept in the in-memory segment (the view
+        must see them to skip the items), and until their record is published the first
+        key is a barrier dequeue does not pass, so no consumer leases an item whose
+        removal is in flight. Call under the lock, the queue checked open."""
+        tombs = [tombstone_of(k) for k in pkeys]
+        token = self.hold(min(pkeys))
+        mem = self.memseg
+
+        def publish() -> None:
+            for t in tombs:
+                mem.add(t, None, None)
+            del self._unpublished[token]
+
+        def rollback() -> None:
+            self._unpublished.pop(token, None)
+
+        return self._submit(b"".join(tombs), publish, result, rollback)
 
     def _write_tombstones(
         self: Queue, tombs: list[bytes], result: Any, rollback: Callable[[], None] | None

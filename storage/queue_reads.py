@@ -38,7 +38,7 @@ class ReadsMixin(QueueCore):
 
     # ------------------------------------------------------------------ reads
 
-    def _lookup(self: Queue, key: bytes, hint: object | None) -> tuple[bytes, bytes] | None:
+    def lookup(self: Queue, key: bytes, hint: object | None) -> tuple[bytes, bytes] | None:
         """(stats, value) of the pending entry ``key`` wherever it lives now."""
         for mem in (self.memseg, *(m for _, m in self.frozen)):
             found = mem.entries.get(key)
@@ -65,8 +65,8 @@ class ReadsMixin(QueueCore):
         out: list[Delivery] = []
         dead: list[tuple[bytes, bytes, bytes]] = []
         with self.lock:
-            self._check_open()
-            self._expire_locked(now)
+            self.check_open()
+            self.requeue_expired(now)
             if self.state.paused:
                 return out  # a paused queue hands out nothing; lease expiry still runs
             limit = encode_key(now, MAX_ID, TOMBSTONE)

@@ -46,9 +46,9 @@ class ReplicaMixin(QueueCore):
         where = f"replicated record of queue {self.name}"
         parsed = [(k, s, v) for k, s, v, _off in iter_entries(entries, where=where)]
         with self.lock:
-            self._check_open()
+            self.check_open()
             if self.stalled():  # never refused (the stream must go on): just press on
-                self._retry_rotation()
+                self.retry_rotation()
             if parsed:
                 self.next_id = max(self.next_id, max(key_id(k) for k, _, _ in parsed) + 1)
             mem = self.memseg
@@ -59,7 +59,7 @@ class ReplicaMixin(QueueCore):
                     add(key, stats, value)
                 if meta:
                     self.meta.load(meta, where, self.engine.now(), self.config.dedup_window_ms)
-                self._notify()
+                self.notify()
 
             return self._submit(entries, publish, None, None, meta)
 
@@ -73,7 +73,7 @@ class ReplicaMixin(QueueCore):
                 # operator may repair; it takes no writes, so the stream has none of it
                 self._copy_files(dest, None)
                 return self.last_lsn
-            self._check_open()
+            self.check_open()
             wal = self.wal
             with wal.io_lock:
                 self._copy_files(dest, wal.path)

@@ -27,12 +27,11 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, cast
 
 from dq.storage import fileio
-from dq.storage.dedup import after_all
 from dq.storage.errors import EngineUnavailable, InvalidArgument, NotLeader, ReplicationTimeout
+from dq.storage.futures import after_all
 from dq.storage.queue import Queue
 from dq.storage.queue_commit import answer
-from dq.storage.queue_config import save_config
-from dq.storage.queue_state import QueueState, save_state
+from dq.storage.queue_state import QueueState
 from dq.storage.replication import (
     KIND_CONTROL,
     Frame,
@@ -43,7 +42,7 @@ from dq.storage.replication import (
 from dq.storage.types import QueueConfig
 
 if TYPE_CHECKING:
-    from dq.storage.engine import EngineConfig
+    from dq.storage.config import EngineConfig
     from dq.storage.queue_core import QueueHost
 
 __all__ = ["SCRATCH_PREFIX", "ReplicaEngine", "restore_replaced_queues"]
@@ -158,8 +157,7 @@ class ReplicaEngine:
                     self.commit_lsn = 0
                     self._committed.notify_all()
                 for q in queues:
-                    q.last_lsn = 0
-                    dropped = q._drop_replicated(lost)
+                    dropped = q.drop_replicated(lost)
                     if dropped:
                         self._dropped.add(q.name)
                     answers += dropped
@@ -185,15 +183,12 @@ class ReplicaEngine:
                 self._committed.notify_all()
         now = time.monotonic()
         for q in list(self._queues.values()):
-            if not q._waiting:
+            if not q.awaits_commit():
                 continue
             with q.lock:
                 if sink is not None and self.replication is not sink:
                     return
-                answers = q._publish_ready()
-                if answers:
-                    q._notify()
-                answers += q._expire_waits(now)
+                answers = q.publish_committed(now)
             answer(answers)
 
     def _ship_control(self, name: str, op: str, **fields: Any) -> int:
@@ -277,8 +272,7 @@ class ReplicaEngine:
                 self._create(name, config)
             else:
                 with q.lock:
-                    save_config(q.directory, config)
-                    q.config = config
+                    q.set_config(config)
         elif kind == "delete_queue":
             if name in self._queues:
                 self._delete(name)
@@ -289,13 +283,11 @@ class ReplicaEngine:
             with q.lock:
                 paused = bool(op["paused"])
                 if paused != q.state.paused:
-                    state = (
+                    q.set_state(
                         QueueState(paused_since=int(op.get("since") or 1))
                         if paused
                         else QueueState()
                     )
-                    save_state(q.directory, state)
-                    q.state = state
         else:
             log.warning("ignoring unknown replicated change %r of queue %s", kind, name)
 

@@ -86,7 +86,7 @@ class SegmentSetMixin(QueueCore):
             else "the compaction worker has not finished them",
         )
 
-    def _retry_rotation(self: Queue) -> None:
+    def retry_rotation(self: Queue) -> None:
         """Writes are stalled: try the pending rotation again (when its backoff allows)."""
         if not self._rotate_requested:
             return
@@ -244,7 +244,7 @@ class SegmentSetMixin(QueueCore):
     def freeze_now(self: Queue, timeout: float = 30.0) -> None:
         """Rotate the log now (``Engine.freeze``); waits until the rotation is done."""
         with self.lock:
-            self._check_open()
+            self.check_open()
             answers = self._request_rotation()
         answer(answers)
         syncer = self.engine.syncer
@@ -307,7 +307,7 @@ class SegmentSetMixin(QueueCore):
         claim that log, and recovery would take the claim for a fact.
         """
         with self.lock:
-            self._check_open()
+            self.check_open()
             if self._merging:
                 raise InvalidArgument("a merge is already running", queue=self.name)
             inputs = self.segments[start:stop]

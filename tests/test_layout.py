@@ -120,10 +120,10 @@ CLIENT_NEVER_REACHES = (
 )
 
 #: Packages whose modules still import each other in a circle through imports deferred
-#: into functions or ``if TYPE_CHECKING`` (none does at module level): storage/engine.py
-#: with operations.py and backup.py; storage/queue.py with its parts (queue_*.py and
-#: segment_set.py type ``self`` as ``Queue``) and dedup.py; client/_client.py and
-#: _async_client.py build jobs.Consumer, which takes a client. Each closes only through an
+#: into functions or ``if TYPE_CHECKING`` (none does at module level): storage/queue.py
+#: with its parts (queue_*.py and segment_set.py type ``self`` as ``Queue``) and dedup.py;
+#: client/_client.py and _async_client.py build jobs.Consumer, which takes a client. Each
+#: closes only through an
 #: ``if TYPE_CHECKING`` import (``test_no_import_circles_at_run_time`` holds them to that).
 #: Strict: the test fails once a package is clean, so it leaves the list.
 DEFERRED_CIRCLES = {"storage", "client"}
