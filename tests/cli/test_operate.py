@@ -7,8 +7,10 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from dq.storage import Engine, NewItem
@@ -65,9 +67,8 @@ def test_create_pause_resume_peek_browse_purge_delete(server: LiveServer, queue:
     r = dq(server, "pause", queue)
     assert r.returncode == 0 and r.stdout.startswith(f"paused {queue}")
     shown = dq(server, "stats", queue).stdout  # the table says why nothing is handed out
-    assert re.search(r"paused\s+│\s+True", shown) and re.search(
-        r"dedup_window_ms\s+│\s+60000", shown
-    )
+    assert re.search(r"paused\s+│\s+yes, since \d{4}-", shown), shown
+    assert re.search(r"keys remembered\s+│\s+1\.0 min", shown), shown
     assert json.loads(dq(server, "get", queue, "--json").stdout) == []
     r = dq(server, "resume", queue)
     assert r.returncode == 0 and r.stdout.startswith(f"resumed {queue}")
@@ -181,3 +182,41 @@ def test_serve_with_a_damaged_epoch_file_says_what_to_do(tmp_path: Path) -> None
     assert "replica.json" in serve.stderr and "restore it, or delete it" in serve.stderr
     assert "Traceback" not in serve.stderr
     assert (data / "replica.json").read_text() == '{"epoch": "x"'  # left as it was
+
+
+def test_stats_shows_what_an_operator_reads_first(server: LiveServer, queue: str) -> None:
+    """Dead letters, expired leases, rates and the oldest due item's age are in the
+    table; the engine's internals only with ``--all`` (and ``--json`` has everything)."""
+    dq(server, "create", queue, "--max-deliveries", "1")
+    dq(server, "put", queue, "dies")
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        http.post(f"/v1/queues/{queue}/dequeue", json={"lease_ms": 100}).raise_for_status()
+        give_up = time.monotonic() + 30
+        while http.get(f"/v1/queues/{queue}").json()["stats"]["dead_lettered"] == 0:
+            # the lease runs out; the next delivery would be its second: it dies instead
+            assert time.monotonic() < give_up
+            time.sleep(0.2)
+            http.post(f"/v1/queues/{queue}/dequeue", json={}).raise_for_status()
+        dq(server, "put", queue, "waits")
+        http.post(f"/v1/queues/{queue}/dequeue", json={}).raise_for_status()
+    r = dq(server, "stats", queue)
+    assert r.returncode == 0, r.stderr
+    for row in (
+        r"dead-lettered\s+│\s+1 ",
+        r"lease expired\s+│\s+1 ",
+        r"enqueued/s\s+│\s+0\.0[1-9] ",  # items per second over the last minute
+        r"leased\s+│\s+1 ",
+        rf"dead letters to\s+│\s+{re.escape(queue)}\.dlq ",
+        r"oldest lease\s+│\s+\d+(\.\d)? (ms|s) ",
+    ):
+        assert re.search(row, r.stdout), (row, r.stdout)
+    internals = ("freeze_failures", "memseg_entries", "rotation_failures", "segments")
+    assert not any(name in r.stdout for name in internals), r.stdout
+    everything = dq(server, "stats", queue, "--all").stdout
+    assert all(name in everything for name in internals), everything
+    raw = json.loads(dq(server, "stats", queue, "--json").stdout)["stats"]
+    assert raw["dead_lettered"] == 1 and "memseg_entries" in raw["extra"]
+    listing = dq(server, "queues").stdout
+    # pending, due, delayed, leased, dead-lettered
+    assert re.search(rf"{re.escape(queue)}\s+│\s+1\s+│\s+0\s+│\s+0\s+│\s+1\s+│\s+1\s", listing)
+    assert "segments" not in listing and "segments" in dq(server, "queues", "--all").stdout
