@@ -116,8 +116,18 @@ class MemSegment:
         self._seen, self._after, self._head = self._version, after, head
         return head
 
-    def count_between(self, after: bytes, upto: bytes) -> int:
-        """Pending entries with after < key <= upto."""
+    def net_upto(self, key: bytes) -> int:
+        """Pending entries minus tombstones at or below ``key`` (for stats).
+
+        Tombstones counted but not kept (``add_tombstone_behind``) cancel delivered
+        entries, at or behind the queue's cursor: they count as below any key at or
+        past the cursor's tombstone, the only keys stats asks about.
+        """
         keys, tombs = self.keys, self.tombs
-        everything = keys.bisect_right(upto) - keys.bisect_right(after)
-        return int(everything - (tombs.bisect_right(upto) - tombs.bisect_right(after)))
+        behind = self.tombstone_count - len(tombs)
+        return int(keys.bisect_right(key) - 2 * tombs.bisect_right(key) - behind)
+
+    @property
+    def net_total(self) -> int:
+        """Pending entries minus tombstones, all of them."""
+        return self.pending_count - self.tombstone_count

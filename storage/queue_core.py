@@ -23,6 +23,7 @@ from dq.storage.memseg import MemSegment
 from dq.storage.queue_state import QueueState
 from dq.storage.rates import Rates
 from dq.storage.segment import SegmentReader
+from dq.storage.state_counts import StateCounter
 from dq.storage.syncer import FsyncStats, Syncer
 from dq.storage.types import QueueConfig
 from dq.storage.view import MergedView
@@ -101,6 +102,8 @@ class QueueCore:
         self.state = QueueState()
         self.meta = ItemMeta()
         self.rates = Rates()
+        #: counts due and delayed items for stats; remembers the oldest due deadline
+        self.state_counter = StateCounter()
         self.dead_lettered = 0
         self.lease_expired = 0
         #: bumped whenever the queue is reloaded from disk; older job callbacks are ignored

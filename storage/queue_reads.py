@@ -30,7 +30,7 @@ from dq.storage.validation import check_lease_ms
 if TYPE_CHECKING:
     from dq.storage.queue import Queue
 
-__all__ = ["ReadsMixin", "estimate_between"]
+__all__ = ["ReadsMixin"]
 
 
 class ReadsMixin(QueueCore):
@@ -119,19 +119,16 @@ class ReadsMixin(QueueCore):
     def stats(self: Queue) -> QueueStats:
         now = self.engine.now()
         with self.lock:
-            nowkey = encode_key(now, MAX_ID, TOMBSTONE)
             mems = [self.memseg, *(m for _, m in self.frozen)]
-            pending = sum(m.pending_count - m.tombstone_count for m in mems)
-            pending += sum(r.info.pending_count - r.info.tombstone_count for r in self.segments)
-            due = sum(m.count_between(self.cursor, nowkey) for m in mems)
-            for r in self.segments:
-                due += estimate_between(r, self.cursor, nowkey)
+            head = self.view.peek(self.cursor)
+            counted = self.state_counter.count(
+                [*mems, *(r.counts for r in self.segments)],
+                self.cursor,
+                now,
+                None if head is None else head[0],
+            )
             leased = len(self.leases)
-            due = max(0, min(due, pending - leased))
-            top = self.view.peek(self.cursor)  # may be a cancelled pair: only if work is due
-            oldest = None
-            if due > 0 and top is not None and key_deadline(top[0]) <= now:
-                oldest = now - key_deadline(top[0])
+            oldest = None if counted.oldest_due is None else now - counted.oldest_due
             disk = sum(r.file_size for r in self.segments)
             disk += self.wal.size if self.loaded else 0
             for path, _m in self.frozen:
@@ -142,9 +139,9 @@ class ReadsMixin(QueueCore):
             return QueueStats(
                 name=self.name,
                 config=self.config,
-                pending=max(pending, 0),
-                due=due,
-                delayed=max(pending - leased - due, 0),
+                pending=counted.pending,
+                due=counted.due,
+                delayed=counted.delayed,
                 leased=leased,
                 segments=len(self.segments),
                 bytes_on_disk=disk,
@@ -159,16 +156,3 @@ class ReadsMixin(QueueCore):
                     **self.counters,
                 },
             )
-
-
-def estimate_between(reader: SegmentReader, after: bytes, upto: bytes) -> int:
-    """Entries of ``reader`` with after < key <= upto, to within one block at each end.
-
-    Exactly 0 when ``after`` is at or past the segment's last key (a segment whose
-    items were all delivered: its last block would otherwise count as due).
-    """
-    if not reader.first_keys or upto < reader.first_keys[0] or after >= reader.info.last_key:
-        return 0
-    lo = reader.block_for(after) if after else 0
-    hi = reader.block_for(upto)
-    return sum(reader.block_entries[lo : hi + 1])

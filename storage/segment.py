@@ -29,6 +29,7 @@ import zstandard
 from dq.storage import fileio
 from dq.storage.codec import KEY_SIZE, TOMBSTONE, iter_entries, key_id
 from dq.storage.errors import CorruptionError
+from dq.storage.segment_counts import SegmentCounts
 
 __all__ = [
     "BLOCK_TARGET",
@@ -321,6 +322,15 @@ class SegmentReader:
         self.closed = False
         #: the merge output that replaced this segment (a hint for value lookups)
         self.replaced_by: SegmentReader | None = None
+        self._counts: SegmentCounts | None = None
+
+    @property
+    def counts(self) -> SegmentCounts:
+        """Exact counts below a key, for stats (made on first use: a merge's inputs
+        never need them)."""
+        if self._counts is None:
+            self._counts = SegmentCounts(self)
+        return self._counts
 
     @property
     def seg_lo(self) -> int:

@@ -169,8 +169,9 @@ class QueueConfig:
 
 @dataclass(frozen=True, slots=True)
 class QueueStats:
-    """Live figures for one queue. Counts in segment files are exact; the due/delayed
-    split of items in segment files is estimated to within one block per segment."""
+    """Live figures for one queue, exact (``storage/state_counts.py``): ``pending`` =
+    ``due`` + ``delayed`` + ``leased`` but for the instant a release or requeue is
+    being written (its item is still pending, no longer leased)."""
 
     name: str
     config: QueueConfig

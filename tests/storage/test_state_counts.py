@@ -1,0 +1,230 @@
+"""A queue's due, delayed and oldest-due figures are exact wherever its items live: in
+the log, in segment files of many blocks, after a restart, as time passes, with
+tombstones in other segment files, and after merges.
+
+Each figure is checked against numbers the test knows, and against ``browse`` (which
+looks at every item) in a random run of every operation.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from dq.storage import Engine, NewItem, Release, Requeue
+from tests.storage.conftest import FakeClock
+
+HOUR = 3_600_000
+#: values this long put ~60 entries in a 64 KiB block: a few thousand items make
+#: segment files of dozens of blocks
+VALUE = b"v" * 1000
+
+Opener = Callable[..., Engine]
+
+
+def counts(engine: Engine, queue: str = "q") -> tuple[int, int, int, int]:
+    s = engine.stats(queue)
+    return s.pending, s.due, s.delayed, s.leased
+
+
+def browsed(engine: Engine, queue: str = "q") -> tuple[int, int, int, int]:
+    """(pending, due, delayed, leased) from every item, one page at a time."""
+    seen = {"due": 0, "delayed": 0, "leased": 0}
+    cursor: str | None = None
+    while True:
+        page = engine.browse(queue, "all", cursor, limit=1000)
+        for item in page.items:
+            seen[item.state] += 1
+        if page.next is None:
+            break
+        cursor = page.next
+    return sum(seen.values()), seen["due"], seen["delayed"], seen["leased"]
+
+
+def restart(open_engine: Opener, engine: Engine) -> Engine:
+    """Close ``engine`` and open its directory again, every log frozen into a segment
+    file (as a server does in the background after it starts)."""
+    engine.close()
+    again = open_engine()
+    for name in again.list_queues():
+        again.freeze(name)
+    return again
+
+
+def segment_files(engine: Engine, queue: str = "q") -> int:
+    return engine.stats(queue).segments
+
+
+def test_a_restart_keeps_one_due_and_one_delayed_apart(
+    open_engine: Opener, clock: FakeClock
+) -> None:
+    engine = open_engine()
+    engine.enqueue("q", [NewItem(b"now"), NewItem(b"later", delay_ms=HOUR)])
+    assert counts(engine) == (2, 1, 1, 0)
+    engine = restart(open_engine, engine)
+    assert segment_files(engine) == 1  # both in one block of one segment file
+    assert counts(engine) == (2, 1, 1, 0)
+    s = engine.stats("q")
+    assert s.oldest_due_age_ms == 0
+    clock.advance(HOUR)
+    assert counts(engine) == (2, 2, 0, 0)
+    assert engine.stats("q").oldest_due_age_ms == HOUR
+
+
+def test_many_delayed_items_across_blocks_become_due_one_by_one(
+    open_engine: Opener, clock: FakeClock
+) -> None:
+    """3,000 items a second apart in a segment file of ~50 blocks: at every step of the
+    clock exactly the items whose deadline passed are due, without a restart."""
+    engine = open_engine()
+    start = clock.now
+    deadlines = [start + 1000 * i for i in range(-1000, 2000)]
+    for lo in range(0, len(deadlines), 500):
+        engine.enqueue("q", [NewItem(VALUE, deadline=d) for d in deadlines[lo : lo + 500]])
+    engine.freeze("q")
+    reader = engine.queue("q").segments[0]
+    assert len(reader.first_keys) > 40
+    for step in [0, 1, 999, 1000, 1001, 65_432, 400_000, 999_999, 1_000_000, 1_998_999]:
+        clock.now = start + step
+        due = sum(1 for d in deadlines if d <= clock.now)
+        assert counts(engine) == (3000, due, 3000 - due, 0), step
+        oldest = engine.stats("q").oldest_due_age_ms
+        assert oldest == clock.now - deadlines[0]
+    engine = restart(open_engine, engine)
+    assert counts(engine) == browsed(engine) == (3000, 2999, 1, 0)
+
+
+def test_the_boundary_inside_one_block_moves_with_the_clock(
+    open_engine: Opener, clock: FakeClock
+) -> None:
+    """Deadlines a millisecond apart, several items each, all in one block: the count
+    follows the clock item by item."""
+    engine = open_engine()
+    start = clock.now
+    deadlines = [start + ms for ms in range(-20, 21) for _ in range(3)]
+    engine.enqueue("q", [NewItem(b"x", deadline=d) for d in deadlines])
+    engine.freeze("q")
+    assert len(engine.queue("q").segments[0].first_keys) == 1
+    for ms in range(-25, 26):
+        clock.now = start + ms
+        due = sum(1 for d in deadlines if d <= clock.now)
+        assert counts(engine) == (len(deadlines), due, len(deadlines) - due, 0), ms
+    engine = restart(open_engine, engine)
+    clock.now = start
+    assert counts(engine) == (123, 63, 60, 0)
+
+
+def test_tombstones_in_other_segment_files_cancel_what_they_count(
+    open_engine: Opener, clock: FakeClock
+) -> None:
+    """Released, requeued and deleted items leave pending entries in one segment file
+    and tombstones in others: after a restart (the cursor back at the start, every
+    tombstone ahead of it) none of them counts, due or delayed."""
+    engine = open_engine()
+    now = clock.now
+    engine.enqueue("q", [NewItem(VALUE, deadline=now - 10_000 + i) for i in range(600)])
+    engine.enqueue("q", [NewItem(VALUE, deadline=now + HOUR + i) for i in range(600)])
+    engine.freeze("q")
+    got = engine.dequeue("q", 400, lease_ms=60_000)
+    engine.release("q", [Release(d.id, d.receipt) for d in got[:300]])
+    # 50 back due later, 50 due at once (behind the cursor's deadline: placed after it)
+    engine.requeue("q", [Requeue(d.id, d.receipt, delay_ms=2 * HOUR) for d in got[300:350]])
+    engine.requeue("q", [Requeue(d.id, d.receipt, delay_ms=0) for d in got[350:]])
+    delayed_ids = [i.id for i in engine.browse("q", "delayed", None, limit=20).items]
+    for item_id in delayed_ids:
+        engine.delete_item("q", item_id)  # tombstones ahead of the cursor
+    expected = (1200 - 300 - 20, 600 - 400 + 50, 600 - 20 + 50, 0)
+    assert counts(engine) == browsed(engine) == expected
+    engine.freeze("q")
+    assert segment_files(engine) == 2
+    assert counts(engine) == browsed(engine) == expected
+    engine = restart(open_engine, engine)
+    assert counts(engine) == browsed(engine) == expected
+    # the oldest due item is the oldest never delivered, not a released one before it
+    assert engine.stats("q").oldest_due_age_ms == 10_000 - 400
+
+
+def test_counts_stay_exact_through_merges(open_engine: Opener, clock: FakeClock) -> None:
+    engine = open_engine()
+    rng = random.Random(5)
+    for _ in range(4):
+        engine.enqueue(
+            "q",
+            [NewItem(VALUE, deadline=clock.now + rng.randint(-HOUR, HOUR)) for _ in range(300)],
+        )
+        got = engine.dequeue("q", 100, lease_ms=60_000)
+        engine.release("q", [Release(d.id, d.receipt) for d in got[:70]])
+        engine.requeue("q", [Requeue(d.id, d.receipt, delay_ms=HOUR // 2) for d in got[70:]])
+        engine.freeze("q")
+    engine = restart(open_engine, engine)
+    before = browsed(engine)
+    assert before[0] == 4 * (300 - 70) and before[1] > 0 and before[2] > 0
+    assert counts(engine) == before
+    q = engine.queue("q")
+    q.merge(1, 3)  # the middle two: rogue tombstones kept
+    assert segment_files(engine) == 3
+    assert counts(engine) == before
+    q.merge(0, len(q.segments))  # everything: pairs cancelled, rogue tombstones dropped
+    assert segment_files(engine) == 1
+    assert counts(engine) == before
+    clock.advance(HOUR // 3)
+    assert counts(engine) == browsed(engine)
+
+
+def test_a_random_run_always_counts_what_browse_sees(open_engine: Opener, clock: FakeClock) -> None:
+    """Every operation in random order; after each step stats and browse agree, and
+    pending is due + delayed + leased."""
+    engine = open_engine()
+    engine.ensure_queue("q")
+    rng = random.Random(11)
+    leased: dict[int, tuple[str, int]] = {}  # id -> (receipt, lease expiry)
+    for step in range(200):
+        op = rng.random()
+        if op < 0.3:
+            engine.enqueue(
+                "q",
+                [
+                    NewItem(
+                        b"x" * rng.randint(1, 3000),
+                        deadline=clock.now + rng.randint(-60_000, 120_000),
+                    )
+                    for _ in range(rng.randint(1, 40))
+                ],
+            )
+        elif op < 0.45:
+            for d in engine.dequeue("q", rng.randint(1, 20), lease_ms=rng.randint(1, 60_000)):
+                leased[d.id] = (d.receipt, d.lease_expires)
+        elif op < 0.6 and leased:
+            ids = rng.sample(sorted(leased), min(len(leased), rng.randint(1, 10)))
+            engine.release("q", [Release(i, leased.pop(i)[0]) for i in ids])
+        elif op < 0.7 and leased:
+            ids = rng.sample(sorted(leased), min(len(leased), rng.randint(1, 10)))
+            engine.requeue(
+                "q",
+                [Requeue(i, leased.pop(i)[0], delay_ms=rng.randint(0, 90_000)) for i in ids],
+            )
+        elif op < 0.75:
+            items = engine.browse("q", "all", None, limit=50).items
+            waiting = [i for i in items if i.state != "leased"]
+            if waiting:
+                engine.delete_item("q", rng.choice(waiting).id)
+        elif op < 0.82:
+            engine.freeze("q")
+        elif op < 0.86:
+            q = engine.queue("q")
+            if len(q.segments) >= 2:
+                start = rng.randrange(len(q.segments) - 1)
+                q.merge(start, rng.randint(start + 1, len(q.segments)))
+        elif op < 0.89:
+            engine = restart(open_engine, engine)
+            leased.clear()
+        else:
+            clock.advance(rng.randint(1, 30_000))
+            engine.expire_leases("q")
+            leased = {i: lease for i, lease in leased.items() if lease[1] > clock.now}
+        stats = engine.stats("q")
+        assert counts(engine) == browsed(engine), step
+        assert stats.pending == stats.due + stats.delayed + stats.leased, step
+        due = engine.browse("q", "due", None, limit=1).items
+        expected_age = clock.now - due[0].deadline if due else None
+        assert stats.oldest_due_age_ms == expected_age, step
