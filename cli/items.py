@@ -6,11 +6,11 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from dq.cli._format import When, parse_when, when
+from dq.cli._format import When, parse_when, plural, when
 from dq.cli._remote import add_common, console, emit_json, run_remote, value_text
 
 if TYPE_CHECKING:
-    from dq.client import Client
+    from dq.client import Client, QueueStats
 
 __all__ = ["register"]
 
@@ -110,10 +110,18 @@ def put(args: argparse.Namespace) -> int:
 def get(args: argparse.Namespace) -> int:
     def action(dq: Client) -> int:
         items = dq.dequeue(args.queue, args.count, args.lease_ms, args.wait_ms)
+        paused = None if items else _paused(dq, args.queue)
+        if paused is not None:  # on stderr with --json too: the empty list alone reads as "idle"
+            print(
+                f"dq get: queue {args.queue} is paused: it hands nothing out until "
+                f"`dq resume {args.queue}` ({plural(paused.due, 'item')} due)",
+                file=sys.stderr,
+            )
         if args.json:
             emit_json(items)
         elif not items:
-            print("(no due items)", file=sys.stderr)
+            if paused is None:
+                print("(no due items)", file=sys.stderr)
         else:
             from rich.table import Table
 
@@ -137,6 +145,18 @@ def get(args: argparse.Namespace) -> int:
         return 1 if failed else 0
 
     return run_remote(args, action)
+
+
+def _paused(dq: Client, queue: str) -> QueueStats | None:
+    """The queue's stats if it is paused: an empty answer then means "paused", not
+    "nothing due" (one more request, only when nothing came back)."""
+    from dq.client import NotFound
+
+    try:
+        stats = dq.queue(queue).stats
+    except NotFound:
+        return None
+    return stats if stats.paused else None
 
 
 def ack(args: argparse.Namespace) -> int:

@@ -220,3 +220,19 @@ def test_stats_shows_what_an_operator_reads_first(server: LiveServer, queue: str
     # pending, due, delayed, leased, dead-lettered
     assert re.search(rf"{re.escape(queue)}\s+│\s+1\s+│\s+0\s+│\s+0\s+│\s+1\s+│\s+1\s", listing)
     assert "segments" not in listing and "segments" in dq(server, "queues", "--all").stdout
+
+
+def test_get_on_a_paused_queue_says_it_is_paused(server: LiveServer, queue: str) -> None:
+    dq(server, "put", queue, "waiting")
+    dq(server, "pause", queue)
+    said = f"dq get: queue {queue} is paused: it hands nothing out until `dq resume {queue}` (1 item due)"
+    r = dq(server, "get", queue)
+    assert r.returncode == 0 and r.stderr.splitlines() == [said], r.stderr
+    assert "no due items" not in r.stderr
+    r = dq(server, "get", queue, "--json")
+    assert json.loads(r.stdout) == [] and r.stderr.splitlines() == [said]
+    dq(server, "resume", queue)
+    r = dq(server, "get", queue, "--ack")
+    assert r.returncode == 0 and "waiting" in r.stdout and "paused" not in r.stderr
+    r = dq(server, "get", queue)
+    assert r.stderr.strip() == "(no due items)"  # running and empty: as before
