@@ -55,6 +55,7 @@ from dq.shm import command_codec as codec
 from dq.shm.attach import Attachment, attach
 from dq.shm.command_ring import (
     DEFAULT_SPIN_US,
+    FLAG_DRAINING,
     KEY_SIZE,
     RESPONSE_BODY_MAX,
     VALUE_MAX,
@@ -462,15 +463,15 @@ class ShmTransport:
         _check_range("lease_ms", lease_ms, 1)
         _check_range("wait_ms", wait_ms, 0)
         end = time.monotonic() + wait_ms / 1000
-        first = self._dequeue_once(
+        first, flags = self._dequeue_once(
             queue, count, lease_ms, min(wait_ms, LONG_POLL_SLICE_MS), release
         )
         items: list[Item] = first
         while not items and not (cancelled is not None and cancelled.is_set()):
             left = int((end - time.monotonic()) * 1000)
-            if left <= 0:
+            if left <= 0 or flags & FLAG_DRAINING:  # the server is shutting down: stop
                 break
-            items = self._dequeue_once(queue, count, lease_ms, min(left, LONG_POLL_SLICE_MS))
+            items, flags = self._dequeue_once(queue, count, lease_ms, min(left, LONG_POLL_SLICE_MS))
         return first if items is first else Dequeued(list(items), first.released)
 
     def _dequeue_once(
@@ -480,24 +481,26 @@ class ShmTransport:
         lease_ms: int | None,
         wait_ms: int,
         release: Sequence[Release] = (),
-    ) -> Dequeued:
-        """One FIND. The releases go first, pipelined with it in one burst: one wake-up."""
+    ) -> tuple[Dequeued, int]:
+        """One FIND, and the flags of its answer (0 over HTTP). The releases go first,
+        pipelined with it in one burst: one wake-up."""
         if self._over_http():
             got: Dequeued = self._http_transport().dequeue(queue, count, lease_ms, wait_ms, release)
-            return got
+            return got, 0
         timeout = self._timeout + wait_ms / 1000
         if not release:  # the common call: a FIND alone, without the releases' bookkeeping
             find = self._find_span(count, wait_ms, lease_ms, self._ring.capacity - 1)
             responses = self._run(queue, [find], timeout)
             refused = self._refused(responses)
             if refused:
-                return self._dequeue_over_http(
+                over_http = self._dequeue_over_http(
                     queue, count, lease_ms, wait_ms, release, [], responses, refused
                 )
+                return over_http, 0
             (r,) = responses
             if r.status != _OK:
                 _raise(r, queue)
-            return Dequeued(self._deliveries(r.body), [])
+            return Dequeued(self._deliveries(r.body), []), r.flags
         _check_receipts([r.receipt for r in release])
         sendable = [r for r in release if _ascii(r.receipt)]
         commands, many = self._deletes(sendable)
@@ -508,15 +511,16 @@ class ShmTransport:
             responses = [*self._per_item(responses[0], len(sendable)), responses[-1]]
         refused = self._refused(responses)
         if refused:
-            return self._dequeue_over_http(
+            over_http = self._dequeue_over_http(
                 queue, count, lease_ms, wait_ms, release, sendable, responses, refused
             )
+            return over_http, 0
         *released, r = responses
         answers = dict(zip([id(x) for x in sendable], released, strict=True))
         outcomes = [self._outcome(queue, x.id, answers.get(id(x)), _released_ok) for x in release]
         if r.status != _OK:
             _raise(r, queue)
-        return Dequeued(self._deliveries(r.body), outcomes)
+        return Dequeued(self._deliveries(r.body), outcomes), r.flags
 
     def _dequeue_over_http(
         self,

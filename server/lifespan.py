@@ -33,6 +33,7 @@ from dq.server.keyed_batches import IdempotentBatches
 from dq.server.longpoll import LongPoll
 from dq.storage.errors import StorageError
 from dq.storage.syncer import NOT_INLINE
+from dq.storage.waits import Waits
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -80,7 +81,7 @@ def _local_url(settings: Settings) -> str:
     return f"{scheme}://{host}:{settings.port}"
 
 
-def _start_shm(engine: Engine, settings: Settings) -> Any:
+def _start_shm(engine: Engine, settings: Settings, waits: Waits) -> Any:
     """The command-ring server plus the submission, broadcast and telemetry rings
     (docs/shm.md); None if shared memory cannot be served here."""
     from dq.shm.errors import ShmError
@@ -95,6 +96,7 @@ def _start_shm(engine: Engine, settings: Settings) -> Any:
             max_clients=settings.shm_max_clients,
             spin_us=settings.shm_spin_us,
             max_wait_ms=settings.max_wait_ms,
+            waits=waits,
         ).start()
     except (ShmError, OSError) as exc:
         logger.warning("shared memory not served (HTTP only): %s", exc)
@@ -144,11 +146,13 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
         completions = Completions(loop)
         completions.bind_thread()
         inline = commit_on_loop(opened, settings, loop)
+        # one set of long-poll waiters for both transports: a drain ends both alike
+        waits = Waits(opened)
         app.state.service = service = Service(
             opened,
             settings,
             app.state.metrics,
-            LongPoll(opened, loop),
+            LongPoll(opened, loop, waits),
             completions,
             groups,
             open_keyed_batches(opened, settings),
@@ -180,7 +184,7 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
                     settings.etcd,
                 )
             if settings.shm:
-                shm = await asyncio.to_thread(_start_shm, opened, settings)
+                shm = await asyncio.to_thread(_start_shm, opened, settings, waits)
                 app.state.shm = shm
                 if shm is not None:
                     logger.info("shared-memory server started")

@@ -25,7 +25,6 @@ import dataclasses
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -33,7 +32,9 @@ from typing import Any
 
 from dq.shm import command_codec as codec
 from dq.shm.command_ring import (
+    FLAG_DRAINING,
     FLAG_MORE,
+    FLAG_NO_QUEUE,
     RESPONSE_BODY_MAX,
     RESPONSE_HEAD,
     Command,
@@ -44,6 +45,7 @@ from dq.shm.command_ring import (
 from dq.shm.errors import MalformedSlot
 from dq.storage.errors import InvalidArgument, NotLeader, StorageError
 from dq.storage.types import Extend, ItemOutcome, NewItem, Release, Requeue, check_queue_name
+from dq.storage.waits import Waits
 
 __all__ = ["ASYNC_OPS", "MANY_OPS", "CommandHandler", "Outcome"]
 
@@ -64,7 +66,6 @@ ASYNC_OPS = frozenset({Op.PUT, Op.DELETE, Op.REQUEUE})
 MANY_OPS = frozenset({Op.PUT_MANY, Op.DELETE_MANY})  # durable too; their body spans PARTs
 _KNOWN_OPS = frozenset(int(op) for op in Op)
 FUTURE_POLL_S = 1.0
-STOP_POLL_S = 0.2  # how soon a long-polling FIND notices its session stopping
 Result = tuple[int, bytes]
 
 
@@ -76,6 +77,7 @@ class Outcome:
     future: concurrent.futures.Future[Any] | None = None
     finish: Callable[[Any], Result] | None = None
     encoded: bytes | None = None  # a response already cut to one slot (a continuation)
+    flags: int = 0  # set in every slot of the answer beside MORE (FIND's NO_QUEUE, DRAINING)
 
 
 def _status_for(code: str) -> int:
@@ -168,13 +170,19 @@ class CommandHandler:
         queue: str | None,
         stopping: threading.Event,
         max_wait_ms: int = 20_000,
+        waits: Waits | None = None,
+        woken: threading.Event | None = None,
     ) -> None:
         self._engine = engine
         self.queue = queue
         self._stopping = stopping
         self._max_wait_ms = max_wait_ms  # a FIND long-polls at most this long, as over HTTP
+        self._waits = waits if waits is not None else Waits(engine)
+        #: what a long-polling FIND sleeps on; its session sets it when it stops
+        self._woken = woken if woken is not None else threading.Event()
         self._rest = b""  # the last response when it did not fit its slot ...
-        self._rest_at = 0  # ... and where its next chunk starts
+        self._rest_at = 0  # ... and where its next chunk starts ...
+        self._rest_flags = 0  # ... and the flags each of its chunks carries
 
     # ---- the two-step protocol used by the session loop ----------------------------------
 
@@ -283,21 +291,21 @@ class CommandHandler:
             except Exception as exc:
                 status, body = _error(exc)
         room = slots * RESPONSE_BODY_MAX
+        flags = outcome.flags
         if len(body) > room:
             if whole:
-                self._rest, self._rest_at = body, room
+                self._rest, self._rest_at, self._rest_flags = body, room, flags
             else:
                 body = body[:room]
         if slots == 1:
-            return [
-                encode_response(status, body[:RESPONSE_BODY_MAX], FLAG_MORE * (len(body) > room))
-            ]
+            more = FLAG_MORE * (len(body) > room)
+            return [encode_response(status, body[:RESPONSE_BODY_MAX], flags | more)]
         size = len(body)
         return [
             encode_response(
                 status,
                 body[at : at + RESPONSE_BODY_MAX],
-                FLAG_MORE * (at + RESPONSE_BODY_MAX < size),
+                flags | FLAG_MORE * (at + RESPONSE_BODY_MAX < size),
             )
             for at in range(0, room, RESPONSE_BODY_MAX)
         ]
@@ -318,7 +326,7 @@ class CommandHandler:
                 status, body = _error(exc)
         if len(body) > RESPONSE_BODY_MAX:  # cut, as ``finish_span`` cuts it: no MORE
             body = body[:RESPONSE_BODY_MAX]
-        return RESPONSE_HEAD.pack(status, 0, 0) + body
+        return RESPONSE_HEAD.pack(status, outcome.flags, 0) + body
 
     def _wait(self, future: concurrent.futures.Future[Any]) -> Any:
         while True:
@@ -339,7 +347,8 @@ class CommandHandler:
             self._rest_at = end
         else:
             self._rest = b""
-        return Outcome(encoded=encode_response(int(Status.OK), rest[start:end], FLAG_MORE * more))
+        flags = self._rest_flags | FLAG_MORE * more
+        return Outcome(encoded=encode_response(int(Status.OK), rest[start:end], flags))
 
     # ---- ops ---------------------------------------------------------------------------------
 
@@ -365,46 +374,24 @@ class CommandHandler:
             outcomes = engine.extend(queue, [Extend(args.id, args.receipt, args.arg)])
             return Outcome(_item_result(outcomes, _extended_body))
         if op == FIND:
-            return Outcome((OK, self._find(queue, codec.decode_find(cmd.key))))
+            return self._find(queue, codec.decode_find(cmd.key))
         # Op.STATS
         stats = dataclasses.asdict(engine.stats(queue))
         return Outcome((int(Status.OK), json.dumps(stats, separators=(",", ":")).encode()))
 
-    def _find(self, queue: str, args: codec.FindArgs) -> bytes:
-        """Dequeue, long-polling up to ``wait_ms``; a queue not created yet has nothing due.
-
-        A worker may start before its producer (as over HTTP): while the queue does not
-        exist the wait goes on, checking for it as often as the session checks for a stop.
-        A follower refuses first (``not_leader``), as over HTTP, whether the queue exists
-        here or not.
-        """
+    def _find(self, queue: str, args: codec.FindArgs) -> Outcome:
+        """Dequeue, long-polling up to ``wait_ms`` (``storage/waits.py``, as over HTTP):
+        a queue not created yet has nothing due, and the wait goes on until it is (a
+        worker may start before its producer). A follower refuses first
+        (``not_leader``), as over HTTP, whether the queue exists here or not."""
         engine = self._engine
         engine.check_writable()  # a follower sends the dequeue to the leader, queue or not
         limit = engine.config.max_batch
         if args.count > limit:  # as over HTTP: a count, not a batch (400, not 413)
             raise InvalidArgument(f"count {args.count} exceeds the limit {limit}")
-        end = time.monotonic() + min(args.wait_ms, self._max_wait_ms) / 1000
-        while not engine.has_queue(queue):
-            check_queue_name(queue)  # a bad name is an error, not an endless wait
-            left = end - time.monotonic()
-            if left <= 0 or self._stopping.wait(min(left, STOP_POLL_S)):
-                return codec.encode_deliveries([])
-        items = engine.dequeue(queue, args.count, args.lease_ms)
-        if items or args.wait_ms == 0:
-            return codec.encode_deliveries(items)
-        published = threading.Event()
-        unsubscribe = engine.watch(queue, published.set)
-        try:
-            while not items and not self._stopping.is_set():
-                left = end - time.monotonic()
-                if left <= 0:
-                    break
-                wakeup = engine.next_wakeup(queue)
-                if wakeup is not None:
-                    left = min(left, max(0.001, (wakeup - engine.now()) / 1000))
-                published.wait(min(left, STOP_POLL_S))
-                published.clear()
-                items = engine.dequeue(queue, args.count, args.lease_ms)
-        finally:
-            unsubscribe()
-        return codec.encode_deliveries(items)
+        wait_ms = min(args.wait_ms, self._max_wait_ms)
+        got = self._waits.wait_blocking(
+            queue, args.count, args.lease_ms, wait_ms, self._woken, self._stopping
+        )
+        flags = FLAG_NO_QUEUE * (not got.queue_exists) | FLAG_DRAINING * got.draining
+        return Outcome((OK, codec.encode_deliveries(got)), flags=flags)

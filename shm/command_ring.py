@@ -98,6 +98,9 @@ RESPONSE_HEAD = struct.Struct("<BBH")  # status, flags, reserved
 assert RESPONSE_HEAD.size == 4
 RESPONSE_BODY_MAX = RESPONSE_MAX - RESPONSE_HEAD.size
 FLAG_MORE = 0x01  # the body continues: send Op.CONTINUE for the next chunk
+#: FIND only (a client that does not know them ignores them, as it ignores reserved bits):
+FLAG_NO_QUEUE = 0x02  # the queue does not exist (yet): nothing comes until it is created
+FLAG_DRAINING = 0x04  # the server is shutting down: its long-polls end at once
 
 MAX_CAPACITY = 4096
 CONTINUE_WINDOW = 32  # continuation chunks a client asks for at once
@@ -375,7 +378,7 @@ class ClientRing:
             status = chunk.status if status is None else status
             parts.append(chunk.body)
             if not chunk.more:
-                return Response(status, 0, b"".join(parts))
+                return Response(status, chunk.flags, b"".join(parts))
         parts.append(last.body)
         return Response(last.status if status is None else status, last.flags, b"".join(parts))
 
@@ -404,8 +407,8 @@ class ClientRing:
         while True:
             while not last and len(inflight) < window:
                 inflight.append(self.submit(Op.CONTINUE, bytes(KEY_SIZE), b"", timeout_s))
-            if not inflight:
-                return Response(first.status, 0, b"".join(parts))
+            if not inflight:  # the first chunk's flags, but MORE
+                return Response(first.status, first.flags & ~FLAG_MORE, b"".join(parts))
             response = self.wait(inflight.popleft(), timeout_s)
             if last:
                 continue

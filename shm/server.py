@@ -58,6 +58,7 @@ from dq.shm.command_ring import (
 )
 from dq.shm.errors import ShmError
 from dq.storage.types import check_queue_name
+from dq.storage.waits import Waits
 
 __all__ = ["ShmServer"]
 
@@ -96,6 +97,8 @@ class Session:
         self.sock = sock
         self.number = number
         self.stopping = threading.Event()
+        #: wakes a long-polling FIND: set by the engine's publications and by ``stop``
+        self.woken = threading.Event()
         self.name: str | None = None
         self.ring: ServerRing | None = None
         self._mm: Any = None
@@ -118,6 +121,7 @@ class Session:
 
     def stop(self) -> None:
         self.stopping.set()
+        self.woken.set()
         if self.ring is not None:
             with contextlib.suppress(ValueError, OSError):
                 self.ring.wake()
@@ -176,7 +180,10 @@ class Session:
             },
         )
         sock.settimeout(None)
-        return CommandHandler(self.server.engine, queue, self.stopping, self.server.max_wait_ms)
+        server = self.server
+        return CommandHandler(
+            server.engine, queue, self.stopping, server.max_wait_ms, server.waits, self.woken
+        )
 
     def _serve(self, handler: CommandHandler) -> None:
         ring = self.ring
@@ -340,9 +347,12 @@ class ShmServer:
         max_clients: int = 256,
         spin_us: float = DEFAULT_SPIN_US,
         max_wait_ms: int = 20_000,
+        waits: Waits | None = None,
     ) -> None:
         self.engine = engine
         self.max_wait_ms = max_wait_ms
+        #: the long-poll waiters, shared with the HTTP server when it runs this one
+        self.waits = waits if waits is not None else Waits(engine)
         self.data_dir = Path(data_dir)
         self.http_url = http_url
         self.max_clients = max_clients

@@ -15,9 +15,19 @@ import pytest
 
 from dq.shm import command_codec as codec
 from dq.shm.command_handler import CommandHandler, Outcome
-from dq.shm.command_ring import RESPONSE_BODY_MAX, Command, Op, Status, encode_response
-from dq.storage import Engine, EngineConfig
+from dq.shm.command_ring import (
+    FLAG_DRAINING,
+    FLAG_NO_QUEUE,
+    RESPONSE_BODY_MAX,
+    Command,
+    Op,
+    Status,
+    encode_response,
+)
+from dq.storage import Engine, EngineConfig, NewItem
 from dq.storage.errors import StorageError
+from dq.storage.waits import Waits
+from tests.shm.test_command_ring import doc_example
 
 WAIT_S = 10.0
 
@@ -86,3 +96,23 @@ def test_refusals_errors_and_long_bodies_match(handler: CommandHandler) -> None:
 
     continued = Outcome(encoded=encode_response(Status.OK, b"abc", 1))
     assert both(handler, continued) == continued.encoded
+
+
+def test_a_find_on_a_missing_queue_says_so_as_docs_shm_md_shows(tmp_path: Path) -> None:
+    """``NO_QUEUE`` on a FIND of a queue nobody created, clear once it exists; with the
+    server draining, ``DRAINING`` too."""
+    raw = doc_example("find-no-queue-response")
+    with Engine.open(tmp_path / "data", EngineConfig(fsync="never")) as engine:
+        waits = Waits(engine)
+        handler = CommandHandler(engine, "not-yet", threading.Event(), waits=waits)
+        find = Command(0, Op.FIND, codec.encode_find(1, 0, 0), b"", 0)
+        assert handler.finish(handler.begin(find)) == raw[4:]
+        engine.enqueue("not-yet", [NewItem(b"v")])
+        answer = handler.finish(handler.begin(find))
+        assert answer[:2] == bytes([Status.OK, 0]) and len(codec.decode_deliveries(answer[4:])) == 1
+        waits.drain()
+        handler.queue = "still-not"
+        waited = handler.finish(
+            handler.begin(Command(0, Op.FIND, codec.encode_find(1, 5_000, 0), b"", 0))
+        )
+        assert waited[:2] == bytes([Status.OK, FLAG_NO_QUEUE | FLAG_DRAINING])
