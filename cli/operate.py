@@ -169,6 +169,9 @@ def peek(args: argparse.Namespace) -> int:
             emit_json(item)
         else:
             _table([item], values=True)
+            if item.moved_to is not None:  # dead-lettered or redriven: a new id elsewhere
+                to = item.moved_to
+                print(f"moved to {to.queue} as item {to.id}: dq peek {to.queue} {to.id}")
         return 0
 
     return run_remote(args, action)

@@ -21,6 +21,7 @@ from dq.client.types import (
     Extend,
     Item,
     ItemStats,
+    MovedTo,
     NewItem,
     Outcome,
     QueueConfig,
@@ -306,6 +307,7 @@ def queue_from_stats(doc: dict[str, Any]) -> QueueInfo:
 def parse_browsed(d: Any) -> BrowsedItem:
     s = d.get("stats")
     value = d.get("value")
+    moved = d.get("moved_to")
     return BrowsedItem(
         d["id"],
         d.get("deadline"),
@@ -315,6 +317,7 @@ def parse_browsed(d: Any) -> BrowsedItem:
         None if value is None else _decode(value, d.get("encoding", "utf-8")),
         d.get("lease_expires"),
         d.get("dead_lettered_from"),
+        None if moved is None else MovedTo(moved["queue"], moved["id"]),
     )
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "Extend",
     "Item",
     "ItemStats",
+    "MovedTo",
     "NewItem",
     "Outcome",
     "QueueConfig",
@@ -153,6 +154,14 @@ class QueueInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class MovedTo:
+    """Where a dead-lettered or redriven item went: its queue and its new id there."""
+
+    queue: str
+    id: int
+
+
+@dataclass(frozen=True, slots=True)
 class BrowsedItem:
     """An item seen without leasing it. ``state``: "due", "delayed", "leased" or "gone"
     (no longer in the queue; then ``deadline`` and ``stats`` are None)."""
@@ -165,6 +174,8 @@ class BrowsedItem:
     value: bytes | None = None
     lease_expires: int | None = None
     dead_lettered_from: str | None = None
+    #: a gone item that was dead-lettered or redriven, while the server remembers the move
+    moved_to: MovedTo | None = None
 
 
 @dataclass(frozen=True, slots=True)

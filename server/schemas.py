@@ -389,6 +389,13 @@ class ErrorBody(BaseModel):
     )
 
 
+class MovedToOut(BaseModel):
+    """The queue a moved item went to and its new id there."""
+
+    queue: str
+    id: int
+
+
 class BrowsedItemOut(BaseModel):
     """An item seen without leasing it; ``state`` "gone": no longer in the queue."""
 
@@ -401,6 +408,11 @@ class BrowsedItemOut(BaseModel):
     encoding: Encoding | None = None
     lease_expires: int | None = None
     dead_lettered_from: str | None = None
+    moved_to: MovedToOut | None = Field(
+        default=None,
+        description="a gone item that was dead-lettered or redriven: where it went, while "
+        "the server remembers the move",
+    )
 
 
 class BrowsePageOut(BaseModel):

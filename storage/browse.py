@@ -35,6 +35,7 @@ from dq.storage.codec import MAX_ID, TOMBSTONE, decode_stats, encode_key, key_de
 from dq.storage.errors import BadCursor, CorruptionError
 from dq.storage.leases import Lease
 from dq.storage.memseg import MemSegment
+from dq.storage.moved import MovedTo
 from dq.storage.segment import Block, SegmentCursor, SegmentReader
 from dq.storage.types import BrowsedItem, BrowsePage, ItemStats
 
@@ -391,7 +392,7 @@ def as_item(q: Queue, found: Found, now: int, with_values: bool) -> BrowsedItem:
     )
 
 
-def gone(q: Queue, item_id: int) -> BrowsedItem:
+def gone(q: Queue, item_id: int, moved_to: MovedTo | None = None) -> BrowsedItem:
     return BrowsedItem(
         id=item_id,
         deadline=None,
@@ -399,4 +400,5 @@ def gone(q: Queue, item_id: int) -> BrowsedItem:
         stats=None,
         value_size=0,
         dead_lettered_from=q.meta.origins.get(item_id),
+        moved_to=moved_to,
     )

@@ -51,6 +51,7 @@ from dq.storage.errors import (
 from dq.storage.events import Event
 from dq.storage.itemmeta import check_key
 from dq.storage.merge_policy import MergePolicy
+from dq.storage.moved import MovedItems
 from dq.storage.operations import MAX_DEDUP_WINDOW_MS, Operations, effective_dead_letter_queue
 from dq.storage.queue import Queue
 from dq.storage.replica_engine import SCRATCH_PREFIX, ReplicaEngine, restore_replaced_queues
@@ -141,6 +142,8 @@ class Engine(Operations, ReplicaEngine):
         )
         self.compactor = Compactor(config.compaction)
         self.merge_policy = MergePolicy()
+        #: where dead-lettered and redriven items went, for peeks of their old ids
+        self.moved = MovedItems()
         #: (callback, wanted): ``wanted()`` False skips the callback and, when no one
         #: wants it, building the event at all
         self._listeners: list[tuple[Callable[[Event], None], Callable[[], bool] | None]] = []
@@ -388,6 +391,7 @@ class Engine(Operations, ReplicaEngine):
         fileio.rename(q.directory, trash)
         fileio.fsync_dir(os.path.join(self.root, "queues"))
         shutil.rmtree(trash, ignore_errors=True)
+        self.moved.forget_queue(name)
         self.emit("queue_deleted", name, [])
 
     def stats(self, name: str) -> QueueStats:
@@ -605,6 +609,8 @@ class Engine(Operations, ReplicaEngine):
                 return
 
             def moved(f: Future[Any], key: bytes = key) -> None:
+                if f.exception() is None:
+                    self.moved.record(source.name, key_id(key), target_name, f.result()[0].id)
                 if f.exception() is None and not source.closed:
                     try:
                         source.tombstone_keys([key])

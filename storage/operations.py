@@ -47,6 +47,7 @@ from dq.storage.errors import (
     StorageError,
     WriteStall,
 )
+from dq.storage.moved import MovedItems
 from dq.storage.queue_state import QueueState
 from dq.storage.types import (
     BrowsedItem,
@@ -134,6 +135,7 @@ class Operations:
         now: Callable[[], int]
         _queues: dict[str, Queue]
         replication: ReplicationSink | None
+        moved: MovedItems
 
         root: str
 
@@ -223,7 +225,7 @@ class Operations:
         with _scanned(q, item_id) as candidates:
             found = resolve(q, item_id, candidates)
             if found is None:
-                return gone(q, item_id)
+                return gone(q, item_id, self.moved.lookup(name, item_id))
             return as_item(q, found, now, with_values)
 
     # ------------------------------------------------------------------ removing
@@ -431,10 +433,11 @@ class Operations:
             targets: set[str] = set()
             for item_id, key, target, fut in pending:
                 try:
-                    fut.result()
+                    copy = fut.result()[0]
                 except StorageError as exc:
                     failed.append(ItemOutcome(item_id, exc.code, exc.message))
                     continue
+                self.moved.record(src.name, item_id, target, copy.id)
                 done.append(key)
                 targets.add(target)
             with src.lock:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from dq.storage.errors import InvalidQueueName
+from dq.storage.moved import MovedTo
 
 __all__ = [
     "MAX_QUEUE_NAME",
@@ -208,7 +209,9 @@ class BrowsedItem:
     """One item seen without leasing it (browse, peek).
 
     ``state`` "gone": the id was assigned in this queue but the item is no longer there
-    (released, deleted, purged, moved); then ``deadline`` and ``stats`` are None."""
+    (released, deleted, purged, moved); then ``deadline`` and ``stats`` are None, and
+    ``moved_to`` says where a dead-lettered or redriven item went while the server
+    remembers the move (``storage/moved.py``)."""
 
     id: int
     deadline: int | None
@@ -218,6 +221,7 @@ class BrowsedItem:
     value: bytes | None = None
     lease_expires: int | None = None
     dead_lettered_from: str | None = None
+    moved_to: MovedTo | None = None
 
 
 @dataclass(slots=True)

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from dq.client import Client, QueueConfig
 from dq.storage import Engine, NewItem
 from tests.server.live import REPO, LiveServer
 
@@ -236,3 +237,25 @@ def test_get_on_a_paused_queue_says_it_is_paused(server: LiveServer, queue: str)
     assert r.returncode == 0 and "waiting" in r.stdout and "paused" not in r.stderr
     r = dq(server, "get", queue)
     assert r.stderr.strip() == "(no due items)"  # running and empty: as before
+
+
+def test_peek_of_a_dead_lettered_item_says_where_it_went(server: LiveServer, queue: str) -> None:
+    """Dead-lettering gives the item a new id in the dead-letter queue: ``dq peek`` of
+    the old id says so, with the command that shows it."""
+    with Client(server.url) as client:
+        client.put_queue(queue, QueueConfig(default_lease_ms=100, max_deliveries=1))
+        old_id = client.enqueue(queue, b"poison")
+        client.dequeue(queue)
+        time.sleep(0.3)  # the lease runs out; the next dequeue moves it to the DLQ
+        client.dequeue(queue)
+        give_up = time.monotonic() + 5
+        while client.queue(queue).stats.dead_lettered == 0:
+            assert time.monotonic() < give_up, "the item was not dead-lettered"
+            time.sleep(0.05)
+        (dead,) = client.browse(f"{queue}.dlq").items
+    r = dq(server, "peek", queue, str(old_id))
+    assert r.returncode == 0, r.stderr
+    line = f"moved to {queue}.dlq as item {dead.id}: dq peek {queue}.dlq {dead.id}"
+    assert line in r.stdout, r.stdout
+    r = dq(server, "peek", queue, str(old_id), "--json")
+    assert json.loads(r.stdout)["moved_to"] == {"queue": f"{queue}.dlq", "id": dead.id}

@@ -161,6 +161,54 @@ def test_dead_letters_are_counted_logged_and_redriven(server: LiveServer, queue:
     assert "'to'" in r.json()["message"]
 
 
+def dead_letter_one(server: LiveServer, queue: str, value: str) -> int:
+    """Enqueue ``value`` into ``queue`` (max_deliveries 1) and let it die; its old id."""
+    config = {"max_deliveries": 1, "default_lease_ms": 100}
+    assert call(server, "PUT", f"/v1/queues/{queue}", json=config).status_code == 200
+    old_id: int = enqueue(server, queue, {"value": value})[0]["id"]
+    before = call(server, "GET", f"/v1/queues/{queue}").json()["stats"]["dead_lettered"]
+    call(server, "POST", f"/v1/queues/{queue}/dequeue", json={"count": 1})
+    time.sleep(0.3)  # the lease runs out; the next dequeue finds it over max_deliveries
+    call(server, "POST", f"/v1/queues/{queue}/dequeue", json={"count": 1})
+    give_up = time.monotonic() + 5
+    while call(server, "GET", f"/v1/queues/{queue}").json()["stats"]["dead_lettered"] == before:
+        assert time.monotonic() < give_up, "the item was not dead-lettered"
+        time.sleep(0.05)
+    return old_id
+
+
+def test_a_moved_item_peeks_as_where_it_went(server: LiveServer, queue: str) -> None:
+    """Dead-lettering and redrive give the item a new id in another queue; a peek of
+    the old id says "gone" and where it went (queue and new id), and so on down the
+    chain of moves."""
+    old_id = dead_letter_one(server, queue, "poison")
+    dlq = f"{queue}.dlq"
+    gone = call(server, "GET", f"/v1/queues/{queue}/items/{old_id}").json()
+    assert gone["state"] == "gone"
+    dead_id = gone["moved_to"]["id"]
+    assert gone["moved_to"] == {"queue": dlq, "id": dead_id}
+    dead = call(server, "GET", f"/v1/queues/{dlq}/items/{dead_id}").json()
+    assert dead["state"] == "due" and dead["value"] == "poison" and "moved_to" not in dead
+
+    r = call(server, "POST", f"/v1/queues/{dlq}/redrive", json={})
+    assert r.json()["moved"] == 1
+    redriven = call(server, "GET", f"/v1/queues/{dlq}/items/{dead_id}").json()
+    assert redriven["state"] == "gone" and redriven["moved_to"]["queue"] == queue
+    back_id = redriven["moved_to"]["id"]
+    assert back_id > old_id
+    back = call(server, "GET", f"/v1/queues/{queue}/items/{back_id}").json()
+    assert back["state"] == "due" and back["value"] == "poison"
+    # the old id still points at its first move; a released item names no move
+    again = call(server, "GET", f"/v1/queues/{queue}/items/{old_id}").json()
+    assert again["moved_to"] == {"queue": dlq, "id": dead_id}
+    dequeue = {"count": 1, "lease_ms": 60_000}
+    (item,) = call(server, "POST", f"/v1/queues/{queue}/dequeue", json=dequeue).json()["items"]
+    done = {"items": [{"id": item["id"], "receipt": item["receipt"]}]}
+    assert call(server, "POST", f"/v1/queues/{queue}/release", json=done).json()["results"][0]["ok"]
+    released = call(server, "GET", f"/v1/queues/{queue}/items/{back_id}").json()
+    assert released["state"] == "gone" and "moved_to" not in released
+
+
 def test_backup_route_writes_a_copy_a_server_can_start_on(
     server: LiveServer, queue: str, tmp_path: Path
 ) -> None:

@@ -393,6 +393,21 @@ def test_find_a_gone_item(page: Any, api: httpx.Client, server: LiveServer) -> N
     )  # an en dash: no deadline
 
 
+def test_find_a_moved_item_follows_it(page: Any, api: httpx.Client, server: LiveServer) -> None:
+    """A dead-lettered item's old id says where it went, and one click shows it there."""
+    [old_id] = dead_letter(api, "moving", 1)
+    [dead] = api.get("/v1/queues/moving.dlq/items").json()["items"]
+    page.goto(server.url + f"/ui/#/find?queue=moving&id={old_id}")
+    panel = page.locator(".panel.item")
+    expect()(panel.locator('dd[data-field="state"]')).to_have_text("gone")
+    link = panel.locator("#moved-to")
+    expect()(link).to_have_text(f"moving.dlq as item {dead['id']}")
+    link.click()
+    expect()(page.locator("#find-queue")).to_have_value("moving.dlq")
+    expect()(panel.locator('dd[data-field="state"]')).to_have_text("due")
+    expect()(panel.locator('dd[data-field="dead-lettered from"]')).to_have_text("moving")
+
+
 def test_server_view(page: Any, api: httpx.Client, server: LiveServer, shot: Any) -> None:
     enqueue(api, "stored", 2)
     page.goto(server.url + "/ui/#/server")

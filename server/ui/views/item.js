@@ -23,6 +23,11 @@ export function itemPanel(item) {
   ];
   if (item.lease_expires) rows.push(["Lease expires", `${time(item.lease_expires)} <span class="muted">(${duration(item.lease_expires - now)})</span>`]);
   if (item.dead_lettered_from) rows.push(["Dead-lettered from", esc(item.dead_lettered_from)]);
+  // Dead-lettering and redrive give the item a new id in another queue: link to it.
+  if (item.moved_to) {
+    const to = item.moved_to;
+    rows.push(["Moved to", `<a id="moved-to" href="#/find?queue=${encodeURIComponent(to.queue)}&id=${to.id}">${esc(to.queue)} as item ${num(to.id)}</a>`]);
+  }
   rows.push(["Value size", bytes(item.value_size)]);
   box.innerHTML = `<dl class="kv">${rows.map(([k, v]) => `<dt>${k}</dt><dd data-field="${k.toLowerCase()}">${v}</dd>`).join("")}</dl>`;
   if (item.value === undefined || item.value === null) return box;
