@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
@@ -115,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"dq serve: {exc}", file=sys.stderr)
         return 2
     problem = data_dir_problem(settings.data_dir, must_exist=False)
+    if problem is None and settings.backup_dir:
+        problem = _backup_dir_problem(settings.backup_dir)
     if problem is None and settings.etcd:
         problem = _epoch_file_problem(settings.data_dir)
     if problem is not None:
@@ -124,6 +127,19 @@ def run(args: argparse.Namespace) -> int:
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     return serve(settings, access_log=args.access_log)
+
+
+def _backup_dir_problem(path: str) -> str | None:
+    """``--backup-dir`` must be a directory the server can write in: found at start, not
+    at the first backup (each would fail, the server having served for days)."""
+    what = f"--backup-dir {path}"
+    if not os.path.exists(path):
+        return f"{what}: no such directory (create it, or leave --backup-dir out)"
+    if not os.path.isdir(path):
+        return f"{what}: not a directory"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{what}: this user cannot write in it"
+    return None
 
 
 def _epoch_file_problem(data_dir: str) -> str | None:

@@ -4,6 +4,7 @@ and ``dq backup``/``dq serve``/``dq verify`` on data directories that are locked
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -15,7 +16,7 @@ import pytest
 
 from dq.client import Client, QueueConfig
 from dq.storage import Engine, NewItem
-from tests.server.live import REPO, LiveServer
+from tests.server.live import REPO, LiveServer, free_port, live_server
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -259,3 +260,33 @@ def test_peek_of_a_dead_lettered_item_says_where_it_went(server: LiveServer, que
     assert line in r.stdout, r.stdout
     r = dq(server, "peek", queue, str(old_id), "--json")
     assert json.loads(r.stdout)["moved_to"] == {"queue": f"{queue}.dlq", "id": dead.id}
+
+
+def test_serve_refuses_a_backup_dir_that_does_not_exist(tmp_path: Path) -> None:
+    """Found at start, before anything is opened or served, flag or variable alike; the
+    first backup would otherwise be the first to hear of it."""
+    port = free_port()
+    data = tmp_path / "data"
+    missing = tmp_path / "backups"
+    cmd = [sys.executable, "-m", "dq.cli.main", "serve", "--data-dir", str(data)]
+    cmd += ["--port", str(port)]
+    r = subprocess.run(
+        [*cmd, "--backup-dir", str(missing)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines() == [
+        f"dq serve: --backup-dir {missing}: no such directory (create it, or leave "
+        "--backup-dir out)"
+    ]
+    assert not data.exists()  # nothing opened
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DQ_")}
+    (tmp_path / "file").write_text("")
+    r = subprocess.run(
+        cmd, cwd=REPO, env=env | {"DQ_BACKUP_DIR": str(tmp_path / "file")},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 1 and "not a directory" in r.stderr, r.stderr
+    missing.mkdir()
+    with live_server(data, env={"DQ_BACKUP_DIR": str(missing)}) as server:
+        r = dq(server, "backup", "nightly")
+        assert r.returncode == 0 and f"backup written to {missing}" in r.stdout, r.stderr
