@@ -10,6 +10,11 @@ Faults (``FAULTS``), each aimed at the node the monitor last saw leading:
     runs out, but followers and clients still reach its dq;
   - ``pause_leader``: SIGSTOP the leader past its lease TTL (and until another member
     leads, bounded), then SIGCONT: it wakes up believing it leads (the fencing test);
+  - ``stall_leader``: SIGSTOP the leader for ``STALL_LEASES`` lease lengths whatever
+    happens meanwhile (a long GC pause, a frozen VM): its kernel still takes the
+    clients' requests, which only time out; the writes must go on at the new leader
+    long before it wakes (``elected_after_s`` in the fault's record: when the monitor
+    saw the new epoch; the test bounds the outage by it);
   - ``slow_network``: delay and loss on every node's link (``netns.Network.slow``);
   - ``kill_follower_merging``: SIGKILL a follower while a segment file is being
     written in its data directory (a freeze or a merge; small ``DQ_MEMSEG_BYTES``),
@@ -35,7 +40,7 @@ from tests.jepsen.cluster import DQ_PORT, ETCD_CLIENT, ETCD_PEER, LEADER_TTL_S, 
 from tests.jepsen.history import History
 from tests.jepsen.netns import Network
 
-__all__ = ["EXTRA_FAULTS", "FAULTS", "LEADER_LOSING", "Nemesis"]
+__all__ = ["EXTRA_FAULTS", "FAULTS", "LEADER_LOSING", "STALL_LEASES", "Nemesis"]
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +49,21 @@ FAULTS = (
     "partition_leader_followers",
     "partition_leader_etcd",
     "pause_leader",
+    "stall_leader",
     "slow_network",
     "kill_follower_merging",
 )
 #: Faults after which another epoch must have begun: the leader is gone, or its lease ran
 #: out (a leader whose lease is gone must not lead on, and a sync member must take over).
-LEADER_LOSING = ("kill_leader", "pause_leader", "partition_leader_etcd", "kill_all")
+LEADER_LOSING = (
+    "kill_leader",
+    "pause_leader",
+    "stall_leader",
+    "partition_leader_etcd",
+    "kill_all",
+)
+#: how many lease lengths (``LEADER_TTL_S``) ``stall_leader`` keeps the leader stopped
+STALL_LEASES = 6
 #: More faults for longer runs (``runner --faults``): every dq killed at once, one
 #: follower cut off from the leader, the leader killed while a follower resyncs, the
 #: leader's disk filled to the last byte (its writes fail: it must step down), a follower
@@ -101,6 +115,8 @@ class Nemesis:
         self.stall_dump = stall_dump
         self.stopping = threading.Event()
         self.applied: list[dict[str, object]] = []
+        #: what the fault being applied measured, added to its record in ``applied``
+        self.measured: dict[str, object] = {}
 
     def run(self, seconds: float) -> None:
         """Faults in shuffled cycles (every kind once before any repeats) until
@@ -135,6 +151,7 @@ class Nemesis:
                 return
         action: Callable[[int], str] = getattr(self, "_" + fault)
         started, epoch_before = time.monotonic(), self.monitor.highest
+        self.measured = {}
         try:
             detail = action(leader)
         finally:
@@ -144,7 +161,8 @@ class Nemesis:
         self.applied.append(
             {"fault": fault, "leader": leader, "detail": detail,
              "held_s": round(time.monotonic() - started, 1), "leader_after_s": recovered,
-             "epoch_before": epoch_before, "epoch_after": self.monitor.highest}
+             "epoch_before": epoch_before, "epoch_after": self.monitor.highest,
+             **self.measured}
         )  # fmt: skip
         if self.stall_dump and recovered is not None:
             self._dump_stalled_followers()
@@ -248,6 +266,19 @@ class Nemesis:
         self._start("pause_leader", f"SIGSTOP dq n{leader}")
         self._hold_for_new_epoch(epoch, started)
         return f"SIGSTOP dq n{leader} for {time.monotonic() - started:.1f}s"
+
+    def _stall_leader(self, leader: int) -> str:
+        epoch, started = self.monitor.highest, time.monotonic()
+        hold_s = STALL_LEASES * LEADER_TTL_S
+        self.cluster.dq[leader].stop()
+        detail = self._start("stall_leader", f"SIGSTOP dq n{leader} for {hold_s}s")
+        while self.monitor.highest <= epoch and time.monotonic() - started < hold_s:
+            if self.stopping.wait(0.05):
+                return detail
+        if self.monitor.highest > epoch:
+            self.measured["elected_after_s"] = round(time.monotonic() - started, 2)
+        self._sleep(started + hold_s - time.monotonic())
+        return detail
 
     def _hold_for_new_epoch(self, epoch: int, started: float, longest_s: float = 20.0) -> None:
         """Keep a leader-losing fault in place for two lease TTLs and a second, and on

@@ -22,6 +22,7 @@ from tests.jepsen.checker import check
 from tests.jepsen.history import load
 from tests.jepsen.nemesis import FAULTS, LEADER_LOSING
 from tests.jepsen.support import REPO, artifacts_dir, runner_argv, runner_env, why_not
+from tests.jepsen.workload import TIMEOUT_S
 
 SECONDS = float(os.environ.get("DQ_JEPSEN_SECONDS", "40"))
 _SKIP = why_not()
@@ -57,6 +58,21 @@ def test_replicated_queue_survives_the_nemesis() -> None:
         and f["epoch_after"] <= f["epoch_before"]
     ]  # fmt: skip
     assert not kept, f"the leader outlived a fault that takes it away ({where}): {kept}"
+    # a leader stopped for many leases: the writes go on at the new leader a client
+    # timeout after its election (the requests in flight at the stop time out), long
+    # before the stopped one wakes
+    stalls = [f for f in summary["faults"] if f["fault"] == "stall_leader" and "skipped" not in f]
+    measured = [o for o in summary["outages"] if o["fault"] == "stall_leader"]
+    assert stalls and len(stalls) == len(measured), f"stall_leader not measured ({where})"
+    for stall, outage in zip(stalls, measured, strict=True):
+        assert "elected_after_s" in stall, f"no new leader in a stall ({where}): {stall}"
+        bound = stall["elected_after_s"] + TIMEOUT_S + 3.0
+        after = outage["writes_after_s"]
+        assert after is not None and after <= bound, (
+            f"writes stopped {after} s in a leader stall, elected after "
+            f"{stall['elected_after_s']} s ({where}): {outage}"
+        )
+        assert after < outage["healed_after_s"] and outage["acked_during"] > 0, (where, outage)
     assert summary["missing"] == 0, where
     replicas = summary["replicas"]
     views = {tuple(sorted(v.items())) for v in replicas["nodes"].values()}

@@ -29,6 +29,19 @@ def test_outage_is_time_to_the_first_write_sent_after_the_fault_and_acknowledged
         _fault("pause_leader", "healed", 14000),
     ]
     kill, pause = outages(events)
-    assert kill == {"fault": "kill_leader", "detail": "", "t": T0 + 100, "healed_after_s": 2.0, "writes_after_s": 3.3}  # fmt: skip
+    assert kill == {"fault": "kill_leader", "detail": "", "t": T0 + 100, "healed_after_s": 2.0, "writes_after_s": 3.3, "acked_during": 0}  # fmt: skip
     assert pause["writes_after_s"] is None and pause["healed_after_s"] == 5.0
     assert [e["invoke"] - T0 for e in around(events, T0 + 3250, 100)] == [3200, 3300]
+
+
+def test_writes_acknowledged_during_a_fault_are_counted() -> None:
+    events = [
+        _fault("stall_leader", "start", 0),
+        _enq(-50, 100),  # sent before, acknowledged during: counted
+        _enq(5000, 100),
+        _enq(9000, 100),
+        _fault("stall_leader", "healed", 12000),
+        _enq(12500, 100),  # after the heal
+    ]
+    [stall] = outages(events)
+    assert stall["acked_during"] == 3 and stall["writes_after_s"] == 5.1

@@ -19,20 +19,27 @@ __all__ = ["around", "outages"]
 
 
 def outages(events: list[Event]) -> list[dict[str, Any]]:
-    """Per fault: when it started, when it was healed, and the seconds from its start
-    to the first enqueue sent after it and acknowledged (None: none was)."""
+    """Per fault: when it started, when it was healed, the seconds from its start to
+    the first enqueue sent after it and acknowledged (None: none was), and how many
+    enqueues were acknowledged between its start and its heal (``acked_during``)."""
     oks = sorted((e["invoke"], e["complete"]) for e in events if e["type"] == "enqueue" and e["outcome"] == "ok")  # fmt: skip
     invokes = [i for i, _ in oks]
     faults: list[dict[str, Any]] = []
+    completes = sorted(c for _, c in oks)
+    healed_at: dict[int, int] = {}
     for e in sorted((e for e in events if e["type"] == "nemesis"), key=lambda e: e["t"]):
         if e["phase"] == "start":
             faults.append({"fault": e["fault"], "detail": e.get("detail"), "t": e["t"]})
         elif e["phase"] == "healed" and faults and faults[-1]["fault"] == e["fault"]:
             faults[-1]["healed_after_s"] = round((e["t"] - faults[-1]["t"]) / 1000, 2)
-    for f in faults:
+            healed_at[len(faults) - 1] = e["t"]
+    for n, f in enumerate(faults):
         i = bisect.bisect_left(invokes, f["t"])
         done = min((c for _, c in oks[i:]), default=None)
         f["writes_after_s"] = None if done is None else round((done - f["t"]) / 1000, 2)
+        if n in healed_at:
+            lo = bisect.bisect_left(completes, f["t"])
+            f["acked_during"] = bisect.bisect_right(completes, healed_at[n]) - lo
     return faults
 
 

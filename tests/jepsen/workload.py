@@ -2,7 +2,8 @@
 and every outcome goes into the history.
 
 Each worker has its own ``Client`` given every node's URL: it follows a 421 to the
-leader and tries the other nodes when one does not answer. An enqueue is ``ok`` only
+leader, tries the other nodes when one does not answer, and leaves a node whose answer
+timed out (a stalled leader) for the others. An enqueue is ``ok`` only
 when answered with ids; ``fail`` only when the server refused it in a way that says
 nothing was written; anything else (no answer, a replication timeout) is ``unknown``.
 Values carry a random delay (some are due at once, some later) so that early
@@ -26,12 +27,14 @@ from dq.client.errors import ClientError, ServerError
 from dq.client.types import NewItem, QueueConfig, Release
 from tests.jepsen.history import History, now_ceil, now_floor
 
-__all__ = ["QUEUE", "Workload", "outcome_of"]
+__all__ = ["QUEUE", "TIMEOUT_S", "Workload", "outcome_of"]
 
 log = logging.getLogger(__name__)
 
 QUEUE = "jepsen"
 LEASE_MS = 2000
+#: every worker's client timeout per request
+TIMEOUT_S = 5.0
 _DELAYS_MS = (0, 0, 0, 300, 1500)
 #: statuses that say the request changed nothing (validation; not the leader; a leader
 #: whose sync set has acknowledged nothing for a while refusing before it writes)
@@ -79,7 +82,7 @@ class Workload:
         keys: bool = True,
         value_bytes: int = 0,
         consumers: int = 2,
-        timeout_s: float = 5.0,
+        timeout_s: float = TIMEOUT_S,
         pause_s: float = 0.01,
     ) -> None:
         self.urls = list(urls)
