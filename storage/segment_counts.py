@@ -21,11 +21,15 @@ ring, and exact:
   block is a bisect.
 
 Nothing here changes the file or its format: it reads blocks as ``SegmentReader`` does.
+A block that fails its checksum does not fail the stats (every queue's listing and
+``/metrics`` read them): the count falls back to whole blocks for that file, and the
+damage is logged once, naming the file (``dq verify`` finds it too).
 """
 
 from __future__ import annotations
 
 import bisect
+import logging
 from typing import TYPE_CHECKING
 
 from dq.storage.codec import KEY_SIZE, TOMBSTONE
@@ -35,6 +39,8 @@ if TYPE_CHECKING:
     from dq.storage.segment import SegmentReader
 
 __all__ = ["SegmentCounts"]
+
+log = logging.getLogger(__name__)
 
 #: remembered (range, count) answers per reader: the cursor, now, and the two keys the
 #: oldest-due search checks (``storage/state_counts.py``)
@@ -88,7 +94,7 @@ class SegmentCounts:
     """``net_upto(key)``: pending entries minus tombstones at or below ``key`` in one
     segment file. Used under the queue's lock, like the reader itself."""
 
-    __slots__ = ("_blocks", "_entries_before", "_memo", "_reader", "_tombs", "net_total")
+    __slots__ = ("_blocks", "_entries_before", "_memo", "_reader", "_tombs", "damaged", "net_total")
 
     def __init__(self, reader: SegmentReader) -> None:
         self._reader = reader
@@ -112,6 +118,8 @@ class SegmentCounts:
         self._memo: list[tuple[bytes, bytes | None, int]] = []
         #: block number -> (keys, tombstones before each position), newest last
         self._blocks: dict[int, tuple[list[bytes], list[int]]] = {}
+        #: the damage met reading a block, if any: counts are to within a block since
+        self.damaged: CorruptionError | None = None
 
     def net_upto(self, key: bytes) -> int:
         """Pending entries minus tombstones whose key is at or below ``key``."""
@@ -124,7 +132,16 @@ class SegmentCounts:
         for lo, hi, net in self._memo:
             if lo <= key and (hi is None or key < hi):
                 return net
-        lo, hi, net = self._count(key)
+        if self.damaged is not None:
+            return self._entries_before[reader.block_for(key)]
+        try:
+            lo, hi, net = self._count(key)
+        except CorruptionError as exc:
+            self.damaged = exc
+            log.error(
+                "stats count segment file %s to within a block from now on: %s", reader.path, exc
+            )
+            return self._entries_before[reader.block_for(key)]
         memo = self._memo
         memo.insert(0, (lo, hi, net))
         del memo[_MEMO:]

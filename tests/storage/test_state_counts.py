@@ -8,10 +8,14 @@ looks at every item) in a random run of every operation.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable
 
+import pytest
+
 from dq.storage import Engine, NewItem, Release, Requeue
+from dq.storage.codec import key_deadline
 from tests.storage.conftest import FakeClock
 
 HOUR = 3_600_000
@@ -228,3 +232,34 @@ def test_a_random_run_always_counts_what_browse_sees(open_engine: Opener, clock:
         due = engine.browse("q", "due", None, limit=1).items
         expected_age = clock.now - due[0].deadline if due else None
         assert stats.oldest_due_age_ms == expected_age, step
+
+
+def test_a_damaged_block_does_not_fail_the_stats(
+    open_engine: Opener, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Bytes of a block that fail its checksum (found by no step of the start): stats
+    still answer, every queue's listing and /metrics read them, counting that file to
+    within a block, and the damage is logged naming the file."""
+    engine = open_engine()
+    start = clock.now
+    engine.enqueue("q", [NewItem(VALUE, deadline=start + i) for i in range(1000)])
+    engine.freeze("q")
+    reader = engine.queue("q").segments[0]
+    path, middle = reader.path, len(reader.first_keys) // 2
+    due_then = key_deadline(reader.first_keys[middle]) + 5 - start  # items 0..due_then
+    offset, length, _crc = reader._rows[middle]
+    engine.close()
+    with open(path, "r+b") as f:
+        f.seek(offset + length // 2)
+        byte = f.read(1)
+        f.seek(offset + length // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    engine = open_engine()
+    clock.now = start + due_then  # now falls in the damaged block
+    with caplog.at_level(logging.ERROR, logger="dq.storage.segment_counts"):
+        pending, due, delayed, leased = counts(engine)
+        counts(engine)
+    assert (pending, leased) == (1000, 0) and due + delayed == 1000
+    assert abs(due - (due_then + 1)) <= max(reader.block_entries)
+    damage = [r for r in caplog.records if path in r.getMessage()]
+    assert len(damage) == 1, caplog.records
