@@ -1,10 +1,11 @@
 # Two commands on a fresh machine: `make run` (server) and `make test` (everything).
+# While changing code, `make check`: lint, types and the fast tier of the tests.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run lock test lint typecheck typecheck-tree unit bench docker-smoke docker-smoke-replicated clean
+.PHONY: run lock test check lint typecheck typecheck-tree unit bench docker-smoke docker-smoke-replicated clean
 
 # Each set-up installs exactly the versions of its lock file (requirements/*.txt, made by
 # `make lock`), hash-checked, then the project itself without touching them. `make run`
@@ -57,6 +58,12 @@ unit: $(STAMP)
 	$(BIN)/pytest
 
 test: lint typecheck unit
+
+# The fast tier: every test that starts no process and no server (a few minutes).
+# Tests that do carry the `integration` marker and run in `make test` only; the guard in
+# tests/conftest.py fails a test without the marker that starts one (tests/tiers.py).
+check: lint typecheck
+	$(BIN)/pytest -m "not integration"
 
 docker-smoke: $(STAMP)
 	bash docker/smoke.sh

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.server.live import REPO, live_server
 
 
@@ -18,6 +20,7 @@ def _python_blocks(markdown: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", markdown, flags=re.S)
 
 
+@pytest.mark.integration
 def test_readme_worker_runs(tmp_path: Path) -> None:
     blocks = _python_blocks((REPO / "README.md").read_text())
     assert blocks, "the README lost its worker example"

@@ -16,7 +16,8 @@ import pytest
 from tests.client.scripted import Answer, scripted
 from tests.server.live import REPO, LiveServer, free_port
 
-pytestmark = pytest.mark.timeout(120)
+# integration: runs dq as a process, against live servers
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 def dq(

@@ -18,7 +18,8 @@ from dq.client import Client, QueueConfig
 from dq.storage import Engine, NewItem
 from tests.server.live import REPO, LiveServer, free_port, live_server
 
-pytestmark = pytest.mark.timeout(180)
+# integration: runs dq as a process, against live servers
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

@@ -21,6 +21,8 @@ import pytest
 
 from dq.shm import subscriber
 
+pytestmark = pytest.mark.integration  # runs dq as a process, against live servers
+
 DQ = [sys.executable, "-m", "dq.cli.main"]
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -6,8 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dq.storage import Engine, EngineConfig, NewItem, Release
 from dq.storage.wal import WalWriter
+
+pytestmark = pytest.mark.integration  # runs dq as a process
 
 ROOT = Path(__file__).resolve().parents[2]
 

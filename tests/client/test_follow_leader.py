@@ -17,6 +17,8 @@ from dq.client import AsyncClient, Client, NotLeaderError, TransportError, Unava
 from tests.client.scripted import DROP, Answer, ScriptedServer, scripted
 from tests.server.live import free_port
 
+pytestmark = pytest.mark.integration  # scripted HTTP servers on 127.0.0.1
+
 ENQUEUED = Answer(200, {"items": [{"id": 7, "deadline": 1}]})
 NO_LEADER = Answer(503, {"error": "no_leader", "message": "an election is running"})
 

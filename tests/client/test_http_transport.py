@@ -26,6 +26,8 @@ from dq.client import (
 )
 from tests.client.scripted import DROP, HANG, Answer, scripted
 
+pytestmark = pytest.mark.integration  # scripted HTTP servers on 127.0.0.1
+
 QUEUE_DOC = {
     "name": "q",
     "config": {"default_lease_ms": 1000, "max_deliveries": None, "dead_letter_queue": None},

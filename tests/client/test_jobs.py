@@ -16,6 +16,8 @@ from dq.client import AsyncClient, Backoff, Client, Item
 from tests.client.scripted import DROP, Answer, scripted
 from tests.server.live import LiveServer
 
+pytestmark = pytest.mark.integration  # live and scripted servers, forked workers
+
 
 def test_backoff_grows_and_caps() -> None:
     b = Backoff(base_ms=100, factor=2.0, max_ms=1000, jitter=0.0)

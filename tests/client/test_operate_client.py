@@ -22,6 +22,8 @@ from dq.client import (
 from tests.client.scripted import DROP, Answer, scripted
 from tests.server.live import LiveServer
 
+pytestmark = pytest.mark.integration  # a live dq serve
+
 
 def test_pause_browse_peek_delete_purge(dq: Client, queue: str) -> None:
     ids = [e.id for e in dq.enqueue_many(queue, [b"a", b"b", NewItem(b"c", delay_ms=60_000)])]

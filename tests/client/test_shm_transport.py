@@ -28,6 +28,8 @@ from dq.shm import _atomics as at
 from dq.shm.attach import SHM_DIR, shm_prefix
 from tests.server.live import LiveServer, live_server
 
+pytestmark = pytest.mark.integration  # live dq serve processes
+
 ENV = {"DQ_SHM": "1", "DQ_EXPIRE_INTERVAL_MS": "50"}
 
 

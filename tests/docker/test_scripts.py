@@ -22,6 +22,8 @@ import pytest
 from dq.client import Client
 from tests.server.live import LiveServer, free_port, live_server
 
+pytestmark = pytest.mark.integration  # runs the deploy scripts against live servers
+
 REPO = Path(__file__).resolve().parents[2]
 WAIT = REPO / "docker" / "wait-for-dq.py"
 CHECK = REPO / "docker" / "smoke_check.py"

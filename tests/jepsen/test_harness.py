@@ -14,7 +14,8 @@ import pytest
 from tests.jepsen.support import REPO, runner_argv, runner_env, why_not
 
 _SKIP = why_not()
-pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+# integration: processes in network namespaces
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")]
 
 
 def _ours(marker: str) -> list[int]:

@@ -26,7 +26,8 @@ from tests.jepsen.workload import TIMEOUT_S
 
 SECONDS = float(os.environ.get("DQ_JEPSEN_SECONDS", "40"))
 _SKIP = why_not()
-pytestmark = pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+# integration: clusters of processes in network namespaces
+pytestmark = [pytest.mark.integration, pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")]
 
 
 @pytest.mark.timeout(SECONDS + 400)

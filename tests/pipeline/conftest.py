@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.server.live import LiveServer, live_server
+from tests.tiers import starts_servers
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -25,6 +26,7 @@ SPARK_WARNINGS = "ignore:PySpark does not yet fully support pandas:FutureWarning
 
 
 @pytest.fixture(scope="module")
+@starts_servers
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     with live_server(tmp_path_factory.mktemp("dq") / "data") as s:
         yield s
@@ -36,6 +38,7 @@ def queue(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
+@starts_servers
 def spark() -> Iterator[SparkSession]:
     pytest.importorskip("pyspark")
     from pyspark.sql import SparkSession

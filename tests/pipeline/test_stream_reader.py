@@ -17,6 +17,8 @@ from dq.pipeline.reading import LogRange
 from dq.pipeline.stream import StreamReader
 from tests.server.live import LiveServer, live_server
 
+pytestmark = pytest.mark.integration  # a live dq serve
+
 
 def reader(url: str, queue: str, **extra: str) -> StreamReader:
     options = {"url": url, "queue": queue, "consumer": "drv", "maxItemsPerTrigger": "40"}

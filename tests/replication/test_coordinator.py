@@ -15,6 +15,8 @@ from dq.server.replication.coordinator import ClusterView, Coordinator, Leadersh
 from dq.server.replication.etcd import EtcdClient
 from tests.replication.etcd_server import EtcdServer, running_etcd
 
+pytestmark = pytest.mark.integration  # a real etcd
+
 Make = Callable[..., Coordinator]
 
 

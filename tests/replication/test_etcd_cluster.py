@@ -13,7 +13,8 @@ import pytest
 from dq.server.replication.etcd import EtcdClient, EtcdError
 from tests.replication.etcd_server import EtcdServer
 
-pytestmark = pytest.mark.timeout(120)
+# integration: a cluster of real etcd processes
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 @pytest.fixture

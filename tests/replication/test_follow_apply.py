@@ -38,6 +38,8 @@ from dq.storage.types import QueueConfig
 from tests.replication.fake_leader import FakeLeader
 from tests.replication.inproc import InProcessServer, in_process_server
 
+pytestmark = pytest.mark.integration  # leaders served over HTTP, followers as processes
+
 TOKEN = "s3cret"
 EPOCH = 3
 REPO = Path(__file__).resolve().parents[2]

@@ -33,6 +33,8 @@ from tests.replication.test_follow_apply import (
     wait_for,
 )
 
+pytestmark = pytest.mark.integration  # leaders served over HTTP
+
 SMALL = EngineConfig(fsync="always", memseg_bytes=32 << 10, compaction="thread")
 QUEUES = ("a", "b", "c")
 

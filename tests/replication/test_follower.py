@@ -28,6 +28,8 @@ from dq.storage.replication import KIND_CONTROL, KIND_RECORD, Frame
 from tests.replication.fake_leader import FakeLeader, Request
 from tests.server.live import free_port
 
+pytestmark = pytest.mark.integration  # a fake leader served over HTTP
+
 
 class RecordingEngine:
     """Records what the follower asks of the engine; ``hold`` keeps applies pending."""

@@ -18,9 +18,13 @@ from dq.storage import Engine, EngineConfig
 from dq.storage.replication import KIND_CONTROL, Frame
 from tests.replication.fake_leader import FakeLeader
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("openssl") is None, reason="needs the openssl command for a certificate"
-)
+# integration: a fake leader served over HTTPS
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        shutil.which("openssl") is None, reason="needs the openssl command for a certificate"
+    ),
+]
 
 
 @pytest.fixture(scope="module")

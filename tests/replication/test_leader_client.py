@@ -13,6 +13,8 @@ import pytest
 
 from dq.server.replication.leader_client import LeaderClient, LeaderRefused
 
+pytestmark = pytest.mark.integration  # canned HTTP servers on 127.0.0.1
+
 
 class Canned:
     """Accepts connections; answers each request with the next canned bytes (then

@@ -20,6 +20,8 @@ from dq.storage import Engine, EngineConfig
 from dq.storage.types import NewItem
 from tests.replication.inproc import InProcessServer, in_process_server
 
+pytestmark = pytest.mark.integration  # an in-process leader served over HTTP
+
 TOKEN = "tok"
 EPOCH = 11
 

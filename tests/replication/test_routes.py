@@ -29,6 +29,8 @@ from dq.storage.replication import decode_frames
 from dq.storage.types import NewItem
 from tests.replication.inproc import InProcessServer, in_process_server
 
+pytestmark = pytest.mark.integration  # an in-process leader served over HTTP
+
 TOKEN = "s3cret"
 READER = "r3ader"
 EPOCH = 7

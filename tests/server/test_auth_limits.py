@@ -11,6 +11,8 @@ import pytest
 from dq.client import Client, Unauthorized
 from tests.server.live import LiveServer, live_server
 
+pytestmark = pytest.mark.integration  # a live dq serve
+
 
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:

@@ -218,6 +218,7 @@ def test_consumer_leases_have_a_floor(engine: Engine, groups: ConsumerGroups) ->
     assert entry.lease_expires >= engine.now() + MIN_LEASE_MS
 
 
+@pytest.mark.integration
 def test_one_pull_stays_under_the_byte_bound(engine: Engine, clock: Clock) -> None:
     """1,000 values of 20 KiB against a 1 MiB bound: the log holds no more than the bound,
     and what it does not hold is pending again, not leased."""

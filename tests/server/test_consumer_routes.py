@@ -12,6 +12,8 @@ from dq.client.errors import ValidationError
 from dq.client.groups import ConsumerClient, KeyedEnqueuer
 from tests.server.live import LiveServer, live_server
 
+pytestmark = pytest.mark.integration  # a live dq serve
+
 
 def test_protocol_round_trip_keeps_binary_values(server: LiveServer) -> None:
     values = [bytes([i, 0xFF, 0x00, i]) for i in range(50)] + [b"plain text"]

@@ -18,6 +18,8 @@ from dq.server.app import create_app
 from dq.server.settings import Settings
 from tests.server.live import LiveServer, live_server
 
+pytestmark = pytest.mark.integration  # a live dq serve
+
 schema = schemathesis.openapi.from_dict(create_app(Settings()).openapi())
 
 CHECKS = [

@@ -16,7 +16,8 @@ import pytest
 from dq.client import Client, ClientError, Release
 from tests.server.live import LiveServer
 
-pytestmark = pytest.mark.timeout(180)
+# integration: live dq serve processes, SIGKILLed
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 QUEUE = "crash"
 

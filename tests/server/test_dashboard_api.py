@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from dq.server.app import create_app
 from dq.server.settings import Settings
@@ -127,6 +128,7 @@ def test_without_tokens_everyone_is_admin(tmp_path: Path) -> None:
     run(tmp_path, call)
 
 
+@pytest.mark.integration
 def test_server_view_lists_shm_clients(tmp_path: Path) -> None:
     with live_server(tmp_path / "data", env={"DQ_SHM": "1"}) as server:
         client = attach(server.data_dir, queue="fast", capacity=16)
@@ -140,6 +142,7 @@ def test_server_view_lists_shm_clients(tmp_path: Path) -> None:
             client.close()
 
 
+@pytest.mark.integration
 def test_read_only_tokens_read_and_never_write(tmp_path: Path) -> None:
     """Against a live server: the HTTP fast path must not let a read token enqueue."""
     env = {"DQ_TOKENS": "admin", "DQ_READ_TOKENS": "viewer"}
@@ -163,6 +166,7 @@ def test_read_only_tokens_read_and_never_write(tmp_path: Path) -> None:
         assert httpx.get(server.url + "/v1/session").status_code == 401
 
 
+@pytest.mark.integration
 def test_read_tokens_alone_still_guard_writes(tmp_path: Path) -> None:
     with live_server(tmp_path / "data", env={"DQ_READ_TOKENS": "viewer"}) as server:
         url = server.url + "/v1/queues/q/items"

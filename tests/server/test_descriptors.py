@@ -71,6 +71,7 @@ def limited_server(tmp_path: Path) -> object:
         log.close()
 
 
+@pytest.mark.integration
 def test_connections_stop_short_of_the_open_file_limit(limited_server: object) -> None:
     port, url, log = limited_server  # type: ignore[misc]
     httpx.post(f"{url}/v1/queues/fd/items", json={"items": [{"value": "before"}]}, timeout=10)

@@ -26,7 +26,8 @@ import pytest
 from tests.server.faultload import Load, check_restart, enqueue_ok, wait_for
 from tests.server.live import LiveServer
 
-pytestmark = pytest.mark.timeout(240)
+# integration: a live dq serve
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 QUEUE = "full"
 FS_BYTES = 32 << 20

@@ -27,7 +27,8 @@ import pytest
 from tests.server.faultload import Load, check_restart, wait_for
 from tests.server.live import LiveServer
 
-pytestmark = pytest.mark.timeout(240)
+# integration: a live dq serve and its helper processes
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 QUEUE = "helpers"
 KILLS = 5

@@ -27,6 +27,8 @@ from dq.server.settings import Settings
 from dq.storage import fileio
 from tests.server.live import REPO, LiveServer, free_port, live_server
 
+pytestmark = pytest.mark.integration  # live dq serve processes
+
 ENV = {
     "DQ_TOKENS": "sesame",
     "DQ_MAX_BATCH": "1000",

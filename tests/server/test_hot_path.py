@@ -27,6 +27,8 @@ import pytest
 from tests.server.live import LiveServer, live_server
 from tests.server.threaded import threaded_server
 
+pytestmark = pytest.mark.integration  # live dq serve processes
+
 TOKEN = "t0ken"
 ENV = {
     "DQ_TOKENS": TOKEN,

@@ -28,6 +28,8 @@ import pytest
 
 from tests.server.threaded import ThreadedServer, threaded_server
 
+pytestmark = pytest.mark.integration  # in-process servers on 127.0.0.1
+
 TOKEN = "t0ken"
 SETTINGS: dict[str, Any] = {
     "tokens": (TOKEN,),

@@ -52,6 +52,7 @@ def test_outside_the_lifespan_routes_answer_503(tmp_path: Path) -> None:
     assert r.status_code == 503 and r.json()["error"] == "unavailable"
 
 
+@pytest.mark.integration
 def test_shm_server_starts_beside_http(tmp_path: Path) -> None:
     server = LiveServer(tmp_path / "data", env={"DQ_SHM": "1"}).start()
     try:
@@ -61,6 +62,7 @@ def test_shm_server_starts_beside_http(tmp_path: Path) -> None:
         assert server.terminate() == 0
 
 
+@pytest.mark.integration
 def test_shared_memory_is_on_by_default_and_can_be_turned_off(tmp_path: Path) -> None:
     from dq.cli.main import build_parser
     from dq.client import Client, TransportError
@@ -78,6 +80,7 @@ def test_shared_memory_is_on_by_default_and_can_be_turned_off(tmp_path: Path) ->
     assert build_parser().parse_args(["serve", "--no-shm"]).shm is False
 
 
+@pytest.mark.integration
 def test_a_data_dir_shared_memory_cannot_serve_is_served_over_http(tmp_path: Path) -> None:
     deep = tmp_path / ("d" * 60) / ("e" * 60) / "data"  # too long for the attach socket
     deep.parent.mkdir(parents=True)

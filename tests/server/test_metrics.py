@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dq.client import Client
@@ -71,6 +72,7 @@ def test_per_queue_series_are_bounded(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.integration
 def test_group_commits_say_which_thread_ran_them(tmp_path: Path) -> None:
     """A live server with fsync=always: single enqueues over HTTP are committed by the
     event loop itself (``thread="request"``), a write from elsewhere by the syncer."""

@@ -24,7 +24,8 @@ from dq.client.groups import ConsumerClient, KeyedEnqueuer
 from tests.server.live import REPO, free_port
 from tests.server.threaded import ThreadedServer, threaded_server
 
-pytestmark = pytest.mark.timeout(120)
+# integration: in-process servers on 127.0.0.1
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,13 @@ import pytest
 from dq.client import AsyncClient, Client, TransportError
 from tests.server.live import LiveServer, live_server
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("openssl") is None, reason="needs the openssl command for a certificate"
-)
+# integration: a live dq serve over HTTPS
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        shutil.which("openssl") is None, reason="needs the openssl command for a certificate"
+    ),
+]
 
 
 @pytest.fixture(scope="module")

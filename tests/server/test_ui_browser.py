@@ -18,7 +18,8 @@ import pytest
 from tests.server.browser import browser_or_skip, new_page, screenshot
 from tests.server.live import LiveServer, live_server
 
-pytestmark = pytest.mark.timeout(120)
+# integration: a live dq serve and a browser
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 SERVER_ENV = {"DQ_HISTORY_INTERVAL_MS": "200", "DQ_EXPIRE_INTERVAL_MS": "50"}
 REFRESH = "?refresh=400"

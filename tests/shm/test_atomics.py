@@ -196,6 +196,7 @@ def _map_file(tmp_path: Path) -> tuple[Path, mmap.mmap]:
         return path, mmap.mmap(f.fileno(), 4096)
 
 
+@pytest.mark.integration
 def test_fetch_add_and_cas_are_atomic_across_processes(tmp_path: Path) -> None:
     path, mm = _map_file(tmp_path)
     n = 20_000
@@ -218,6 +219,7 @@ def test_fetch_add_and_cas_are_atomic_across_processes(tmp_path: Path) -> None:
     mm.close()
 
 
+@pytest.mark.integration
 def test_futex_wakes_a_waiter_in_another_process(tmp_path: Path) -> None:
     path, mm = _map_file(tmp_path)
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), "wait", "0"])

@@ -120,6 +120,7 @@ def _write_all(buf: mmap.mmap, count: int) -> None:
     os._exit(0 if writer.evicted == 0 else 3)
 
 
+@pytest.mark.integration
 def test_four_readers_one_slow_see_every_message_in_order() -> None:
     count = 50_000
     buf = make(8192)
@@ -155,6 +156,7 @@ def _register_and_wait(buf: mmap.mmap, ready: object, evicted: object) -> None:
         evicted.set()  # type: ignore[attr-defined]
 
 
+@pytest.mark.integration
 def test_a_killed_reader_is_dropped_and_does_not_stall_the_writer() -> None:
     buf = make(64)
     ready, evicted = CTX.Event(), CTX.Event()
@@ -172,6 +174,7 @@ def test_a_killed_reader_is_dropped_and_does_not_stall_the_writer() -> None:
     BroadcastReader(buf).close()  # its entry is reusable
 
 
+@pytest.mark.integration
 def test_a_stuck_reader_is_evicted_and_told_so() -> None:
     buf = make(64)
     ready, evicted = CTX.Event(), CTX.Event()
@@ -266,6 +269,7 @@ def _join_late(buf: mmap.mmap, delay: float, out: object) -> None:
     out.put((len(seqs), gaps))  # type: ignore[attr-defined]
 
 
+@pytest.mark.integration
 def test_readers_joining_mid_stream_see_contiguous_messages() -> None:
     buf = make(512)  # wraps every few dozen messages
     stop, out = CTX.Event(), CTX.Queue()

@@ -213,6 +213,7 @@ def _build_c_client(tmp_path: Path) -> Path:
     return exe
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("mode", ["wake", "nowake"])
 def test_a_c_client_written_from_the_layout_enqueues_dequeues_and_releases(
     served: tuple[Engine, ShmServer], tmp_path: Path, mode: str
@@ -254,6 +255,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("mode", ["idle", "mid-command", "mid-find"])
 def test_a_killed_client_leaves_no_ring_behind(served: tuple[Engine, ShmServer], mode: str) -> None:
     _, server = served

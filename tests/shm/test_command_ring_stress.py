@@ -19,6 +19,8 @@ import pytest
 from dq.shm.server import ShmServer
 from dq.storage import Engine, EngineConfig
 
+pytestmark = pytest.mark.integration  # many client processes
+
 PROCESSES = 4
 PUTS = 10_000  # per process
 FINDS = 7_500  # per process, each followed by a DELETE: 4 x (10,000 + 2 x 7,500) = 100,000

@@ -213,6 +213,7 @@ def _die_holding_slots(buf: mmap.mmap, done: object) -> None:
     os._exit(0)
 
 
+@pytest.mark.integration
 def test_slots_of_a_killed_producer_are_reclaimed(engine: Engine) -> None:
     buf = make(4)
     done = CTX.Event()
@@ -244,6 +245,7 @@ def _produce(buf: mmap.mmap, n: int, count: int, go: object, out: Connection) ->
     os._exit(0)
 
 
+@pytest.mark.integration
 def test_four_producers_each_item_exactly_once(tmp_path: Path) -> None:
     producers, count = 4, 50_000
     buf = make(1024, 256)
@@ -291,6 +293,7 @@ def _produce_forever(buf: mmap.mmap, n: int, out: Connection) -> None:
         out.send(i)
 
 
+@pytest.mark.integration
 def test_producers_killed_mid_push_never_wedge_or_duplicate(tmp_path: Path) -> None:
     buf = make(64, 256)
     pipes = [CTX.Pipe(duplex=False) for _ in range(3)]
@@ -368,6 +371,7 @@ def test_a_stalled_queue_holds_up_neither_other_queues_nor_its_own_order(engine:
         drainer.close()
 
 
+@pytest.mark.integration
 def test_a_producer_whose_server_died_hears_so_at_once(tmp_path: Path) -> None:
     """SIGKILL the server: a producer's next enqueue raises RingClosed ("the server is
     gone") within a poll or two, not RingTimeout at the end of its 30 s timeout."""

@@ -263,6 +263,7 @@ def _hold_lock_and_die(buf: mmap.mmap, off: int) -> None:
     os._exit(0)
 
 
+@pytest.mark.integration
 def test_a_dead_holder_does_not_stall_anyone() -> None:
     ring = make(steal_after_s=10.0, timeout_s=10.0)  # only death may free the lock
     proc = CTX.Process(target=_hold_lock_and_die, args=(ring.buf, OFF_LOCK))
@@ -282,6 +283,7 @@ def _hold_lock_forever(buf: mmap.mmap, off: int, ready: object) -> None:
     time.sleep(60)
 
 
+@pytest.mark.integration
 def test_a_stopped_reader_does_not_stall_the_writer() -> None:
     ring = make(steal_after_s=0.01, timeout_s=0.2)
     ready = CTX.Event()
@@ -329,6 +331,7 @@ def _reader(buf: mmap.mmap, mode: str, stop: object, out: object) -> None:
     out.put((mode, seen, torn, backwards))  # type: ignore[attr-defined]
 
 
+@pytest.mark.integration
 def test_readers_never_see_a_torn_message() -> None:
     qmax, msg = 8, 64
     buf = mmap.mmap(-1, ring_size(qmax, msg))

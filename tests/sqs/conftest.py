@@ -11,6 +11,7 @@ import pytest
 from botocore.config import Config
 
 from tests.server.live import LiveServer, live_server
+from tests.tiers import starts_servers
 
 SERVER_ENV = {"DQ_EXPIRE_INTERVAL_MS": "50", "DQ_MAX_WAIT_MS": "20000"}
 #: Dummy credentials: without DQ_TOKENS the server checks no signature.
@@ -29,6 +30,7 @@ def sqs_client(url: str, **credentials: str) -> Any:
 
 
 @pytest.fixture(scope="module")
+@starts_servers
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     data = tmp_path_factory.mktemp("dq") / "data"
     with live_server(data, env=SERVER_ENV) as s:

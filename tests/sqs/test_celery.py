@@ -21,6 +21,8 @@ import pytest
 from tests.server.live import REPO, live_server
 from tests.sqs.conftest import SERVER_ENV
 
+pytestmark = pytest.mark.integration  # a live dq serve and a Celery worker process
+
 TOKEN = "celery-secret-token"
 
 

@@ -16,6 +16,8 @@ from tests.server.live import LiveServer, live_server
 from tests.server.threaded import threaded_server
 from tests.sqs.conftest import SERVER_ENV, sqs_client
 
+pytestmark = pytest.mark.integration  # live dq serve processes
+
 
 def test_tokens_require_a_valid_signature(tmp_path: Path) -> None:
     env = {**SERVER_ENV, "DQ_TOKENS": "tok-a,tok-b"}

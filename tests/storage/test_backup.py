@@ -17,6 +17,7 @@ from dq.storage.tools import verify_data_dir
 pytestmark = pytest.mark.timeout(180)
 
 
+@pytest.mark.integration
 def test_backup_under_load_holds_everything_acknowledged_before_it(tmp_path: Path) -> None:
     config = EngineConfig(fsync="always", memseg_bytes=64 * 1024, compaction="thread")
     engine = Engine.open(tmp_path / "data", config)

@@ -26,6 +26,8 @@ import pytest
 
 from dq.storage import Engine, EngineConfig, NewItem
 
+pytestmark = pytest.mark.integration  # writer processes, SIGKILLed
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -111,6 +111,7 @@ def test_stale_receipts_after_expiry_and_restart(
     assert d3.id == d1.id and d3.stats.dequeue_count == 2  # the expiry's requeue was durable
 
 
+@pytest.mark.integration
 def test_second_process_cannot_open_the_directory(tmp_path: Path) -> None:
     with Engine.open(tmp_path / "d", EngineConfig(fsync="never")):
         code = (
@@ -313,6 +314,7 @@ def test_ids_are_never_reused_after_everything_is_merged_away(
         Engine.open(path)
 
 
+@pytest.mark.integration
 def test_logs_grow_in_preallocated_steps_and_recover(tmp_path: Path) -> None:
     cfg = EngineConfig(fsync="always", wal_prealloc_bytes=64 * 1024, auto_merge=False)  # opt-in
     with Engine.open(tmp_path / "d", cfg) as e:

@@ -127,6 +127,8 @@ KNOWN: dict[tuple[str, ...], str] = {}
 def _param(then: str, mode: str, point: tuple[str, str, str], err: str) -> Any:
     why = KNOWN.get((then, mode, *point, err)) or KNOWN.get((then, "*", *point, err))
     marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
+    if err == "killed":  # the compaction runs in its worker process, which is killed
+        marks.append(pytest.mark.integration)
     name = f"{mode}-{'-'.join(point)}-{err}" + ("-crash" if then == "crash" else "")
     return pytest.param(mode, point, err, then, marks=marks, id=name)
 

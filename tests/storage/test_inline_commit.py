@@ -201,6 +201,7 @@ def test_closing_commits_what_was_noted(engine: Engine, loop: CommittingThread) 
     assert later.result(timeout=10)
 
 
+@pytest.mark.integration
 def test_closing_the_engine_commits_what_was_noted(tmp_path: Path) -> None:
     loop = CommittingThread()
     try:
