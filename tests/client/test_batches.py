@@ -17,6 +17,8 @@ import pytest
 from dq.client import AsyncClient, Client, ClientError, NewItem, Release, TooLarge
 from tests.server.live import LiveServer, live_server
 
+pytestmark = pytest.mark.integration  # live dq serve processes
+
 #: the server's default batch limit, and a body limit small enough to meet in a test
 ENV = {"DQ_SHM": "1", "DQ_MAX_BODY_BYTES": "200000"}
 

@@ -41,7 +41,8 @@ from tests.replication.test_follow_apply import (
 from tests.replication.test_node_e2e import QUEUE, Cluster, eventually
 from tests.server.live import LiveServer
 
-pytestmark = pytest.mark.timeout(180)
+# integration: in-process servers on 127.0.0.1, dq serve members, etcd
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 MINUTE = 60_000
 HOUR = 60 * MINUTE

@@ -62,9 +62,10 @@ class LiveServer:
             "--data-dir", str(self.data_dir), "--port", str(self.port), "--fsync", self.fsync,
             "--log-level", "warning",
         ]  # fmt: skip
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
         give_up = time.monotonic() + timeout
         try:
             self._wait_up(give_up)

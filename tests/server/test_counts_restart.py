@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from dq.client import Client, NewItem
 from tests.server.live import REPO, LiveServer, live_server
 
-pytestmark = pytest.mark.timeout(180)
+# integration: live dq serve processes, restarted
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 HOUR_MS = 3_600_000
 QUEUE = "jobs"

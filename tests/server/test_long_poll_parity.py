@@ -24,6 +24,8 @@ import pytest
 from dq.client import Client, Item
 from tests.server.live import LiveServer, live_server
 
+pytestmark = pytest.mark.integration  # a live dq serve, over HTTP and its rings
+
 ENV = {"DQ_SHM": "1", "DQ_EXPIRE_INTERVAL_MS": "60000"}
 #: How far apart the two transports' answers to the same event may be.
 AGREE_S = 0.050
