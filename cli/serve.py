@@ -75,6 +75,39 @@ def register(subparsers: Any) -> None:
         "--advertise-url", help="how other members and clients reach this server (DQ_ADVERTISE_URL)"
     )
     p.add_argument("--cluster", help="the replica group's name in etcd (DQ_CLUSTER, default dq)")
+    p.add_argument(
+        "--min-insync",
+        type=int,
+        help="members (the leader counts) holding a write before it is acknowledged "
+        "(DQ_MIN_INSYNC, default 2)",
+    )
+    p.add_argument(
+        "--leader-ttl-s",
+        type=int,
+        help="the leader's lease in etcd, seconds (DQ_LEADER_TTL_S, default 2)",
+    )
+    p.add_argument(
+        "--replica-timeout-ms",
+        type=int,
+        help="a sync member silent this long leaves the sync set (DQ_REPLICA_TIMEOUT_MS, "
+        "default 2000)",
+    )
+    p.add_argument(
+        "--commit-timeout-ms",
+        type=int,
+        help="a write not replicated within this is answered 503 replication_timeout "
+        "(DQ_COMMIT_TIMEOUT_MS, default 10000)",
+    )
+    p.add_argument(
+        "--replica-window-bytes",
+        type=int,
+        help="log bytes the leader keeps for followers behind (DQ_REPLICA_WINDOW_BYTES, "
+        "default 256 MiB)",
+    )
+    p.add_argument(
+        "--replica-ca",
+        help="PEM file a follower checks an HTTPS leader's certificate against (DQ_REPLICA_CA)",
+    )
     p.set_defaults(func=run)
 
 
@@ -111,6 +144,12 @@ def run(args: argparse.Namespace) -> int:
             node=args.node,
             advertise_url=args.advertise_url,
             cluster=args.cluster,
+            min_insync=args.min_insync,
+            leader_ttl_s=args.leader_ttl_s,
+            replica_timeout_ms=args.replica_timeout_ms,
+            commit_timeout_ms=args.commit_timeout_ms,
+            replica_window_bytes=args.replica_window_bytes,
+            replica_ca=args.replica_ca,
         )
     except SettingsError as exc:
         print(f"dq serve: {exc}", file=sys.stderr)

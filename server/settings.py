@@ -101,8 +101,8 @@ class Settings:
     keyed_batch_max_bytes: int = 64 << 20
     #: Replication (docs/replication.md): etcd's client URLs, comma-separated ("" : one
     #: node on its own, no replication), this member's name ("" : the host name), the
-    #: URL the other members and redirected clients reach it at ("" : derived from the
-    #: host name and port), the group's key prefix in etcd (``/dq/<cluster>/``), the
+    #: URL the other members and redirected clients reach it at ("" : ``public_url``,
+    #: from the bind address and port), the group's key prefix in etcd (``/dq/<cluster>/``), the
     #: members that must hold a write before it is acknowledged (the leader counts), the
     #: leader key's lease, how long a silent sync member stays in the sync set, how long
     #: a write waits for its commit before it is answered replication_timeout, and the
@@ -215,7 +215,9 @@ class Settings:
 
     @property
     def public_url(self) -> str:
-        """How the other members and redirected clients reach this server."""
+        """How the other members and redirected clients reach this server: the
+        advertised URL, else the bind address and port (the host name in place of an
+        address that binds every interface, which no one can connect to)."""
         if self.advertise_url:
             return self.advertise_url.rstrip("/")
         host = self.host

@@ -174,6 +174,24 @@ def test_serve_refuses_replication_without_fsync_always(tmp_path: Path) -> None:
     assert r.returncode == 2 and "fsync=always" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--min-insync", "0"], "min_insync and leader_ttl_s must be at least 1"),
+        (["--leader-ttl-s", "0"], "min_insync and leader_ttl_s must be at least 1"),
+        (["--commit-timeout-ms", "0"], "commit_timeout_ms must be positive"),
+        (["--replica-window-bytes", "1000"], "replica_window_bytes at least 1 MiB"),
+    ],
+)
+def test_serve_takes_the_replication_settings_as_flags(
+    tmp_path: Path, flags: list[str], said: str
+) -> None:
+    cmd = [sys.executable, "-m", "dq.cli.main", "serve", "--data-dir", str(tmp_path)]
+    cmd += ["--etcd", "http://127.0.0.1:2379", *flags]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and said in r.stderr, r.stderr
+
+
 def test_no_server_is_said_in_one_line_with_what_to_do() -> None:
     """A refused connection is one line naming the URL and the way to point elsewhere,
     not the transport's account of every try; the same through ``DQ_URL``."""

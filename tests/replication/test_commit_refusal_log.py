@@ -1,7 +1,8 @@
 """A leader whose group cannot commit answers 503 ``replication_timeout`` and then
 ``replication_stalled``: conditions of every failover, answered in full, so the server
 logs them as warnings and keeps ``ERROR`` for what needs looking at. A real ``dq serve``
-leads alone in a real etcd with ``DQ_MIN_INSYNC=2``: no write can commit."""
+leads alone in a real etcd with ``--min-insync 2``: no write can commit. Its replication
+settings are given as ``dq serve`` flags."""
 
 from __future__ import annotations
 
@@ -22,17 +23,14 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.fixture
 def lone_leader(tmp_path: Path, etcd: EtcdServer, cluster: str) -> Iterator[LiveServer]:
     port = free_port()
-    env = {
-        "DQ_ETCD": etcd.url,
-        "DQ_NODE": "n1",
-        "DQ_CLUSTER": cluster,
-        "DQ_ADVERTISE_URL": f"http://127.0.0.1:{port}",
-        "DQ_LEADER_TTL_S": "1",
-        "DQ_MIN_INSYNC": "2",
-        "DQ_COMMIT_TIMEOUT_MS": "300",
-        "DQ_SHM": "0",
-    }
-    with live_server(tmp_path / "data", fsync="always", env=env, port=port) as server:
+    # the replication settings as dq serve flags (the default commit timeout is 10 s)
+    args = [
+        "--etcd", etcd.url, "--node", "n1", "--cluster", cluster,
+        "--advertise-url", f"http://127.0.0.1:{port}", "--leader-ttl-s", "1",
+        "--min-insync", "2", "--commit-timeout-ms", "300", "--replica-timeout-ms", "1000",
+        "--replica-window-bytes", str(2 << 20), "--no-shm",
+    ]  # fmt: skip
+    with live_server(tmp_path / "data", fsync="always", port=port, args=args) as server:
         yield server
 
 
@@ -40,16 +38,19 @@ def _leading(c: httpx.Client) -> bool:
     return bool(c.get("/v1/cluster").json()["role"] == "leader")
 
 
-def _refusal(c: httpx.Client, method: str, path: str, body: object, code: str) -> None:
-    """Send the write until it is answered 503 ``code`` (at most 20 s)."""
+def _refusal(c: httpx.Client, method: str, path: str, body: object, code: str) -> float:
+    """Send the write until it is answered 503 ``code`` (at most 20 s); how long the
+    last request took."""
     give_up = time.monotonic() + 20
     seen: list[str] = []
     while time.monotonic() < give_up:
+        t0 = time.monotonic()
         answer = c.request(method, path, json=body)
+        took = time.monotonic() - t0
         assert answer.status_code == 503, answer.text
         seen.append(answer.json()["error"])
         if seen[-1] == code:
-            return
+            return took
     raise AssertionError(f"no 503 {code} within 20 s: {seen}")
 
 
@@ -61,7 +62,8 @@ def test_commit_timeouts_and_stalls_are_logged_as_warnings(lone_leader: LiveServ
             time.sleep(0.05)
         item = {"items": [{"value": "x"}]}
         # the HTTP fast path (enqueue) and a FastAPI route (queue config) both answer so
-        _refusal(c, "POST", "/v1/queues/q/items", item, "replication_timeout")
+        took = _refusal(c, "POST", "/v1/queues/q/items", item, "replication_timeout")
+        assert took < 5.0, took  # --commit-timeout-ms 300 reached the server
         _refusal(c, "POST", "/v1/queues/q/items", item, "replication_stalled")
         _refusal(c, "PUT", "/v1/queues/q", {"default_lease_ms": 5000}, "replication_timeout")
     log = lone_leader.log_path.read_text(errors="replace")

@@ -14,7 +14,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -39,8 +39,11 @@ class LiveServer:
         fsync: str = "never",
         env: Mapping[str, str] | None = None,
         port: int | None = None,
+        args: Sequence[str] = (),
     ) -> None:
         self.data_dir = data_dir
+        #: more ``dq serve`` flags
+        self.args = list(args)
         self.fsync = fsync
         self.port = port or free_port()
         self.env = dict(env or {})
@@ -60,7 +63,7 @@ class LiveServer:
         cmd = [
             sys.executable, "-m", "dq.cli.main", "serve",
             "--data-dir", str(self.data_dir), "--port", str(self.port), "--fsync", self.fsync,
-            "--log-level", "warning",
+            "--log-level", "warning", *self.args,
         ]  # fmt: skip
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
