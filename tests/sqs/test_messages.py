@@ -1,15 +1,12 @@
-"""The SQS layer's pieces on their own: the documented envelope, digests, SigV4, names."""
+"""How an SQS message is stored as an item's value: the documented envelope, the
+attribute digests SQS clients check, the attribute rules, message ids."""
 
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 import pytest
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
 
 from dq.server.sqs.errors import SqsError
 from dq.server.sqs.messages import (
@@ -21,8 +18,6 @@ from dq.server.sqs.messages import (
     md5_of_attributes,
     message_id,
 )
-from dq.server.sqs.names import queue_arn, queue_from_arn, queue_from_url, queue_url
-from dq.server.sqs.sigv4 import verify
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "sqs.md"
 
@@ -102,57 +97,7 @@ def test_bad_attributes_are_refused(attrs: dict[str, dict[str, str]]) -> None:
     assert exc.value.shape == "InvalidParameterValue"
 
 
-def test_names_round_trip() -> None:
-    url = queue_url("http://h:1", "000000000000", "jobs.dlq")
-    assert queue_from_url(url) == "jobs.dlq"
-    assert queue_from_arn(queue_arn("eu-west-1", "1", "jobs"), "SourceArn") == "jobs"
-    with pytest.raises(SqsError):
-        queue_from_url("http://h:1/000000000000/..")
-    with pytest.raises(SqsError):
-        queue_from_arn("arn:aws:sns:us-east-1:1:topic", "SourceArn")
+def test_message_ids_are_uuids_that_carry_the_item_id_and_differ_per_queue() -> None:
     mid = message_id("jobs", 42)
     assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", mid)
     assert mid.replace("-", "").endswith(f"{42:016x}") and mid != message_id("other", 42)
-
-
-def _signed(secret: str, body: bytes = b'{"QueueName":"q"}') -> AWSRequest:
-    req = AWSRequest(
-        method="POST",
-        url="http://127.0.0.1:8080/",
-        data=body,
-        headers={
-            "Content-Type": "application/x-amz-json-1.0",
-            "X-Amz-Target": "AmazonSQS.GetQueueUrl",
-        },
-    )
-    SigV4Auth(Credentials("AKIDEXAMPLE", secret), "sqs", "eu-west-1").add_auth(req)
-    req.headers["Host"] = "127.0.0.1:8080"
-    return req
-
-
-def _verify(req: AWSRequest, secrets: list[str], body: bytes | None = None) -> object:
-    headers = [(k.lower().encode(), v.encode()) for k, v in req.headers.items()]
-    return verify("POST", "/", b"", headers, req.body if body is None else body, secrets)
-
-
-def test_sigv4_accepts_botocore_signatures_and_rejects_others() -> None:
-    req = _signed("token-1")
-    caller = _verify(req, ["other", "token-1"])
-    assert caller.access_key == "AKIDEXAMPLE" and caller.region == "eu-west-1"  # type: ignore[attr-defined]
-    with pytest.raises(SqsError) as exc:
-        _verify(req, ["token-2"])
-    assert exc.value.shape == "SignatureDoesNotMatch"
-    with pytest.raises(SqsError) as exc:  # body changed after signing
-        _verify(req, ["token-1"], body=b'{"QueueName":"r"}')
-    assert exc.value.shape == "SignatureDoesNotMatch"
-    with pytest.raises(SqsError) as exc:
-        verify("POST", "/", b"", [(b"host", b"x")], b"", ["token-1"])
-    assert exc.value.shape == "MissingAuthenticationToken"
-
-
-def test_sigv4_refuses_old_signatures() -> None:
-    req = _signed("t")
-    headers = [(k.lower().encode(), v.encode()) for k, v in req.headers.items()]
-    with pytest.raises(SqsError) as exc:
-        verify("POST", "/", b"", headers, req.body, ["t"], now=time.time() + 16 * 60)
-    assert "expired" in exc.value.message
