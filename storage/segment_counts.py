@@ -45,8 +45,9 @@ log = logging.getLogger(__name__)
 #: remembered (range, count) answers per reader: the cursor, now, and the two keys the
 #: oldest-due search checks (``storage/state_counts.py``)
 _MEMO = 4
-#: decoded boundary blocks kept per reader (as keys, not values)
-_BLOCKS = 2
+#: decoded boundary blocks kept per reader (as keys, not values): now's, the cursor's and
+#: the oldest due item's
+_BLOCKS = 3
 
 
 def _walk(raw: bytes, where: str, block: int) -> tuple[list[bytes], list[int]]:
@@ -94,7 +95,17 @@ class SegmentCounts:
     """``net_upto(key)``: pending entries minus tombstones at or below ``key`` in one
     segment file. Used under the queue's lock, like the reader itself."""
 
-    __slots__ = ("_blocks", "_entries_before", "_memo", "_reader", "_tombs", "damaged", "net_total")
+    __slots__ = (
+        "_after",
+        "_before",
+        "_blocks",
+        "_entries_before",
+        "_memo",
+        "_reader",
+        "_tombs",
+        "damaged",
+        "net_total",
+    )
 
     def __init__(self, reader: SegmentReader) -> None:
         self._reader = reader
@@ -112,6 +123,10 @@ class SegmentCounts:
             self._tombs = list(reader.block_entries)
         else:
             self._tombs = [None] * len(reader.block_entries)
+        #: tombstones in the first i blocks, while all of them are known (``_before[i]``)
+        self._before = [0]
+        #: tombstones in the last i blocks, while all of them are known (``_after[i]``)
+        self._after = [0]
         #: pending entries minus tombstones in the whole file
         self.net_total = info.pending_count - info.tombstone_count
         #: (lo, hi, net): net_upto(k) == net for lo <= k < hi (hi None: no end)
@@ -129,8 +144,11 @@ class SegmentCounts:
             return 0
         if key >= reader.info.last_key:
             return self.net_total
-        for lo, hi, net in self._memo:
+        memo = self._memo
+        for i, (lo, hi, net) in enumerate(memo):
             if lo <= key and (hi is None or key < hi):
+                if i:  # most recently used first: the cursor's and the oldest due's stay
+                    memo.insert(0, memo.pop(i))
                 return net
         if self.damaged is not None:
             return self._entries_before[reader.block_for(key)]
@@ -142,7 +160,6 @@ class SegmentCounts:
                 "stats count segment file %s to within a block from now on: %s", reader.path, exc
             )
             return self._entries_before[reader.block_for(key)]
-        memo = self._memo
         memo.insert(0, (lo, hi, net))
         del memo[_MEMO:]
         return net
@@ -187,18 +204,29 @@ class SegmentCounts:
         return known
 
     def _tombstones_before(self, b: int) -> int:
-        """Tombstones in the blocks before ``b`` (whose own count is known): summed from
-        the side with fewer blocks still to learn."""
-        if self._reader.info.tombstone_count == 0:
+        """Tombstones in the blocks before ``b`` (whose own count is known).
+
+        Sums are kept over the run of blocks learned from the file's start and the run
+        learned from its end, so a boundary inside either is O(1); otherwise the blocks
+        between the runs on the side with fewer of them are learned first.
+        """
+        total = self._reader.info.tombstone_count
+        if total == 0:
             return 0
-        tombs = self._tombs
-        left = sum(1 for t in tombs[:b] if t is None)
-        if left == 0:
-            return sum(tombs[:b])  # type: ignore[arg-type]
-        right = sum(1 for t in tombs[b + 1 :] if t is None)
-        if left <= right:
-            return sum(self._tombstones_of(j) for j in range(b))
-        after = sum(self._tombstones_of(j) for j in range(b + 1, len(tombs)))
+        tombs, n = self._tombs, len(self._tombs)
+        before, after = self._before, self._after
+        while len(before) <= n and tombs[len(before) - 1] is not None:
+            before.append(before[-1] + tombs[len(before) - 1])  # type: ignore[operator]
+        if b < len(before):
+            return before[b]
+        while len(after) <= n and tombs[n - len(after)] is not None:
+            after.append(after[-1] + tombs[n - len(after)])  # type: ignore[operator]
         own = tombs[b]
         assert own is not None
-        return self._reader.info.tombstone_count - own - after
+        if n - b - 1 < len(after):
+            return total - own - after[n - b - 1]
+        left = range(len(before) - 1, b)
+        right = range(b + 1, n - len(after) + 1)
+        for j in left if len(left) <= len(right) else right:
+            self._tombstones_of(j)
+        return self._tombstones_before(b)

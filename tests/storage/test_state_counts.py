@@ -8,14 +8,17 @@ looks at every item) in a random run of every operation.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import random
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from dq.storage import Engine, NewItem, Release, Requeue
-from dq.storage.codec import key_deadline
+from dq.storage.codec import TOMBSTONE, encode_key, encode_pending, encode_stats, key_deadline
+from dq.storage.segment import SegmentReader, write_segment
 from tests.storage.conftest import FakeClock
 
 HOUR = 3_600_000
@@ -263,3 +266,41 @@ def test_a_damaged_block_does_not_fail_the_stats(
     assert abs(due - (due_then + 1)) <= max(reader.block_entries)
     damage = [r for r in caplog.records if path in r.getMessage()]
     assert len(damage) == 1, caplog.records
+
+
+def test_a_segment_file_counts_exactly_below_any_key(tmp_path: Path) -> None:
+    """``SegmentCounts.net_upto`` against a count of every entry, for keys asked in a
+    random order (boundaries learned from either end, remembered answers reused and
+    crossed) in files of pendings and tombstones mixed, of pendings only, of
+    tombstones only."""
+    rng = random.Random(2)
+    for kind in ("mixed", "pending", "tombstones"):
+        entries: list[tuple[bytes, bytes]] = []
+        for i in range(25_000 if kind == "tombstones" else 3000):
+            deadline = 1_800_000_000_000 + rng.randint(0, 500) * 7
+            tomb = kind == "tombstones" or (kind == "mixed" and rng.random() < 0.3)
+            key = encode_key(deadline, i + 1, TOMBSTONE if tomb else 0)
+            value = b"" if tomb else b"x" * rng.randint(0, 400)
+            entries.append(
+                (key, key if tomb else encode_pending(key, encode_stats(1, 0, 0), value))
+            )
+        entries.sort()
+        path = tmp_path / f"{kind}.seg"
+        write_segment(str(path), entries, seg_lo=1, seg_hi=1, max_id=len(entries))
+        reader = SegmentReader(str(path))
+        try:
+            assert len(reader.first_keys) > 5
+            keys = [k for k, _ in entries]
+            net = [0]  # net[i]: pendings minus tombstones among the first i entries
+            for k in keys:
+                net.append(net[-1] + (-1 if k[15] & 3 == TOMBSTONE else 1))
+            probes = [k for k in rng.sample(keys, 300)] + [b"", b"\xff" * 16]
+            probes += [
+                encode_key(1_800_000_000_000 + rng.randint(-10, 3600), rng.randint(0, 4000))
+                for _ in range(300)
+            ]
+            for probe in probes:
+                expected = net[bisect.bisect_right(keys, probe)]
+                assert reader.counts.net_upto(probe) == expected, (kind, probe.hex())
+        finally:
+            reader.close()
