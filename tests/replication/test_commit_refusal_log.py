@@ -17,7 +17,8 @@ import pytest
 from tests.replication.etcd_server import EtcdServer
 from tests.server.live import LiveServer, free_port, live_server
 
-pytestmark = pytest.mark.timeout(120)
+# integration: a dq serve member and etcd
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
 @pytest.fixture

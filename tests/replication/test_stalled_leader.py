@@ -27,7 +27,8 @@ from tests.server.live import REPO
 
 __all__ = ["group"]
 
-pytestmark = pytest.mark.timeout(240)
+# integration: three dq serve members, etcd, the dq CLI
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 #: how long the leader stays stopped: 12 of its 1 s leases
 STALL_S = 12.0

@@ -23,7 +23,8 @@ import pytest
 from tests.replication.etcd_server import etcd_binary
 from tests.server.live import REPO, free_port
 
-pytestmark = pytest.mark.timeout(240)
+# integration: etcd, dq serve members, curl and the dq CLI
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 DOC = REPO / "docs" / "replication.md"
 SECTION = "### Try it on one machine"
