@@ -171,6 +171,7 @@ class Cluster:
             suspect = set() if seen is None else set(seen.suspect)
         if known is not None:
             self.prefer(known)
+        if known is not None and self.leader.url == known:
             self.leader.confirmed = True  # it answered in this process, and nothing was lost since
         else:
             self.leader = next(
