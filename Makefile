@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run lock test check lint typecheck typecheck-tree unit bench docker-smoke docker-smoke-replicated clean
+.PHONY: run spark lock test check lint typecheck typecheck-tree unit bench docker-smoke docker-smoke-replicated clean
 
 # Each set-up installs exactly the versions of its lock file (requirements/*.txt, made by
 # `make lock`), hash-checked, then the project itself without touching them. `make run`
@@ -22,19 +22,29 @@ $(STAMP): requirements/test.txt $(VENV)/.serve
 	$(BIN)/python -m pip install -qq --disable-pip-version-check --require-hashes -r requirements/test.txt
 	touch $@
 
+# The Spark extra alone (pyspark, pyarrow, pandas; docs/spark.md) on top of what serving
+# needs, from its own lock: `make spark`, then `.venv/bin/python -m dq.pipeline.jobs...`.
+# Spark itself also needs Java 17 or later on PATH (or JAVA_HOME).
+$(VENV)/.spark: requirements/spark.txt $(VENV)/.serve
+	$(BIN)/python -m pip install -qq --disable-pip-version-check --require-hashes -r requirements/spark.txt
+	touch $@
+
+spark: $(VENV)/.spark
+
 # PORT=9000 picks the port (so does DQ_PORT; every flag has a DQ_* variable).
 run: $(VENV)/.serve
 	$(BIN)/dq serve $(if $(PORT),--port $(PORT))
 
 # Re-pin after changing dependencies in pyproject.toml (needs network; uv in a throw-away
-# venv so the project's venv stays as locked). Serving's pins are taken from the test lock,
-# so `make run` then `make test` in one venv changes no version.
+# venv so the project's venv stays as locked). Serving's and Spark's pins are taken from the
+# test lock, so `make run`, `make spark` and `make test` in one venv change no version.
 LOCK := /tmp/dq-lock-tools/bin/uv pip compile --no-config --python-version 3.11 \
         --python-platform x86_64-unknown-linux-gnu --generate-hashes -q
 lock:
 	$(PYTHON) -m venv /tmp/dq-lock-tools && /tmp/dq-lock-tools/bin/pip install -q uv==0.13.9
 	$(LOCK) --extra test --extra spark -o requirements/test.txt pyproject.toml requirements/build.in
 	$(LOCK) -c requirements/test.txt -o requirements/serve.txt pyproject.toml requirements/build.in
+	$(LOCK) -c requirements/test.txt --extra spark -o requirements/spark.txt pyproject.toml requirements/build.in
 
 PKG_DIRS := server storage shm client cli pipeline
 PY_DIRS  := $(PKG_DIRS) bench tests

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dq.pipeline.errors import OptionError, PipelineError
+from dq.pipeline.errors import OptionError, PipelineError, SparkNotInstalled
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["OptionError", "PipelineError", "register", "release", "requeue"]
+__all__ = ["OptionError", "PipelineError", "SparkNotInstalled", "register", "release", "requeue"]
 
 
 def register(spark: SparkSession) -> None:
-    """Register the ``dq`` data source on ``spark`` (idempotent)."""
+    """Register the ``dq`` data source on ``spark`` (idempotent); ``SparkNotInstalled``
+    names the install command when the spark extra is missing."""
+    from dq.pipeline.install import require_spark
+
+    require_spark()
     from dq.pipeline.source import DqDataSource
 
     spark.dataSource.register(DqDataSource)

@@ -1,7 +1,7 @@
 """The lock files pin every dependency pyproject.toml names, at one version each.
 
-`make run` installs ``requirements/serve.txt`` and `make test` ``requirements/test.txt``
-(hash-checked), never pyproject's ranges, so a dependency added to pyproject.toml but not
+`make run` installs ``requirements/serve.txt``, `make spark` ``requirements/spark.txt`` and
+`make test` ``requirements/test.txt`` (hash-checked), never pyproject's ranges, so a dependency added to pyproject.toml but not
 re-locked (`make lock`) would be missing on a fresh machine. This test says so first.
 """
 
@@ -10,8 +10,10 @@ from __future__ import annotations
 import re
 import tomllib
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from tests.server.live import REPO
 
@@ -45,6 +47,12 @@ def test_test_lock_pins_everything_make_test_installs() -> None:
     assert not missing, f"not in requirements/test.txt (run `make lock`): {sorted(missing)}"
 
 
+def test_spark_lock_pins_what_make_spark_installs() -> None:
+    deps = _project()
+    missing = _names(deps["serve"] + deps["spark"]) - set(_pins("spark.txt"))
+    assert not missing, f"not in requirements/spark.txt (run `make lock`): {sorted(missing)}"
+
+
 def test_locked_versions_satisfy_pyproject() -> None:
     pins = _pins("test.txt")
     deps = _project()
@@ -54,7 +62,15 @@ def test_locked_versions_satisfy_pyproject() -> None:
         assert req.specifier.contains(version, prereleases=True), (spec, version)
 
 
-def test_serving_and_test_locks_agree() -> None:
-    serve, test = _pins("serve.txt"), _pins("test.txt")
-    differ = {n: (v, test.get(n)) for n, v in serve.items() if test.get(n) != v}
-    assert not differ, f"make run then make test would change these versions: {differ}"
+@pytest.mark.parametrize("lock", ["serve.txt", "spark.txt"])
+def test_serving_spark_and_test_locks_agree(lock: str) -> None:
+    pins, test = _pins(lock), _pins("test.txt")
+    differ = {n: (v, test.get(n)) for n, v in pins.items() if test.get(n) != v}
+    assert not differ, f"{lock} then make test would change these versions: {differ}"
+
+
+def test_pandas_is_one_pyspark_supports() -> None:
+    """PySpark 4.3 warns at every session start with pandas 3 ("does not yet fully
+    support pandas >= 3.0.0"): the Spark lock stays on pandas 2."""
+    for lock in ("spark.txt", "test.txt"):
+        assert Version(_pins(lock)["pandas"]) < Version("3"), lock

@@ -11,6 +11,9 @@ that are not such JSON are counted under the event ``_malformed``.
     python -m dq.pipeline.jobs.event_counts --url http://127.0.0.1:8080 --queue events \\
         --out /data/event-counts --checkpoint /data/event-counts-ck
 
+Needs the spark extra (``make spark``) and Java 17 or later: without them it says so and
+exits 2. ``python -m dq.pipeline.jobs.produce_events`` fills a queue with sample events.
+
 Runs unchanged on ``local[*]`` (the default when not launched by ``spark-submit``) and on
 a cluster (``spark-submit --master ... pipeline/jobs/event_counts.py ...``).
 """
@@ -23,6 +26,9 @@ import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from dq.pipeline.errors import SparkNotInstalled
+from dq.pipeline.install import require_java, require_spark
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -103,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        require_spark()
+        require_java()
+    except SparkNotInstalled as exc:
+        print(f"event_counts: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -21,9 +21,6 @@ from tests.tiers import starts_servers
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-#: PySpark 4.3 warns (FutureWarning) that it does not fully support pandas 3.
-SPARK_WARNINGS = "ignore:PySpark does not yet fully support pandas:FutureWarning"
-
 
 @pytest.fixture(scope="module")
 @starts_servers

@@ -11,14 +11,13 @@ import pytest
 from dq import pipeline
 from dq.client import Client
 from dq.client.groups import ConsumerClient
-from tests.pipeline.conftest import SPARK_WARNINGS
 from tests.server.live import LiveServer, free_port
 from tests.server.threaded import threaded_server
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings(SPARK_WARNINGS)]
+pytestmark = pytest.mark.spark
 
 
 def read(spark: SparkSession, url: str, queue: str, consumer: str, **opts: Any) -> DataFrame:
