@@ -112,7 +112,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dq.server.runner import serve
+    from dq.server.runner import CannotListen, serve
     from dq.server.settings import Settings, SettingsError, parse_tokens
 
     try:
@@ -165,7 +165,11 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return serve(settings, access_log=args.access_log)
+    try:
+        return serve(settings, access_log=args.access_log)
+    except CannotListen as exc:
+        print(f"dq serve: {exc}", file=sys.stderr)
+        return 1
 
 
 def _backup_dir_problem(path: str) -> str | None:

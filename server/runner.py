@@ -11,8 +11,10 @@ with status 0; the signal is not re-raised after the drain.
 
 from __future__ import annotations
 
+import errno
 import logging
 import signal
+import socket
 from types import FrameType
 
 import uvicorn
@@ -23,7 +25,7 @@ from dq.server.descriptors import connection_budget
 from dq.server.protocol import protocol_for
 from dq.server.settings import Settings
 
-__all__ = ["DrainingServer", "serve", "uvicorn_config"]
+__all__ = ["CannotListen", "DrainingServer", "listen", "serve", "uvicorn_config"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +33,15 @@ logger = logging.getLogger(__name__)
 class DrainingServer(uvicorn.Server):
     """A uvicorn server whose exit signal also drains the app's long-polls."""
 
-    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+    def __init__(self, config: uvicorn.Config, app: FastAPI, url: str = "") -> None:
         super().__init__(config)
         self._app = app
+        self._url = url
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started and sockets is not None:  # uvicorn logs no address for given sockets
+            logger.info("listening on %s (Ctrl-C or SIGTERM to stop)", self._url)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         drain(self._app)
@@ -44,16 +52,74 @@ class DrainingServer(uvicorn.Server):
             self.should_exit = True
 
 
-def serve(settings: Settings, *, access_log: bool = False) -> int:
-    settings = settings.replace(max_connections=connection_budget(settings.max_connections))
-    app = create_app(settings)
-    if not settings.tokens and not settings.loopback:
-        logger.warning(
-            "listening on %s without tokens: anyone who can reach it may read and write "
-            "every queue (set DQ_TOKENS or --tokens)",
-            settings.host,
+class CannotListen(Exception):
+    """The server's address cannot be bound (in use, not ours, not allowed): said before
+    anything is opened, so the engine and the rings are never started for nothing."""
+
+
+def listen(host: str, port: int) -> list[socket.socket]:
+    """Bound sockets for every address of ``host`` (as uvicorn would bind them: address
+    reuse on, IPv6 sockets IPv6-only), for uvicorn to serve. Binding here, before the app
+    starts, means a port in use is one clear error and not uvicorn's ``[Errno 98]`` after
+    the data directory was opened and "Application startup complete" was logged."""
+    try:
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )
-    DrainingServer(uvicorn_config(app, settings, access_log=access_log), app).run()
+    except socket.gaierror as exc:
+        raise CannotListen(f"cannot listen on {host}: {exc.strerror}") from exc
+    bound: list[socket.socket] = []
+    seen: set[tuple[int, object]] = set()
+    try:
+        for family, kind, proto, _name, address in infos:
+            if (family, address) in seen:
+                continue
+            seen.add((family, address))
+            sock = socket.socket(family, kind, proto)
+            bound.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise CannotListen(
+                        f"port {port} is in use (on {host}): stop what listens there, or "
+                        "give another with --port (DQ_PORT)"
+                    ) from exc
+                raise CannotListen(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
+    except BaseException:
+        for sock in bound:
+            sock.close()
+        raise
+    return bound
+
+
+def _url(settings: Settings, sockets: list[socket.socket]) -> str:
+    scheme = "https" if settings.tls_cert else "http"
+    host, port = sockets[0].getsockname()[:2]
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def serve(settings: Settings, *, access_log: bool = False) -> int:
+    """Run until SIGTERM/SIGINT. Raises ``CannotListen`` before opening anything when
+    the address cannot be bound."""
+    sockets = listen(settings.host, settings.port)
+    try:
+        settings = settings.replace(max_connections=connection_budget(settings.max_connections))
+        app = create_app(settings)
+        if not settings.tokens and not settings.loopback:
+            logger.warning(
+                "listening on %s without tokens: anyone who can reach it may read and write "
+                "every queue (set DQ_TOKENS or --tokens)",
+                settings.host,
+            )
+        config = uvicorn_config(app, settings, access_log=access_log)
+        DrainingServer(config, app, _url(settings, sockets)).run(sockets=sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
     return 0
 
 

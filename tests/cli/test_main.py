@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -227,3 +228,22 @@ def test_a_url_with_a_path_says_the_path_is_the_problem(server: LiveServer, queu
     assert r.returncode == 1
     assert f"{server.url}/dq answered 404 not_found: no dq API under the path /dq" in r.stderr
     assert httpx.get(f"{server.url}/v1/queues/{queue}", timeout=10).status_code == 404
+
+
+def test_serve_on_a_port_in_use_says_so_before_opening_anything(tmp_path: Path) -> None:
+    """One line and exit 1, with the data directory untouched: not uvicorn's
+    ``[Errno 98]`` (exit 3) after the engine opened and "Application startup complete"."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cmd = [sys.executable, "-m", "dq.cli.main", "serve", "--data-dir", str(tmp_path / "d")]
+        r = subprocess.run(
+            [*cmd, "--port", str(port)], cwd=REPO, capture_output=True, text=True, timeout=60
+        )
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.splitlines() == [
+        f"dq serve: port {port} is in use (on 127.0.0.1): stop what listens there, or give "
+        "another with --port (DQ_PORT)"
+    ]
+    assert not (tmp_path / "d").exists()
