@@ -17,7 +17,7 @@ ring, and exact:
   file's next key, so each answer is kept with the range it holds for (a few per
   reader): while now has not reached the next deadline in this file, and the cursor
   has not moved past another of its entries, a count costs two comparisons. The last
-  two decoded boundary blocks are kept as their keys, so a boundary moving within a
+  three decoded boundary blocks are kept as their keys, so a boundary moving within a
   block is a bisect.
 
 Nothing here changes the file or its format: it reads blocks as ``SegmentReader`` does.
