@@ -49,7 +49,10 @@ COVERED_ELSEWHERE: dict[str, tuple[str, ...]] = {
     ),
     # the Spark data source
     "tests/pipeline/test_spark_batch.py": ("pipeline/options.py", "pipeline/writer.py"),
-    "tests/pipeline/test_spark_stream.py": ("pipeline/jobs/event_counts.py",),
+    "tests/pipeline/test_spark_stream.py": (
+        "pipeline/jobs/event_counts.py",
+        "pipeline/jobs/produce_events.py",
+    ),
     # the HTTP server: routes end to end, the fast path beside the framework
     "tests/server/test_e2e.py": (
         "server/routers/_common.py",
