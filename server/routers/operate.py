@@ -38,7 +38,11 @@ from dq.storage.codec import MAX_ID
 from dq.storage.errors import StorageError
 from dq.storage.types import BrowsedItem
 
-__all__ = ["item_json", "router"]
+__all__ = ["MAX_PREVIEW_BYTES", "item_json", "router", "value_preview"]
+
+#: the longest value preview a browse gives (``value_bytes``): a page of 1,000 previews
+#: stays a few MiB whatever the values' sizes
+MAX_PREVIEW_BYTES = 4096
 
 router = APIRouter(tags=["operate"], responses=ERRORS)
 ItemIdPath = Annotated[int, Path(ge=0, le=MAX_ID, description="item id")]
@@ -57,7 +61,23 @@ async def _run(service: Service, op: str, call: Callable[[], T], items: int = 0)
     return out
 
 
-def item_json(i: BrowsedItem, encoding: Encoding | None = None) -> dict[str, object]:
+def value_preview(value: bytes, limit: int) -> tuple[bytes, bool]:
+    """The first ``limit`` bytes of ``value``, and whether ``value`` is text. A text value
+    is cut at a character boundary, so that its preview is text too; a binary value's
+    preview is answered in base64 even where its first bytes happen to be UTF-8."""
+    try:
+        value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value[:limit], False
+    end = limit
+    while end > 0 and end < len(value) and value[end] & 0xC0 == 0x80:  # a continuation byte
+        end -= 1
+    return value[:end], True
+
+
+def item_json(
+    i: BrowsedItem, encoding: Encoding | None = None, value_bytes: int | None = None
+) -> dict[str, object]:
     out: dict[str, object] = {
         "id": i.id,
         "deadline": i.deadline,
@@ -72,7 +92,10 @@ def item_json(i: BrowsedItem, encoding: Encoding | None = None) -> dict[str, obj
         "value_size": i.value_size,
     }
     if i.value is not None:
-        out["value"], out["encoding"] = encode_value(i.value, encoding)
+        value, text = (
+            (i.value, True) if value_bytes is None else value_preview(i.value, value_bytes)
+        )
+        out["value"], out["encoding"] = encode_value(value, encoding if text else "base64")
     if i.lease_expires is not None:
         out["lease_expires"] = i.lease_expires
     if i.dead_lettered_from is not None:
@@ -121,6 +144,15 @@ async def browse(
     limit: Annotated[int, Query(ge=1, le=1000, description="items per page")] = 100,
     values: Annotated[bool, Query(description="include each item's value")] = False,
     encoding: Annotated[Encoding | None, Query(description="force base64 values")] = None,
+    value_bytes: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=MAX_PREVIEW_BYTES,
+            description="with values: only the first this many bytes of each value, a "
+            "preview (value_size stays the whole size)",
+        ),
+    ] = None,
 ) -> Response:
     service = service_of(request)
     page = await _run(
@@ -128,7 +160,8 @@ async def browse(
         "browse",
         lambda: service.engine.browse(queue, state, after, limit, values),
     )
-    return json_response({"items": [item_json(i, encoding) for i in page.items], "next": page.next})
+    items = [item_json(i, encoding, value_bytes) for i in page.items]
+    return json_response({"items": items, "next": page.next})
 
 
 @router.get(

@@ -161,6 +161,25 @@ def test_dead_letters_are_counted_logged_and_redriven(server: LiveServer, queue:
     assert "'to'" in r.json()["message"]
 
 
+def test_browse_previews_values(server: LiveServer, queue: str) -> None:
+    """value_bytes cuts each value to a preview (a text value at a character boundary,
+    so it stays text); value_size is still the whole value's."""
+    enqueue(
+        server,
+        queue,
+        {"value": "h\u00e9llo w\u00f6rld"},
+        {"value": "AAEC/wQF", "encoding": "base64"},
+    )
+    params = {"values": "true", "value_bytes": "2"}
+    page = call(server, "GET", f"/v1/queues/{queue}/items", params=params).json()["items"]
+    assert [(i["value"], i["encoding"], i["value_size"]) for i in page] == [
+        ("h", "utf-8", 13),  # "h" and half of "\u00e9" are 2 bytes: the half is left out
+        ("AAE=", "base64", 6),
+    ]
+    r = call(server, "GET", f"/v1/queues/{queue}/items", params={**params, "value_bytes": "0"})
+    assert r.status_code == 422
+
+
 def dead_letter_one(server: LiveServer, queue: str, value: str) -> int:
     """Enqueue ``value`` into ``queue`` (max_deliveries 1) and let it die; its old id."""
     config = {"max_deliveries": 1, "default_lease_ms": 100}

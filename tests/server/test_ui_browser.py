@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +105,7 @@ def confirm(page: Any, typed: str | None = None) -> None:
 
 
 def test_overview_shows_the_queues_and_counts(
-    page: Any, api: httpx.Client, server: LiveServer, shot: Any
+    page: Any, api: httpx.Client, server: LiveServer
 ) -> None:
     enqueue(api, "orders", 12)
     enqueue(api, "orders", 3, delay_ms=600_000)
@@ -115,7 +116,6 @@ def test_overview_shows_the_queues_and_counts(
     expect()(cell(page, "orders", "delayed")).to_have_text("3")
     expect()(cell(page, "orders", "leased")).to_have_text("2")
     expect()(cell(page, "emails", "due")).to_have_text("4")
-    shot(page, "overview")
 
 
 def test_the_bare_address_opens_the_dashboard(
@@ -241,6 +241,24 @@ def test_pause_and_resume_with_confirmation(
     assert len(api.post("/v1/queues/pausable/dequeue", json={"count": 1}).json()["items"]) == 1
 
 
+def test_a_paused_queue_shows_since_when_across_a_restart(page: Any, tmp_path: Path) -> None:
+    """The queue page says since when a queue is paused: the time of the pause, kept
+    on disk with it, so a restarted server shows the same time."""
+    with live_server(tmp_path / "data", env=SERVER_ENV) as server:
+        with httpx.Client(base_url=server.url, timeout=10) as api:
+            enqueue(api, "on-hold", 1)
+            since = api.post("/v1/queues/on-hold/pause").json()["stats"]["paused_since"]
+        assert server.terminate() == 0
+        server.start()
+        page.goto(server.url + "/ui/" + REFRESH + "#/queue/on-hold")
+        note = page.locator("#paused-since")
+        expect()(note).to_contain_text(f"since {local_time(since)} (")
+        expect()(note).to_contain_text("ago)")
+        with httpx.Client(base_url=server.url, timeout=10) as api:
+            api.post("/v1/queues/on-hold/resume").raise_for_status()
+        expect()(note).to_have_count(0)  # running again: no "since"
+
+
 def test_purge_needs_the_queue_name(page: Any, api: httpx.Client, server: LiveServer) -> None:
     enqueue(api, "purgeable", 7)
     page.goto(server.url + "/ui/#/queue/purgeable")
@@ -319,6 +337,62 @@ def test_redrive_dead_letters(page: Any, api: httpx.Client, server: LiveServer, 
     confirm(page)
     eventually(lambda: queue_info(api, "failing")["stats"]["pending"] == 3)
     assert queue_info(api, "failing.dlq")["stats"]["pending"] == 0
+
+
+def local_time(ms: int) -> str:
+    """A time as the dashboard prints it (the browser's local time, as this process's)."""
+    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%d %H:%M:%S.") + f"{ms % 1000:03d}"
+
+
+def test_dead_letters_stand_out_on_the_overview(
+    page: Any, api: httpx.Client, server: LiveServer, shot: Any
+) -> None:
+    """A Dead letters card totals what waits in every dead-letter queue, stands out once
+    there is one and leads to the Dead letters view; so does a queue's dead-letter count."""
+    page.goto(server.url + "/ui/" + REFRESH)
+    card = page.locator('#totals .card[data-total="dead letters"]')
+    before = int(card.locator(".value").inner_text().replace(",", ""))
+    dead_letter(api, "carded", 2)
+    expect()(card.locator(".value")).to_have_text(str(before + 2))
+    expect()(card).to_have_class("card alert")
+    expect()(cell(page, "carded", "dead").locator("span.alert")).to_have_text("2")
+    enqueue(api, "calm", 1)
+    expect()(cell(page, "calm", "dead")).to_have_text("\u2013")  # no dead-letter queue
+    shot(page, "overview")
+    card.click()
+    expect()(
+        page.locator('#dlqs tr[data-queue="carded.dlq"] td[data-col="pending"] span.alert')
+    ).to_have_text("2")
+
+
+def test_dead_letter_tab_shows_when_each_died_and_its_value(
+    page: Any, api: httpx.Client, server: LiveServer
+) -> None:
+    api.put("/v1/queues/previewed", json={"max_deliveries": 1}).raise_for_status()
+    values = [{"value": "order 17: card declined"}, {"value": "long " + "x" * 5000}]
+    values.append({"value": "AAEC/w==", "encoding": "base64"})
+    api.post("/v1/queues/previewed/items", json={"items": values}).raise_for_status()
+    api.post("/v1/queues/previewed/dequeue", json={"count": 3, "lease_ms": 50})
+    time.sleep(0.3)  # the leases run out; the next dequeue moves them to the DLQ
+    t0 = int(time.time() * 1000)
+    eventually(
+        lambda: not api.post("/v1/queues/previewed/dequeue", json={"count": 3}).json()["items"]
+    )
+    t1 = int(time.time() * 1000)
+    eventually(lambda: queue_info(api, "previewed.dlq")["stats"]["pending"] == 3)
+    page.goto(server.url + "/ui/" + REFRESH + "#/queue/previewed.dlq/dead")
+    rows = page.locator("table.items tbody tr[data-id]")
+    expect()(rows).to_have_count(3)
+    previews = [rows.nth(i).locator('td[data-col="value"]').inner_text() for i in range(3)]
+    assert previews[0] == "order 17: card declined"
+    assert previews[1].startswith("long xxx") and previews[1].endswith("\u2026")
+    assert len(previews[1]) < 200  # a preview, not the 5,000 bytes
+    assert previews[2] == "00 01 02 ff"  # binary: hex
+    for i in range(3):
+        died = rows.nth(i).locator('td[data-col="died"]').inner_text()
+        stamp = died.split(" (")[0]
+        assert local_time(t0 - 1000) <= stamp <= local_time(t1 + 1000), died
+        assert died.endswith("ago)"), died
 
 
 def test_select_and_delete_dead_letters(page: Any, api: httpx.Client, server: LiveServer) -> None:

@@ -20,7 +20,7 @@ export async function mount(root) {
     tbody.innerHTML = dlqs.map((r) => `<tr data-queue="${esc(r.name)}">
       <td class="text"><a href="#/queue/${encodeURIComponent(r.name)}/dead">${esc(r.name)}</a></td>
       <td class="text">${esc((feeders.get(r.name) || []).join(", ") || "–")}</td>
-      <td data-col="pending">${num(r.pending)}</td></tr>`).join("") ||
+      <td data-col="pending">${r.pending ? `<span class="alert">${num(r.pending)}</span>` : "0"}</td></tr>`).join("") ||
       `<tr><td colspan="3" class="muted">No dead-letter queues. A queue gets one when its max deliveries is set.</td></tr>`;
   }
   await refresh();

@@ -1,15 +1,35 @@
 // Browsing a queue's items by state with the server's cursor (50 a page, values left out
 // until one item is opened), used by the Items, Leased and Dead letters tabs.
 // Leased rows count down and turn amber when their lease is about to run out; dead
-// letters can be selected and redriven or deleted.
+// letters show when they died and a preview of their value (the server sends only the
+// first PREVIEW_BYTES of each), and can be selected and redriven or deleted.
 
 import { del, get, post, q } from "../api.js";
 import { confirmAction } from "../dialog.js";
-import { bytes, duration, esc, num, time } from "../format.js";
+import { bytes, duration, esc, num, time, valueBytes } from "../format.js";
 import { itemPanel } from "./item.js";
 
 const PAGE = 50;
 const SOON_MS = 10_000;
+const PREVIEW_BYTES = 120;
+
+// A value's first bytes as one line: text as text, anything else as hex.
+function preview(it) {
+  if (it.value === undefined || it.value === null) return "–";
+  const data = valueBytes(it.value, it.encoding);
+  const more = it.value_size > data.length ? "…" : "";
+  if (it.encoding === "base64") {
+    return Array.from(data.subarray(0, 24), (b) => b.toString(16).padStart(2, "0")).join(" ") + (data.length > 24 ? " …" : more);
+  }
+  return it.value.replace(/\s+/g, " ") + more;
+}
+
+// When a dead letter died: the move to the dead-letter queue sets its requeue time
+// (docs/http.md, "Dead letters"); an item enqueued there directly never died.
+function died(it, now) {
+  const at = it.dead_lettered_from ? it.stats?.requeue_time : null;
+  return at ? `${time(at)} <span class="muted">(${duration(now - at)} ago)</span>` : "–";
+}
 
 export function expiringSoon(item, leaseMs, now) {
   if (!item.lease_expires) return false;
@@ -34,7 +54,7 @@ export async function browser(root, queue, { mode, info, ctx }) {
     </div>
     <table class="items"><thead></thead><tbody></tbody></table>
     <div id="detail"></div>`;
-  const head = dead ? ["", "Id", "From", "Deadline", "Deliveries", "Size", ""]
+  const head = dead ? ["", "Id", "From", "Died", "Value", "Deliveries", "Size", ""]
     : mode === "leased" ? ["Id", "Lease expires", "Time left", "Deliveries", "Deadline", "Size"]
       : ["Id", "State", "Deadline", "Deliveries", "Size"];
   root.querySelector("thead").innerHTML = `<tr>${head.map((h, i) => `<th class="${i === 0 ? "text" : ""}">${h}</th>`).join("")}</tr>`;
@@ -46,7 +66,8 @@ export async function browser(root, queue, { mode, info, ctx }) {
     if (dead) {
       return `<tr data-id="${it.id}" class="${selected.has(it.id) ? "selected" : ""}">
         <td><input type="checkbox" class="write" data-select="${it.id}" ${selected.has(it.id) ? "checked" : ""} aria-label="select ${it.id}"></td>
-        <td>${open}</td><td class="text">${esc(it.dead_lettered_from ?? "–")}</td><td>${time(it.deadline)}</td>
+        <td>${open}</td><td class="text">${esc(it.dead_lettered_from ?? "–")}</td><td data-col="died">${died(it, now)}</td>
+        <td class="text preview" data-col="value">${esc(preview(it))}</td>
         <td>${num(st.dequeue_count)}</td><td>${bytes(it.value_size)}</td>
         <td><button class="write" data-redrive="${it.id}">Redrive</button> <button class="write" data-delete="${it.id}">Delete</button></td></tr>`;
     }
@@ -77,7 +98,7 @@ export async function browser(root, queue, { mode, info, ctx }) {
   async function load() {
     const after = state.cursors[state.page];
     const path = `/v1/queues/${q(queue)}/items?state=${state.filter}&limit=${PAGE}` +
-      (after ? `&after=${q(after)}` : "");
+      (dead ? `&values=true&value_bytes=${PREVIEW_BYTES}` : "") + (after ? `&after=${q(after)}` : "");
     const page = await get(path);
     items = page.items;
     state.next = page.next;

@@ -25,6 +25,7 @@ export function rows(queues) {
       name: qi.name,
       info: qi,
       paused: Boolean(pick(qi, "paused")),
+      pausedSince: pick(qi, "paused_since"),
       isDlq: dlqs.has(qi.name) || qi.name.endsWith(".dlq"),
       pending: s.pending ?? 0,
       due: s.due ?? 0,

@@ -27,6 +27,7 @@ function cell(r, key) {
         (r.isDlq ? `<span class="badge dlq">DLQ</span>` : "");
       return `<a href="${esc(href)}">${esc(r.name)}</a>${badges}`;
     }
+    case "dead": return r.dead ? `<span class="alert">${num(r.dead)}</span>` : num(r.dead);
     case "oldest": return duration(r.oldest);
     case "enq": case "deq": case "rel": return rate(r[key]);
     default: return num(r[key]);
@@ -67,12 +68,17 @@ export async function mount(root, args) {
       th.classList.toggle("sorted", th.dataset.key === state.key);
       th.classList.toggle("asc", state.asc);
     }
-    const sum = (k) => data.reduce((a, r) => a + (r[k] ?? 0), 0);
+    const sum = (k, list = data) => list.reduce((a, r) => a + (r[k] ?? 0), 0);
     const paused = data.filter((r) => r.paused).length;
+    // Dead letters: every item waiting in a dead-letter queue. It stands out (and links
+    // to the Dead letters view) as soon as there is one: each is work that failed.
+    const dead = sum("pending", data.filter((r) => r.isDlq));
+    const deadCard = `<a class="card${dead ? " alert" : ""}" data-total="dead letters" href="#/dead">
+      <div class="label">Dead letters</div><div class="value">${num(dead)}</div></a>`;
     root.querySelector("#totals").innerHTML = [
       ["Queues", num(data.length)], ["Due", num(sum("due"))], ["Delayed", num(sum("delayed"))],
       ["Leased", num(sum("leased"))], ["Paused", num(paused)],
-    ].map(([label, value]) => `<div class="card" data-total="${label.toLowerCase()}"><div class="label">${label}</div><div class="value">${value}</div></div>`).join("");
+    ].map(([label, value]) => `<div class="card" data-total="${label.toLowerCase()}"><div class="label">${label}</div><div class="value">${value}</div></div>`).join("") + deadCard;
   }
 
   async function refresh() {

@@ -3,7 +3,7 @@
 
 import { ApiError, del, get, post, q } from "../api.js";
 import { confirmAction } from "../dialog.js";
-import { bytes, duration, esc, num, rate } from "../format.js";
+import { bytes, duration, esc, num, rate, time } from "../format.js";
 import { historyCharts } from "./history.js";
 import { browser } from "./items.js";
 import { deadLetterQueueOf, rows } from "./model.js";
@@ -47,17 +47,21 @@ export async function mount(root, { name, tab }, ctx) {
 
   function drawHeader() {
     row.isDlq = row.isDlq || isDlq;
-    root.querySelector("#badges").innerHTML = (row.paused ? `<span class="badge paused">paused</span>` : "") +
+    // "paused since": the server keeps the time of the pause with it (state.json)
+    const since = row.paused && row.pausedSince
+      ? ` <span id="paused-since" class="muted">since ${time(row.pausedSince)} (${duration(Date.now() - row.pausedSince)} ago)</span>`
+      : "";
+    root.querySelector("#badges").innerHTML = (row.paused ? `<span class="badge paused">paused</span>${since}` : "") +
       (row.isDlq ? `<span class="badge dlq">DLQ</span>` : "");
     const pause = root.querySelector("#pause");
     pause.textContent = row.paused ? "Resume…" : "Pause…";
     pause.dataset.action = row.paused ? "resume" : "pause";
     root.querySelector("#cards").innerHTML = [
       ["Due", num(row.due)], ["Delayed", num(row.delayed)], ["Leased", num(row.leased)],
-      ["Dead letters", row.dlq ? num(row.dead) : "–"], ["Oldest due", duration(row.oldest)],
+      ["Dead letters", row.dlq ? num(row.dead) : "–", row.dead > 0], ["Oldest due", duration(row.oldest)],
       ["Enqueued/s", rate(row.enq)], ["Dequeued/s", rate(row.deq)], ["Released/s", rate(row.rel)],
       ["Segments", num(row.segments)], ["On disk", bytes(row.bytes)],
-    ].map(([l, v]) => `<div class="card" data-stat="${l.toLowerCase()}"><div class="label">${l}</div><div class="value">${v}</div></div>`).join("");
+    ].map(([l, v, alert]) => `<div class="card${alert ? " alert" : ""}" data-stat="${l.toLowerCase()}"><div class="label">${l}</div><div class="value">${v}</div></div>`).join("");
   }
 
   async function mountTab() {
