@@ -36,15 +36,32 @@ def discover(data_dir: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         doc: dict[str, Any] = json.loads(path.read_text())
     except FileNotFoundError as exc:
-        raise AttachError(
-            "no rings served for this data directory (is `DQ_SHM=1 dq serve` running?)",
-            path=str(path),
-        ) from exc
+        raise AttachError(_why_no_rings(Path(data_dir))) from exc
     except (OSError, ValueError) as exc:
         raise AttachError("unreadable ring discovery file", path=str(path)) from exc
     if doc.get("version") != 1:
         raise AttachError("unsupported ring discovery version", version=doc.get("version"))
     return doc
+
+
+def _why_no_rings(data_dir: Path) -> str:
+    """Why ``data_dir`` has no discovery file, from what is on disk alone (nothing is
+    locked or attached to find out). A directory no server ever used (no ``LOCK``) is
+    most often the wrong one: ``./dq-data`` outside the directory the server runs in."""
+    if not data_dir.is_dir():
+        return (
+            f"no data directory {data_dir}: give the one the server was started with "
+            "(--data-dir, DQ_DATA_DIR)"
+        )
+    if not (data_dir / "LOCK").exists():
+        return (
+            f"{data_dir} is not a dq data directory (no server has used it): give the one "
+            "the server was started with (--data-dir, DQ_DATA_DIR)"
+        )
+    return (
+        f"no rings served for {data_dir}: no server runs on it, or it was started with "
+        "--no-shm (DQ_SHM=0)"
+    )
 
 
 def open_ring(data_dir: str | os.PathLike[str], ring: str) -> Any:

@@ -8,6 +8,7 @@ events and ``dq top`` their figures.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -121,7 +122,7 @@ def test_top_shows_the_queues(served: tuple[Path, str]) -> None:
         row = next((line for line in top.stdout.splitlines() if "topq" in line), None)
         if row is not None:
             cells = row.replace("│", " ").split()
-            if cells[1:4] == ["3", "2", "1"]:  # pending, due, leased
+            if cells[1:5] == ["3", "2", "0", "1"]:  # pending, due, delayed, leased
                 break
         assert time.monotonic() < give_up, top.stdout
         time.sleep(0.5)
@@ -131,7 +132,56 @@ def test_top_shows_the_queues(served: tuple[Path, str]) -> None:
 
 
 def test_without_a_server_both_fail_clearly(tmp_path: Path) -> None:
+    """Run where there is no ``./dq-data`` (outside the repository) without
+    ``--data-dir``: the message names the missing directory and the flag, not a
+    server setting; in a directory no server used, or one whose server is gone, it
+    says so."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DQ_")}
     for args in (["top", "--once"], ["tail", "q", "--count", "1"]):
+        r = subprocess.run(
+            [*DQ, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert r.returncode == 2
+        assert r.stderr.splitlines() == [
+            f"dq {args[0]}: no data directory dq-data: give the one the server was started "
+            "with (--data-dir, DQ_DATA_DIR)"
+        ]
         result = run(*args, "--data-dir", str(tmp_path))
         assert result.returncode == 2
-        assert "no rings served" in result.stderr
+        assert f"{tmp_path} is not a dq data directory (no server has used it)" in result.stderr
+    (tmp_path / "LOCK").touch()
+    result = run("top", "--once", "--data-dir", str(tmp_path))
+    assert result.returncode == 2 and "no server runs on it, or it was started with --no-shm" in (
+        result.stderr
+    )
+    assert "DQ_SHM=1" not in result.stderr
+
+
+def test_top_fits_80_columns_with_whole_names(served: tuple[Path, str]) -> None:
+    """On an 80-column terminal the queue column is as wide as the names (up to what is
+    left), and how late the oldest due item is reads as a duration, not raw ms."""
+    data, url = served
+    name = "emails.welcome-v2"
+    put = run("put", name, "late", "--deadline=-2m", "--url", url)
+    assert put.returncode == 0, put.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DQ_")} | {"COLUMNS": "80"}
+    give_up = time.monotonic() + 30
+    while True:
+        top = subprocess.run(
+            [*DQ, "top", "--once", "--data-dir", str(data)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert top.returncode == 0, top.stderr
+        row = next((line for line in top.stdout.splitlines() if name in line), None)
+        if row is not None:
+            break
+        assert time.monotonic() < give_up, top.stdout
+        time.sleep(0.5)
+    assert all(len(line) <= 80 for line in top.stdout.splitlines()), top.stdout
+    header = next(line for line in top.stdout.splitlines() if line.startswith("queue"))
+    assert header.split() == [
+        "queue", "pending", "due", "delayed", "leased", "enq/s", "rel/s", "exp/s", "late"
+    ]  # fmt: skip
+    cells = row.split()
+    assert cells[0] == name and cells[1:3] == ["1", "1"], row
+    assert re.fullmatch(r"2\.\d min", " ".join(cells[-2:])), row  # due two minutes ago

@@ -96,6 +96,11 @@ def test_a_due_event_when_a_delayed_item_comes_due(host: tuple[Engine, Path]) ->
 def test_discovery_errors_are_clear(tmp_path: Path) -> None:
     from dq.shm.errors import AttachError
 
+    with pytest.raises(AttachError, match="no data directory"):
+        subscriber.subscribe(tmp_path / "nope", "q")
+    with pytest.raises(AttachError, match="not a dq data directory"):
+        subscriber.subscribe(tmp_path, "q")
+    (tmp_path / "LOCK").touch()  # a server used it: none serves rings there now
     with pytest.raises(AttachError, match="no rings served"):
         subscriber.subscribe(tmp_path, "q")
     (tmp_path / "dq-rings.json").write_text("{not json")
