@@ -42,6 +42,11 @@ def register(subparsers: Any) -> None:
     )
     p = _queue_cmd(subparsers, "delete", "delete a queue and all its items", delete)
     p.add_argument("--yes", action="store_true", help="really delete")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="delete it even while other queues send their dead letters to it",
+    )
     _queue_cmd(subparsers, "pause", "stop handing out items (writes go on)", pause)
     _queue_cmd(subparsers, "resume", "hand out items again", resume)
     p = _queue_cmd(subparsers, "peek", "show one item by id without leasing it", peek)
@@ -106,7 +111,15 @@ def delete(args: argparse.Namespace) -> int:
         return _refuse(args, f"deletes queue {args.queue} and all its items")
 
     def action(dq: Client) -> int:
-        dq.delete_queue(args.queue)
+        from dq.client import Conflict
+
+        try:
+            dq.delete_queue(args.queue, force=args.force)
+        except Conflict as exc:
+            if exc.code != "dead_letter_queue_in_use":
+                raise
+            print(f"dq delete: {exc.message} (--force)", file=sys.stderr)
+            return 1
         if args.json:
             emit_json({"deleted": args.queue})
         else:

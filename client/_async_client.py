@@ -150,8 +150,11 @@ class AsyncClient:
     async def put_queue(self, name: str, config: QueueConfig | None = None) -> QueueInfo:
         return await self.transport.put_queue(name, config if config is not None else QueueConfig())
 
-    async def delete_queue(self, name: str) -> None:
-        await self.transport.delete_queue(name)
+    async def delete_queue(self, name: str, *, force: bool = False) -> None:
+        """Delete a queue and all its items. A queue other queues name as their
+        dead-letter queue is refused (``Conflict``, code ``dead_letter_queue_in_use``)
+        unless ``force``."""
+        await self.transport.delete_queue(name, force)
 
     async def health(self) -> dict[str, Any]:
         return await self.transport.health()

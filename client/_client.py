@@ -162,8 +162,11 @@ class Client:
     def put_queue(self, name: str, config: QueueConfig | None = None) -> QueueInfo:
         return self.transport.put_queue(name, config if config is not None else QueueConfig())
 
-    def delete_queue(self, name: str) -> None:
-        self.transport.delete_queue(name)
+    def delete_queue(self, name: str, *, force: bool = False) -> None:
+        """Delete a queue and all its items. A queue other queues name as their
+        dead-letter queue is refused (``Conflict``, code ``dead_letter_queue_in_use``)
+        unless ``force``."""
+        self.transport.delete_queue(name, force)
 
     def health(self) -> dict[str, Any]:
         return self.transport.health()

@@ -225,6 +225,11 @@ def _in_doubt(call: Call, walk: Walk, why: str) -> TransportError:
     )
 
 
+def _delete_queue(queue: str, force: bool) -> Call:
+    params = {"force": "true"} if force else None
+    return Call("DELETE", queue_path(queue), queue=queue, params=params)
+
+
 def _result(call: Call, response: Response) -> Any:
     if response.status == 204:
         return None
@@ -582,8 +587,8 @@ class HttpTransport(_Base):
         doc = self.call(Call("PUT", queue_path(queue), body, idempotent=True, queue=queue))
         return _wire.parse_queue(doc)
 
-    def delete_queue(self, queue: str) -> None:
-        self.call(Call("DELETE", queue_path(queue), queue=queue))
+    def delete_queue(self, queue: str, force: bool = False) -> None:
+        self.call(_delete_queue(queue, force))
 
     def health(self) -> dict[str, Any]:
         doc: dict[str, Any] = self.call(Call("GET", "/healthz", idempotent=True))
@@ -803,8 +808,8 @@ class AsyncHttpTransport(_Base):
         doc = await self.call(Call("PUT", queue_path(queue), body, idempotent=True, queue=queue))
         return _wire.parse_queue(doc)
 
-    async def delete_queue(self, queue: str) -> None:
-        await self.call(Call("DELETE", queue_path(queue), queue=queue))
+    async def delete_queue(self, queue: str, force: bool = False) -> None:
+        await self.call(_delete_queue(queue, force))
 
     async def health(self) -> dict[str, Any]:
         doc: dict[str, Any] = await self.call(Call("GET", "/healthz", idempotent=True))

@@ -644,8 +644,8 @@ class ShmTransport:
         result: QueueInfo = self._http_transport().put_queue(queue, config)
         return result
 
-    def delete_queue(self, queue: str) -> None:
-        self._http_transport().delete_queue(queue)
+    def delete_queue(self, queue: str, force: bool = False) -> None:
+        self._http_transport().delete_queue(queue, force)
 
     def health(self) -> dict[str, Any]:
         """The ring answers (a CONTINUE with nothing to continue is a no-op round trip)."""
@@ -746,8 +746,8 @@ class AsyncShmTransport:
     async def put_queue(self, queue: str, config: QueueConfig) -> QueueInfo:
         return await asyncio.to_thread(self._sync.put_queue, queue, config)
 
-    async def delete_queue(self, queue: str) -> None:
-        await asyncio.to_thread(self._sync.delete_queue, queue)
+    async def delete_queue(self, queue: str, force: bool = False) -> None:
+        await asyncio.to_thread(self._sync.delete_queue, queue, force)
 
     async def health(self) -> dict[str, Any]:
         return await asyncio.to_thread(self._sync.health)

@@ -39,6 +39,7 @@ from dq.storage.errors import (
     BatchTooLarge,
     ConfigConflict,
     DataDirLocked,
+    DeadLetterQueueInUse,
     EngineUnavailable,
     InvalidArgument,
     QueueNotFound,
@@ -373,14 +374,44 @@ class Engine(Operations, ReplicaEngine):
             path.append(q.name)
             hop_config = q.config
 
-    def delete_queue(self, name: str) -> None:
+    def delete_queue(self, name: str, *, force: bool = False) -> None:
+        """Delete ``name`` and all its items. While other queues name it as their
+        dead-letter queue it is refused (``DeadLetterQueueInUse``) unless ``force``:
+        the dead letters it holds would go, and the next one would start it anew. Every
+        front end calls this; each delete is logged (a forced one as a warning)."""
         self._check_writable()
         with self._lock:
             self._queue(name)
+            sources = self.dead_letter_sources(name)
+            if sources and not force:
+                named = ", ".join(sources)
+                raise DeadLetterQueueInUse(
+                    f"queue {name} is the dead-letter queue of {named}: its dead letters "
+                    f"would be lost and the next would create it again; give {named} "
+                    "another dead_letter_queue first, or delete it with force"
+                )
             lsn = self._ship_control(name, "delete_queue")
             sink = self.replication
             self._delete(name)
         self._await_commit(lsn, sink)
+        if sources:
+            log.warning(
+                "queue %s deleted, though it is the dead-letter queue of %s (their next "
+                "dead letters create it anew)",
+                name,
+                ", ".join(sources),
+            )
+        else:
+            log.info("queue %s deleted", name)
+
+    def dead_letter_sources(self, name: str) -> list[str]:
+        """The queues whose dead letters go to ``name`` (by their config), by name."""
+        with self._lock:
+            return sorted(
+                q.name
+                for q in self._queues.values()
+                if q.name != name and effective_dead_letter_queue(q.name, q.config) == name
+            )
 
     def _delete(self, name: str) -> None:
         with self._lock:

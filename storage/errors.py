@@ -145,6 +145,13 @@ class ConfigConflict(StorageError):
     http_status = 409
 
 
+class DeadLetterQueueInUse(ConfigConflict):
+    """A queue named as another queue's dead-letter queue was to be deleted without
+    ``force``: its dead letters would go, and the next would silently start it anew."""
+
+    code = "dead_letter_queue_in_use"
+
+
 class DataDirLocked(StorageError):
     code = "data_dir_locked"
     http_status = 503

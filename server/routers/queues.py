@@ -10,7 +10,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from dq.server.dependencies import QueuePath, service_of
 from dq.server.routers._common import ERRORS, json_response
@@ -115,11 +115,19 @@ async def put_queue(queue: QueuePath, body: QueueConfigBody, request: Request) -
 
 
 @router.delete("/{queue}", status_code=204, summary="Delete a queue and all its items")
-async def delete_queue(queue: QueuePath, request: Request) -> Response:
+async def delete_queue(
+    queue: QueuePath,
+    request: Request,
+    force: bool = Query(
+        False,
+        description="delete it even while other queues name it as their dead-letter "
+        "queue (refused otherwise: 409 dead_letter_queue_in_use)",
+    ),
+) -> Response:
     service = service_of(request)
     t0 = _perf()
     try:
-        await asyncio.to_thread(service.engine.delete_queue, queue)
+        await asyncio.to_thread(service.engine.delete_queue, queue, force=force)
     except StorageError as exc:
         service.metrics.observe_error("queue_delete", exc.code, _perf() - t0)
         raise

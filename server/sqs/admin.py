@@ -20,8 +20,7 @@ from dq.server.sqs.names import queue_from_arn, queue_from_url, valid_name
 from dq.server.sqs.params import get_int, get_list, get_map, get_str, invalid
 from dq.server.sqs.queue_attrs import apply, effective, render
 from dq.server.sqs.sidecar import Sidecar
-from dq.storage.errors import QueueNotFound, StorageError
-from dq.storage.operations import effective_dead_letter_queue
+from dq.storage.errors import StorageError
 from dq.storage.types import QueueConfig
 
 __all__ = ["ACTIONS"]
@@ -135,7 +134,9 @@ async def delete_queue(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
     name = queue_from_url(p.get("QueueUrl"))
     async with ctx.state.admin_lock:
         try:
-            await asyncio.to_thread(ctx.engine.delete_queue, name)
+            # SQS deletes a queue that is another's dead-letter queue (its redrive
+            # policy then names a queue that is gone), and so does this endpoint
+            await asyncio.to_thread(ctx.engine.delete_queue, name, force=True)
         except StorageError as exc:
             raise from_storage(exc, name) from None
         ctx.state.sidecars.forget(name)
@@ -182,15 +183,7 @@ async def set_queue_attributes(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
 
 def _sources(ctx: Ctx, dlq: str) -> list[str]:
     """The queues whose dead letters go to ``dlq``."""
-    engine = ctx.engine
-    out = []
-    for name in engine.list_queues():
-        try:
-            if effective_dead_letter_queue(name, engine.get_queue(name)) == dlq:
-                out.append(name)
-        except QueueNotFound:  # deleted meanwhile
-            continue
-    return out
+    return ctx.engine.dead_letter_sources(dlq)
 
 
 async def list_dead_letter_source_queues(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:

@@ -291,3 +291,32 @@ def test_serve_refuses_a_backup_dir_that_does_not_exist(tmp_path: Path) -> None:
     with live_server(data, env={"DQ_BACKUP_DIR": str(missing)}) as server:
         r = dq(server, "backup", "nightly")
         assert r.returncode == 0 and f"backup written to {missing}" in r.stdout, r.stderr
+
+
+def test_deleting_a_dead_letter_queue_in_use_needs_force(tmp_path: Path) -> None:
+    """A queue another queue sends its dead letters to is not deleted by ``--yes``
+    alone (its dead letters would go, and the next would create it again): the command
+    says whose it is and that ``--force`` deletes it; every delete is in the server's
+    log, a forced one as a warning."""
+    with live_server(tmp_path / "data", args=["--log-level", "info"]) as server:
+        dq(server, "create", "orders", "--max-deliveries", "3")
+        dq(server, "put", "orders.dlq", "dead letter")
+        r = dq(server, "delete", "orders.dlq", "--yes")
+        assert r.returncode == 1, r.stdout
+        assert r.stderr.splitlines() == [
+            "dq delete: queue orders.dlq is the dead-letter queue of orders: its dead letters "
+            "would be lost and the next would create it again; give orders another "
+            "dead_letter_queue first, or delete it with force (--force)"
+        ]
+        r = dq(server, "stats", "orders.dlq", "--json")
+        assert json.loads(r.stdout)["stats"]["pending"] == 1  # still there
+        r = dq(server, "delete", "orders.dlq", "--yes", "--force")
+        assert r.returncode == 0 and r.stdout.strip() == "deleted queue orders.dlq", r.stderr
+        r = dq(server, "delete", "orders", "--yes")
+        assert r.returncode == 0, r.stderr
+        log = server.log()
+    assert (
+        "WARNING dq.storage.engine: queue orders.dlq deleted, though it is the dead-letter "
+        "queue of orders" in log
+    )
+    assert "INFO dq.storage.engine: queue orders deleted" in log

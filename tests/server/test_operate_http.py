@@ -282,3 +282,25 @@ def test_bad_input_answers_say_what_to_fix(server: LiveServer, queue: str) -> No
     r = call(server, "GET", f"/v1/queues/{queue}/items/abc")
     assert r.status_code == 422 and r.json()["details"][0]["loc"] == ["path", "item_id"]
     assert call(server, "GET", f"/v1/queues/{queue}").status_code == 404  # nothing was written
+
+
+def test_deleting_a_dead_letter_queue_in_use_needs_force(server: LiveServer, queue: str) -> None:
+    """DELETE of a queue other queues send their dead letters to answers 409
+    dead_letter_queue_in_use and deletes nothing; ``?force=true`` deletes it. Once no
+    queue names it (its source reconfigured), a plain DELETE does."""
+    config = {"max_deliveries": 2, "dead_letter_queue": f"{queue}-dead"}
+    assert call(server, "PUT", f"/v1/queues/{queue}", json=config).status_code == 200
+    assert call(server, "PUT", f"/v1/queues/{queue}-b", json=config).status_code == 200
+    enqueue(server, f"{queue}-dead", {"value": "kept"})
+    r = call(server, "DELETE", f"/v1/queues/{queue}-dead")
+    assert r.status_code == 409 and r.json()["error"] == "dead_letter_queue_in_use"
+    assert f"the dead-letter queue of {queue}, {queue}-b:" in r.json()["message"]
+    r = call(server, "DELETE", f"/v1/queues/{queue}-dead", params={"force": "false"})
+    assert r.status_code == 409
+    assert call(server, "GET", f"/v1/queues/{queue}-dead").json()["stats"]["pending"] == 1
+    r = call(server, "DELETE", f"/v1/queues/{queue}-dead", params={"force": "true"})
+    assert r.status_code == 204
+    enqueue(server, f"{queue}-dead", {"value": "again"})  # what a dead letter would do
+    for source in (queue, f"{queue}-b"):
+        assert call(server, "PUT", f"/v1/queues/{source}", json={}).status_code == 200
+    assert call(server, "DELETE", f"/v1/queues/{queue}-dead").status_code == 204

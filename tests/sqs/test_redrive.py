@@ -199,3 +199,17 @@ def test_a_move_task_that_leaves_a_message_in_flight_says_why(sqs: Any, qname: s
     task = _wait_task(sqs, dlq_arn)
     assert task["Status"] == "COMPLETED" and task["ApproximateNumberOfMessagesMoved"] == 1
     assert "FailureReason" not in task
+
+
+def test_delete_queue_of_a_dead_letter_queue_in_use(sqs: Any, qname: str) -> None:
+    """SQS deletes a queue that another's RedrivePolicy names (dq's own API asks for
+    force): DeleteQueue keeps doing so."""
+    dlq_url = sqs.create_queue(QueueName=qname + "-dlq")["QueueUrl"]
+    policy = {"deadLetterTargetArn": _arn(sqs, dlq_url), "maxReceiveCount": 1}
+    src_url = sqs.create_queue(QueueName=qname, Attributes={"RedrivePolicy": json.dumps(policy)})[
+        "QueueUrl"
+    ]
+    assert sqs.list_dead_letter_source_queues(QueueUrl=dlq_url)["queueUrls"] == [src_url]
+    sqs.delete_queue(QueueUrl=dlq_url)
+    with pytest.raises(sqs.exceptions.QueueDoesNotExist):
+        sqs.get_queue_url(QueueName=qname + "-dlq")
