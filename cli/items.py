@@ -110,8 +110,16 @@ def put(args: argparse.Namespace) -> int:
 def get(args: argparse.Namespace) -> int:
     def action(dq: Client) -> int:
         items = dq.dequeue(args.queue, args.count, args.lease_ms, args.wait_ms)
-        paused = None if items else _paused(dq, args.queue)
-        if paused is not None:  # on stderr with --json too: the empty list alone reads as "idle"
+        missing = not items.queue_exists
+        paused = None if items or missing else _paused(dq, args.queue)
+        # on stderr with --json too: the empty list alone reads as "idle"
+        if missing:
+            print(
+                f"dq get: queue {args.queue} does not exist (yet): nothing is due until a "
+                "producer creates it (is the name right? `dq queues` lists them)",
+                file=sys.stderr,
+            )
+        elif paused is not None:
             print(
                 f"dq get: queue {args.queue} is paused: it hands nothing out until "
                 f"`dq resume {args.queue}` ({plural(paused.due, 'item')} due)",
@@ -120,7 +128,7 @@ def get(args: argparse.Namespace) -> int:
         if args.json:
             emit_json(items)
         elif not items:
-            if paused is None:
+            if paused is None and not missing:
                 print("(no due items)", file=sys.stderr)
         else:
             from rich.table import Table

@@ -232,7 +232,9 @@ def parse_items(doc: Any) -> list[Item]:
 
 
 def parse_dequeued(doc: Any) -> Dequeued:
-    return Dequeued(parse_items(doc), _outcomes(doc.get("released") or []))
+    return Dequeued(
+        parse_items(doc), _outcomes(doc.get("released") or []), doc.get("queue_exists") is not False
+    )
 
 
 def failed_outcome(doc: Any) -> Outcome | None:

@@ -60,6 +60,8 @@ class PullRange:
     end: int
     pulled: int
     in_flight: int
+    #: false when the queue does not exist (never created, or misspelled)
+    queue_exists: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +205,15 @@ class ConsumerClient:
     ) -> PullRange:
         """Top the log up so that ``[after, end)`` holds up to ``max_items`` entries."""
         body = {"after": after, "max_items": max_items, "max_new": max_new, "lease_ms": lease_ms}
-        return PullRange(**self._http.call("POST", self._base + "/pull", body))
+        raw = self._http.call("POST", self._base + "/pull", body)
+        return PullRange(
+            raw["epoch"],
+            raw["start"],
+            raw["end"],
+            raw["pulled"],
+            raw["in_flight"],
+            raw.get("queue_exists") is not False,
+        )
 
     def read(self, start: int, end: int) -> ReadResult:
         raw = self._http.call("POST", self._base + "/read", {"start": start, "end": end})

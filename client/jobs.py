@@ -25,7 +25,9 @@ and the batch's jobs that wait their turn have their leases kept from the dequeu
 A server that cannot be reached or answers 503 (a restart, a deploy, a worker started
 before its server) does not end the loop: the dequeue is logged and tried again, 0.1 s
 doubling to 5 s apart, until ``stop``; items a lost dequeue leased come back when their
-lease runs out. Any other error (a bad token, a bad argument) ends it.
+lease runs out. Any other error (a bad token, a bad argument) ends it. A queue that does
+not exist is waited on too (a worker may start before its producer), and said once, as
+a warning in the log: a misspelled name would otherwise wait in silence.
 
 Invariant: a job's receipt is only used under its lock, so an extension that renews
 the receipt and the final release/requeue never race.
@@ -47,7 +49,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from dq.client.errors import ClientError, Conflict, NotFound, TransportError, Unavailable
-from dq.client.types import Release
+from dq.client.types import Dequeued, Release
 
 if TYPE_CHECKING:
     from dq.client._async_client import AsyncClient
@@ -320,6 +322,26 @@ class Job(_JobState):
             logger.warning("item %s not settled (%s); it will be redelivered", self.item.id, exc)
 
 
+class _MissingQueue:
+    """Says once, in the log, that a consumer's queue does not exist: a worker may start
+    before its producer, but one waiting on a misspelled name would otherwise wait in
+    silence forever."""
+
+    __slots__ = ("told",)
+
+    def __init__(self) -> None:
+        self.told = False
+
+    def note(self, queue: str, got: Dequeued) -> None:
+        if not got.queue_exists and not self.told:
+            self.told = True
+            logger.warning(
+                "queue %s does not exist (yet): waiting for a producer to create it "
+                "(is the name right?)",
+                queue,
+            )
+
+
 class Consumer:
     """Pulls items from one queue through a ``Client`` (see the module docstring)."""
 
@@ -335,6 +357,7 @@ class Consumer:
         self.backoff = backoff or Backoff()
         self.stats = ConsumerStats()
         self._settled: list[Release] = []  # released by the next dequeue (or ``flush``)
+        self._missing = _MissingQueue()
 
     def jobs(
         self, *, stop: threading.Event | None = None, max_items: int | None = None
@@ -383,6 +406,7 @@ class Consumer:
         except ClientError:
             self._settled[:0] = done  # they may not have been released: try again
             raise
+        self._missing.note(self.queue, items)
         self.stats.count_releases(items.released)
         return items
 
@@ -535,6 +559,7 @@ class AsyncConsumer:
         self.backoff = backoff or Backoff()
         self.stats = ConsumerStats()
         self._settled: list[Release] = []  # released by the next dequeue (or ``flush``)
+        self._missing = _MissingQueue()
 
     async def jobs(self, *, stop: asyncio.Event | None = None,
                    max_items: int | None = None) -> AsyncIterator[AsyncJob]:  # fmt: skip
@@ -582,6 +607,7 @@ class AsyncConsumer:
         except ClientError:
             self._settled[:0] = done  # they may not have been released: try again
             raise
+        self._missing.note(self.queue, items)
         self.stats.count_releases(items.released)
         return items
 

@@ -56,6 +56,7 @@ from dq.shm.attach import Attachment, attach
 from dq.shm.command_ring import (
     DEFAULT_SPIN_US,
     FLAG_DRAINING,
+    FLAG_NO_QUEUE,
     KEY_SIZE,
     RESPONSE_BODY_MAX,
     VALUE_MAX,
@@ -65,6 +66,15 @@ from dq.shm.command_ring import (
     Status,
 )
 from dq.shm.errors import ShmError
+from dq.storage.validation import (
+    DEADLINE,
+    DELAY_MS,
+    LEASE_MS,
+    RECEIPT,
+    WAIT_MS,
+    Range,
+    count_range,
+)
 
 __all__ = ["HTTP_SPELL_S", "LONG_POLL_SLICE_MS", "AsyncShmTransport", "ShmTransport"]
 
@@ -76,8 +86,8 @@ LONG_POLL_SLICE_MS = 250
 _FOLLOWER = frozenset({Status.NOT_LEADER, Status.NO_LEADER})
 _DEFAULT_TIMEOUT = 30.0
 _MAX_DEADLINE = (1 << 48) - 1
-_MAX_RECEIPT = 512  # characters, as the HTTP API's request models allow
-_MAX_COUNT = 1_000_000  # a dequeue's count, as the HTTP API's request model allows
+#: a count the ring's u32 field holds, for a server that does not say its batch limit
+_RING_COUNT = count_range(0xFFFFFFFF)
 _ITEM_ERRORS = frozenset({"stale_receipt", "item_not_found", "invalid_receipt"})
 _ZERO_KEY = bytes(KEY_SIZE)
 _DELIVERY_GUESS = 330  # bytes per delivery in a FIND answer before one was seen
@@ -123,19 +133,21 @@ def _check_item(item: NewItem) -> None:
         raise error_for(400, "invalid_argument", "delay_ms must be a non-negative integer")
 
 
-def _check_range(name: str, value: int | None, low: int, high: int = _MAX_DEADLINE) -> None:
-    """Refuse what the HTTP API refuses (422) where the ring would misread it: in a ring
-    field 0 means "not given" (a count of 0 would lease one item, a lease of 0 the
-    queue's default) and a negative number does not fit at all."""
-    if value is not None and not low <= value <= high:
-        raise error_for(422, "validation_error", f"{name}: must be between {low} and {high}")
+def _check(rule: Range, value: int | None) -> None:
+    """Refuse what the server refuses (422, in its words: ``storage/validation.py``)
+    where the ring would misread it: in a ring field 0 means "not given" (a count of 0
+    would lease one item, a lease of 0 the queue's default) and a negative number does
+    not fit at all."""
+    if value is not None and not rule.holds(value):
+        raise error_for(422, "validation_error", rule.message)
 
 
 def _check_receipts(receipts: Sequence[str]) -> None:
-    """A receipt longer than the HTTP API takes is refused as there (422): on the ring it
+    """A receipt longer than the server takes is refused as there (422): on the ring it
     could fill no slot, and came back as a TransportError, as if the server were away."""
-    if any(len(r) > _MAX_RECEIPT for r in receipts):
-        raise error_for(422, "validation_error", f"receipt: at most {_MAX_RECEIPT} characters")
+    for receipt in receipts:
+        if len(receipt) > RECEIPT.high:
+            raise error_for(422, "validation_error", RECEIPT.message)
 
 
 def _ascii(receipt: str) -> bool:
@@ -459,9 +471,10 @@ class ShmTransport:
         if self._over_http():
             got: Dequeued = self._http_transport().dequeue(queue, count, lease_ms, wait_ms, release)
             return got
-        _check_range("count", count, 1, _MAX_COUNT)
-        _check_range("lease_ms", lease_ms, 1)
-        _check_range("wait_ms", wait_ms, 0)
+        limit = self._attachment.max_batch
+        _check(_RING_COUNT if limit is None else count_range(limit), count)
+        _check(LEASE_MS, lease_ms)
+        _check(WAIT_MS, wait_ms)
         end = time.monotonic() + wait_ms / 1000
         first, flags = self._dequeue_once(
             queue, count, lease_ms, min(wait_ms, LONG_POLL_SLICE_MS), release
@@ -472,7 +485,9 @@ class ShmTransport:
             if left <= 0 or flags & FLAG_DRAINING:  # the server is shutting down: stop
                 break
             items, flags = self._dequeue_once(queue, count, lease_ms, min(left, LONG_POLL_SLICE_MS))
-        return first if items is first else Dequeued(list(items), first.released)
+        if items is first:
+            return first
+        return Dequeued(list(items), first.released, not flags & FLAG_NO_QUEUE)
 
     def _dequeue_once(
         self,
@@ -500,7 +515,8 @@ class ShmTransport:
             (r,) = responses
             if r.status != _OK:
                 _raise(r, queue)
-            return Dequeued(self._deliveries(r.body), []), r.flags
+            exists = not r.flags & FLAG_NO_QUEUE
+            return Dequeued(self._deliveries(r.body), [], exists), r.flags
         _check_receipts([r.receipt for r in release])
         sendable = [r for r in release if _ascii(r.receipt)]
         commands, many = self._deletes(sendable)
@@ -520,7 +536,8 @@ class ShmTransport:
         outcomes = [self._outcome(queue, x.id, answers.get(id(x)), _released_ok) for x in release]
         if r.status != _OK:
             _raise(r, queue)
-        return Dequeued(self._deliveries(r.body), outcomes), r.flags
+        exists = not r.flags & FLAG_NO_QUEUE
+        return Dequeued(self._deliveries(r.body), outcomes, exists), r.flags
 
     def _dequeue_over_http(
         self,
@@ -540,12 +557,13 @@ class ShmTransport:
         resend = [sendable[i] for i in refused if i < len(sendable)]
         if find.status in _FOLLOWER:
             got: Dequeued = http.dequeue(queue, count, lease_ms, wait_ms, resend)
-            items, again = list(got), got.released
+            items, again, exists = list(got), got.released, got.queue_exists
         else:
             if find.status != _OK:
                 _raise(find, queue)
             items = self._deliveries(find.body)
             again = http.release(queue, resend) if resend else []
+            exists = not find.flags & FLAG_NO_QUEUE
         by_release = dict(zip([id(x) for x in resend], again, strict=True))
         answers = dict(zip([id(x) for x in sendable], released, strict=True))
         outcomes = [
@@ -554,12 +572,12 @@ class ShmTransport:
             else self._outcome(queue, x.id, answers.get(id(x)), _released_ok)
             for x in release
         ]
-        return Dequeued(items, outcomes)
+        return Dequeued(items, outcomes, exists)
 
     def release_one(self, queue: str, item_id: int, receipt: str) -> Outcome | None:
         """``Client.release``'s call: ``None`` once released, else the failed outcome; the
         one DELETE ``release`` would send, without its per-batch bookkeeping."""
-        if self._over_http() or not _ascii(receipt) or len(receipt) > _MAX_RECEIPT:
+        if self._over_http() or not _ascii(receipt) or len(receipt) > RECEIPT.high:
             outcome = self.release(queue, [Release(item_id, receipt)])[0]
             return None if outcome.ok else outcome
         command: Command = (_DELETE, *codec.encode_item(item_id, receipt))
@@ -591,8 +609,8 @@ class ShmTransport:
 
     def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]:
         for b in batch:
-            _check_range("deadline", b.deadline, 0)
-            _check_range("delay_ms", b.delay_ms, 0)
+            _check(DEADLINE, b.deadline)
+            _check(DELAY_MS, b.delay_ms)
 
         def command(i: int) -> Command:
             b = batch[i]
@@ -613,7 +631,7 @@ class ShmTransport:
 
     def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]:
         for b in batch:
-            _check_range("lease_ms", b.lease_ms, 1)
+            _check(LEASE_MS, b.lease_ms)
 
         def command(i: int) -> Command:
             b = batch[i]

@@ -73,14 +73,19 @@ class Item:
 
 
 class Dequeued(list[Item]):
-    """What ``dequeue`` returns: the leased items (it is a list of them) and, in
-    ``released``, one ``Outcome`` per release the request carried, in order."""
+    """What ``dequeue`` returns: the leased items (it is a list of them); in
+    ``released``, one ``Outcome`` per release the request carried, in order; and
+    ``queue_exists``, false when the queue does not exist — nobody created it yet, or
+    its name is misspelled: a worker may start before its producer, but should say so."""
 
-    __slots__ = ("released",)
+    __slots__ = ("queue_exists", "released")
 
-    def __init__(self, items: list[Item], released: list[Outcome] | None = None) -> None:
+    def __init__(
+        self, items: list[Item], released: list[Outcome] | None = None, queue_exists: bool = True
+    ) -> None:
         super().__init__(items)
         self.released: list[Outcome] = released if released is not None else []
+        self.queue_exists = queue_exists
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from dq.client.groups import ConsumerClient
 from dq.pipeline.options import ReadOptions
-from dq.pipeline.reading import LogRange, read_range, split
+from dq.pipeline.reading import LogRange, note_missing_queue, read_range, split
 
 __all__ = ["BatchReader"]
 
@@ -36,6 +36,7 @@ class BatchReader(DataSourceReader):  # type: ignore[misc]
         with ConsumerClient(c.url, c.queue, c.consumer, token=c.token, timeout=c.timeout_s) as cl:
             info = cl.open(lease_ms=o.lease_ms, idle_timeout_ms=o.idle_timeout_ms)
             got = cl.pull(info.first_unacked, o.max_items, lease_ms=o.lease_ms)
+        note_missing_queue(c.queue, got)
         log.info(
             "dq batch read %s/%s: log range [%d, %d), %d newly leased",
             c.queue,

@@ -18,12 +18,36 @@ from dataclasses import dataclass
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from dq.client.groups import ConsumerClient, ReadColumns
+from dq.client.groups import ConsumerClient, PullRange, ReadColumns
 from dq.pipeline.options import Connection
 
-__all__ = ["ARROW_SCHEMA", "SCHEMA", "LogRange", "read_range", "split", "to_arrow"]
+__all__ = [
+    "ARROW_SCHEMA",
+    "SCHEMA",
+    "LogRange",
+    "note_missing_queue",
+    "read_range",
+    "split",
+    "to_arrow",
+]
 
 log = logging.getLogger(__name__)
+
+#: Queues this process has said are missing (once each).
+_told_missing: set[str] = set()
+
+
+def note_missing_queue(queue: str, got: PullRange) -> None:
+    """Say once, in the log, that the queue a job reads does not exist: it reads 0 items
+    until a producer creates it, and a misspelled name would read 0 forever in silence."""
+    if not got.queue_exists and queue not in _told_missing:
+        _told_missing.add(queue)
+        log.warning(
+            "dq queue %s does not exist (yet): nothing to read until a producer creates it "
+            "(is the name right?)",
+            queue,
+        )
+
 
 SCHEMA = (
     "id long, receipt string, value binary, deadline long, enqueue_time long, "

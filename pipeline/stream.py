@@ -27,7 +27,7 @@ from pyspark.sql.streaming.datasource import (
 
 from dq.client.groups import ConsumerClient
 from dq.pipeline.options import ReadOptions
-from dq.pipeline.reading import LogRange, read_range, split
+from dq.pipeline.reading import LogRange, note_missing_queue, read_range, split
 
 __all__ = ["StreamReader"]
 
@@ -79,6 +79,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type
             # Spark plans batch N+1 only after batch N (ending at ``start``) is committed.
             cl.commit(after)
             got = cl.pull(after, max_items, max_new=self._budget, lease_ms=o.lease_ms)
+        note_missing_queue(o.conn.queue, got)
         if self._budget is not None:
             self._budget = max(0, self._budget - got.pulled)
         if got.end <= after:

@@ -8,8 +8,9 @@ refusing a huge batch costs at most ``limit + 1`` decoded elements. A body with 
 commas than the limit cannot hold a longer array and is not walked at all (the common
 case costs one ``bytes.count``). ``BatchLimit`` applies it, as a pure ASGI middleware,
 to the FastAPI routes; the fast path (``server/hot_routes.py``) calls it directly.
-Invariant: the refusal is 413 ``batch_too_large`` with the same words on both paths;
-a body that is not a JSON object is left for the schema check to word.
+Invariant: the refusal is 413 ``batch_too_large`` with the rule's words
+(``storage/validation.py``, as the engine's own check says them) on both paths; a body
+that is not a JSON object is left for the schema check to word.
 """
 
 from __future__ import annotations
@@ -20,18 +21,15 @@ import re
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dq.server.errors import error_response
+from dq.storage.validation import batch_too_large_message
 
-__all__ = ["BATCH_KEYS", "BatchLimit", "batch_too_large_message", "over_batch"]
+__all__ = ["BATCH_KEYS", "BatchLimit", "over_batch"]
 
 #: The arrays whose length the batch limit bounds.
 BATCH_KEYS = frozenset({"items", "release"})
 _ROUTES = re.compile(r"/v1/queues/[^/]+/(items|release|requeue|extend|dequeue)")
 _WS = re.compile(r"[ \t\n\r]*")
 _decoder = json.JSONDecoder()
-
-
-def batch_too_large_message(limit: int) -> str:
-    return f"more than {limit} items in one request; the limit is {limit}"
 
 
 def over_batch(body: bytes, limit: int) -> bool:

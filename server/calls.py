@@ -13,20 +13,25 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sized
+from collections.abc import Callable, Sequence, Sized
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, TypeVar
 
+from dq.server.answers import dequeued_json
 from dq.server.errors import as_storage_error
 from dq.storage.errors import QueueNotFound, StorageError, WriteStall
 
 if TYPE_CHECKING:
     from dq.server.dependencies import Service
+    from dq.server.schemas import Encoding
     from dq.storage import Engine
+    from dq.storage.types import ItemOutcome
+    from dq.storage.waits import Leased
 
 __all__ = [
     "STALL_TIMEOUT_S",
     "Metered",
+    "dequeued",
     "durable",
     "metered",
     "metered_durable",
@@ -58,6 +63,20 @@ class Metered:
         error = as_storage_error(exc)
         self.metrics.observe_error(self.op, error.code, _perf() - self.t0)
         return error
+
+
+def dequeued(
+    service: Service,
+    m: Metered,
+    got: Leased,
+    encoding: Encoding | None,
+    released: Sequence[ItemOutcome] | None,
+) -> bytes:
+    """Record a finished dequeue and answer it (``DequeueResponse``)."""
+    m.ok(got)
+    if got:  # an empty answer (a worker polling an empty queue) has no lateness
+        service.metrics.observe_lateness(service.engine.now(), [d.deadline for d in got])
+    return dequeued_json(got, encoding, released, got.queue_exists)
 
 
 def metered(service: Service, op: str, call: Callable[[], T]) -> T:

@@ -159,6 +159,8 @@ class PullResult:
     end: int
     pulled: int
     in_flight: int
+    #: false when the queue does not exist (never created, or misspelled)
+    queue_exists: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,6 +384,7 @@ class ConsumerGroups:
             if max_new is not None:
                 want = min(want, max_new)
             pulled = 0
+            exists = True
             while want > 0 and self.total_bytes() < self._max_log_bytes:
                 ask = self._ask(lg, min(want, self._max_batch))
                 if ask <= 0:
@@ -389,6 +392,7 @@ class ConsumerGroups:
                 try:
                     got = self._engine.dequeue(queue, count=ask, lease_ms=lg.lease_ms)
                 except QueueNotFound:
+                    exists = False
                     break
                 kept = self._append(lg, got)
                 pulled += kept
@@ -398,7 +402,7 @@ class ConsumerGroups:
                     break
                 if len(got) < ask:
                     break
-            return PullResult(lg.epoch, after, lg.next_seq, pulled, len(lg.entries))
+            return PullResult(lg.epoch, after, lg.next_seq, pulled, len(lg.entries), exists)
 
     def _ask(self, lg: _Log, most: int) -> int:
         """How many items to dequeue next: what the room left fits at this log's average

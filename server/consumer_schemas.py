@@ -125,6 +125,11 @@ class PullOut(BaseModel):
     end: int
     pulled: int
     in_flight: int
+    queue_exists: bool = Field(
+        True,
+        description="false (and only then present) when the queue does not exist: it was "
+        "never created, or is misspelled",
+    )
 
 
 class ReadItemStatsOut(BaseModel):

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from dq.server.metrics import Metrics
     from dq.server.settings import Settings
     from dq.storage import Engine
+    from dq.storage.itemops import ItemOps
 
 __all__ = [
     "Batches",
@@ -50,6 +51,8 @@ class Service:
     engine: Engine
     settings: Settings
     metrics: Metrics
+    #: the item operations' rules and engine calls, shared with the ring
+    ops: ItemOps
     longpoll: LongPoll
     completions: Completions
     groups: ConsumerGroups

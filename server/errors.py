@@ -29,7 +29,13 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from dq.storage.errors import EngineUnavailable, NotLeader, StorageError, status_for_code
+from dq.storage.errors import (
+    EngineUnavailable,
+    NotLeader,
+    StorageError,
+    status_for_code,
+)
+from dq.storage.validation import RANGES
 
 __all__ = [
     "LEADER_HEADER",
@@ -103,11 +109,18 @@ def as_storage_error(exc: BaseException) -> StorageError:
     raise exc
 
 
-def error_json(code: str, message: str, leader: str | None = None) -> bytes:
+def error_json(
+    code: str,
+    message: str,
+    leader: str | None = None,
+    details: list[dict[str, object]] | None = None,
+) -> bytes:
     """The error body, byte for byte what ``JSONResponse`` renders for it."""
-    doc = {"error": code, "message": message}
+    doc: dict[str, object] = {"error": code, "message": message}
     if leader is not None:
         doc["leader"] = leader
+    if details is not None:
+        doc["details"] = details
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -239,11 +252,45 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     return error_response(500, *INTERNAL_ERROR)
 
 
+#: pydantic's error types for a value outside its field's bounds
+_BOUND_TYPES = frozenset(
+    {
+        "greater_than",
+        "greater_than_equal",
+        "less_than",
+        "less_than_equal",
+        "string_too_short",
+        "string_too_long",
+    }
+)
+
+
+def _rule_message(e: Any) -> str | None:
+    """The rule's own words for a bound a field broke, if the field has a rule
+    (``storage/validation.py``): the ring, the engine and the client say the same."""
+    loc = e.get("loc", ())
+    if e.get("type") in _BOUND_TYPES and loc and loc[-1] in RANGES:
+        return RANGES[loc[-1]].message
+    return None
+
+
+def _where(loc: Any) -> list[str]:
+    """Where a problem is, without the framework's ``body`` in front."""
+    parts = [str(p) for p in loc]
+    return parts[1:] if len(parts) > 1 and parts[0] == "body" else parts
+
+
 def _summarize(errors: list[Any]) -> str:
     parts = []
     for e in errors[:5]:
-        where = ".".join(str(p) for p in e.get("loc", ()))
-        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+        where = _where(e.get("loc", ()))
+        rule = _rule_message(e)
+        if rule is None:
+            parts.append(f"{'.'.join(where)}: {e.get('msg', 'invalid')}")
+        elif len(where) > 1:  # a field of a batch's item: name the item
+            parts.append(f"{'.'.join(where[:-1])}: {rule}")
+        else:
+            parts.append(rule)
     more = f" (+{len(errors) - 5} more)" if len(errors) > 5 else ""
     return "; ".join(parts) + more
 
@@ -252,7 +299,7 @@ def _details(errors: list[Any]) -> list[dict[str, object]]:
     return [
         {
             "loc": [str(p) for p in e.get("loc", ())],
-            "msg": str(e.get("msg", "")),
+            "msg": _rule_message(e) or str(e.get("msg", "")),
             "type": str(e.get("type", "")),
         }
         for e in errors[:20]

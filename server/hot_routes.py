@@ -5,16 +5,17 @@ handling, Starlette's middleware) costs several times what the engine needs for 
 single item. For the three hot routes — ``POST /v1/queues/{queue}/items``,
 ``/dequeue`` and ``/release`` with a JSON body — the HTTP protocol
 (``server/protocol.py``) hands the complete body here instead. This module validates
-it with the routes' own pydantic schemas (in Rust, from the raw JSON), runs the same
-steps with the routes' own helpers (``dq.server.routers.items``: limits, metering, JSON
-formatting, long-poll) and answers through the request's ``Responder``, from the loop
-and without a task when the answer is ready at once or arrives with a group commit.
+it with the routes' own pydantic schemas (in Rust, from the raw JSON), calls the same
+operations (``storage/itemops.py``: rules, engine calls), meters them and long-polls as
+the routes do (``dq.server.calls``, ``LongPoll``), and answers the same JSON
+(``server/answers.py``) through the request's ``Responder``, from the loop and without
+a task when the answer is ready at once or arrives with a group commit.
 
-Anything it does not answer itself — a body that fails validation or a limit, a write
-stall to wait out — it hands back (``Responder.fall_back``) to the FastAPI app, which words
-every such answer; storage errors it renders with ``dq.server.errors``, as the routes'
-handler does. Invariant: whichever path serves a request, the answer is the same
-bytes (``tests/server/test_hot_path.py`` compares them).
+Anything it does not answer itself — a body that fails validation, a write stall to
+wait out — it hands back (``Responder.fall_back``) to the FastAPI app, which words every
+such answer; the operations' refusals and storage errors it renders with
+``dq.server.errors``, as the routes' handler does. Invariant: whichever path serves a
+request, the answer is the same bytes (``tests/server/test_hot_path.py`` compares them).
 """
 
 from __future__ import annotations
@@ -27,20 +28,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import TypeAdapter, ValidationError
 
-from dq.server.batch_limit import batch_too_large_message, over_batch
-from dq.server.calls import Metered, queue_exists
+from dq.server.answers import enqueued_json, results_json
+from dq.server.batch_limit import over_batch
+from dq.server.calls import Metered, dequeued, queue_exists
 from dq.server.errors import INTERNAL_ERROR, error_json, header_lines, storage_error_reply
-from dq.server.routers import items as routes
 from dq.server.schemas import (
     DequeueRequest,
     EnqueueRequest,
     InvalidItem,
     ReleaseRequest,
     to_new_items,
+    to_releases,
 )
 from dq.storage.errors import StorageError, WriteStall
 from dq.storage.types import ItemOutcome
-from dq.storage.validation import MAX_LEASE_MS
+from dq.storage.validation import batch_too_large_message
 
 if TYPE_CHECKING:
     from dq.server.dependencies import Service
@@ -92,6 +94,7 @@ class HotRoutes:
 
     def __init__(self, service: Service, state: Any = None) -> None:
         self.service = service
+        self.ops = service.ops
         #: the app's state: ``node`` and ``replicator`` of a replica group's member
         self.state = state
         self.max_batch = service.settings.max_batch
@@ -137,25 +140,21 @@ class HotRoutes:
 
     def _enqueue(self, queue: str, body: bytes, reply: Reply) -> None:
         try:
-            items = _ENQUEUE.validate_json(body).items
-            if len(items) > self.max_batch:
-                raise _FallBack
-            new = to_new_items(items)
+            new = to_new_items(_ENQUEUE.validate_json(body).items)
         except (ValidationError, InvalidItem):
             raise _FallBack from None
-        engine = self.service.engine
-        if not queue_exists(engine, queue):
+        if not queue_exists(self.service.engine, queue):
             raise _FallBack  # its creation syncs files: the route does it off the loop
         m = Metered(self.service, "enqueue")
         try:
             with self.service.inline:
-                fut = engine.enqueue_nowait(queue, new)
+                fut = self.ops.start_enqueue(queue, new)
         except WriteStall:
             raise _FallBack from None  # the route waits it out
         except (StorageError, OSError) as exc:
             self._failed(m, exc, reply, queue)
             return
-        self._when_durable(fut, m, routes.enqueued_json, reply, queue)
+        self._when_durable(fut, m, enqueued_json, reply, queue)
 
     # ------------------------------------------------------------------ release
 
@@ -164,9 +163,7 @@ class HotRoutes:
             released = _RELEASE.validate_json(body).items
         except ValidationError:
             raise _FallBack from None
-        if len(released) > self.max_batch:
-            raise _FallBack
-        self._start_release(queue, routes.releases(released), reply, routes.results_json)
+        self._start_release(queue, to_releases(released), reply, results_json)
 
     def _start_release(
         self,
@@ -178,7 +175,7 @@ class HotRoutes:
         m = Metered(self.service, "release")
         try:
             with self.service.inline:
-                fut = self.service.engine.release_nowait(queue, batch)
+                fut = self.ops.start_release(queue, batch)
         except WriteStall:
             raise _FallBack from None
         except (StorageError, OSError) as exc:
@@ -205,12 +202,14 @@ class HotRoutes:
                 if len(self._dequeues) >= _DEQUEUES_KEPT:
                     self._dequeues.clear()
                 self._dequeues[body] = request  # read, never changed, by what follows
-        if (
-            request.count > self.max_batch
-            or (request.release is not None and len(request.release) > self.max_batch)
-            or (request.lease_ms is not None and request.lease_ms > MAX_LEASE_MS)
-        ):
-            raise _FallBack  # the route refuses it, releasing nothing
+        try:  # a refused dequeue releases nothing: its own fields are checked first
+            self.ops.check_dequeue(
+                request.count, request.lease_ms, request.wait_ms, len(request.release or ())
+            )
+        except StorageError as exc:
+            status, payload, headers = storage_error_reply(exc, f"POST /v1/queues/{queue}")
+            reply(status, payload, header_lines(headers))
+            return
         if not request.release:
             self._lease(queue, request, None, reply, gone)
             return
@@ -220,7 +219,7 @@ class HotRoutes:
             return None  # _lease replies
 
         # A fall-back from here happens before anything is released.
-        self._start_release(queue, routes.releases(request.release), reply, then_lease)
+        self._start_release(queue, to_releases(request.release), reply, then_lease)
 
     def _lease(
         self,
@@ -233,12 +232,12 @@ class HotRoutes:
         service = self.service
         m = Metered(service, "dequeue")
         try:
-            got = routes.dequeue_now(service, queue, request.count, request.lease_ms)
+            got = self.ops.lease(queue, request.count, request.lease_ms)
         except (StorageError, OSError) as exc:
             self._failed(m, exc, reply, queue)
             return
         if got or request.wait_ms <= 0:
-            reply(200, routes.delivered(service, m, got, request.encoding, released), b"")
+            reply(200, dequeued(service, m, got, request.encoding, released), b"")
             return
         # Nothing due and the client will wait: a long-poll, in a task of its own.
         task = asyncio.ensure_future(self._long_poll(queue, request, released, reply, gone))
@@ -255,7 +254,7 @@ class HotRoutes:
     ) -> None:
         service = self.service
         m = Metered(service, "dequeue")
-        wait_ms = min(request.wait_ms, service.settings.max_wait_ms)
+        wait_ms = self.ops.wait_ms(request.wait_ms)
         try:
             got = await service.longpoll.dequeue(
                 queue, request.count, request.lease_ms, wait_ms, gone
@@ -263,7 +262,7 @@ class HotRoutes:
         except (StorageError, OSError) as exc:
             self._failed(m, exc, reply, queue)
             return
-        reply(200, routes.delivered(service, m, got, request.encoding, released), b"")
+        reply(200, dequeued(service, m, got, request.encoding, released), b"")
 
     # ------------------------------------------------------------------ replica pull
 

@@ -32,8 +32,8 @@ from dq.server.hot_routes import HotRoutes
 from dq.server.keyed_batches import IdempotentBatches
 from dq.server.longpoll import LongPoll
 from dq.storage.errors import StorageError
+from dq.storage.itemops import ItemOps
 from dq.storage.syncer import NOT_INLINE
-from dq.storage.waits import Waits
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -81,7 +81,7 @@ def _local_url(settings: Settings) -> str:
     return f"{scheme}://{host}:{settings.port}"
 
 
-def _start_shm(engine: Engine, settings: Settings, waits: Waits) -> Any:
+def _start_shm(engine: Engine, settings: Settings, ops: ItemOps) -> Any:
     """The command-ring server plus the submission, broadcast and telemetry rings
     (docs/shm.md); None if shared memory cannot be served here."""
     from dq.shm.errors import ShmError
@@ -96,7 +96,7 @@ def _start_shm(engine: Engine, settings: Settings, waits: Waits) -> Any:
             max_clients=settings.shm_max_clients,
             spin_us=settings.shm_spin_us,
             max_wait_ms=settings.max_wait_ms,
-            waits=waits,
+            ops=ops,
         ).start()
     except (ShmError, OSError) as exc:
         logger.warning("shared memory not served (HTTP only): %s", exc)
@@ -146,13 +146,15 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
         completions = Completions(loop)
         completions.bind_thread()
         inline = commit_on_loop(opened, settings, loop)
-        # one set of long-poll waiters for both transports: a drain ends both alike
-        waits = Waits(opened)
+        # the item operations of both transports, with one set of long-poll waiters: a
+        # drain ends the waits of both alike
+        ops = ItemOps(opened, max_wait_ms=settings.max_wait_ms)
         app.state.service = service = Service(
             opened,
             settings,
             app.state.metrics,
-            LongPoll(opened, loop, waits),
+            ops,
+            LongPoll(opened, loop, ops.waits),
             completions,
             groups,
             open_keyed_batches(opened, settings),
@@ -184,7 +186,7 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
                     settings.etcd,
                 )
             if settings.shm:
-                shm = await asyncio.to_thread(_start_shm, opened, settings, waits)
+                shm = await asyncio.to_thread(_start_shm, opened, settings, ops)
                 app.state.shm = shm
                 if shm is not None:
                     logger.info("shared-memory server started")

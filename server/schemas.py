@@ -20,6 +20,7 @@ from typing_extensions import TypedDict
 
 from dq.storage.codec import MAX_DEADLINE, MAX_ID
 from dq.storage.types import NewItem, Release
+from dq.storage.validation import LEASE_MS, RECEIPT
 
 __all__ = [
     "QUEUE_NAME_REGEX",
@@ -64,6 +65,7 @@ __all__ = [
     "encode_value",
     "new_release",
     "to_new_items",
+    "to_releases",
 ]
 
 QUEUE_NAME_REGEX = r"^[A-Za-z0-9._-]{1,128}$"
@@ -71,9 +73,13 @@ QUEUE_NAME_REGEX = r"^[A-Za-z0-9._-]{1,128}$"
 Encoding = Literal["utf-8", "base64"]
 Millis = Annotated[int, Field(ge=0, le=MAX_DEADLINE, description="ms since the epoch")]
 Duration = Annotated[int, Field(ge=0, le=MAX_DEADLINE, description="milliseconds")]
-Lease = Annotated[int, Field(ge=1, le=MAX_DEADLINE, description="lease length in ms")]
+#: A bound these fields break is worded by its rule (``storage/validation.py``;
+#: ``server/errors.py`` finds the rule by the field's name), the same on every path.
+Lease = Annotated[
+    int, Field(ge=LEASE_MS.low, le=LEASE_MS.high, description="lease length in ms (at most 12 h)")
+]
 ItemId = Annotated[int, Field(ge=0, le=MAX_ID)]
-Receipt = Annotated[str, Field(min_length=1, max_length=512)]
+Receipt = Annotated[str, Field(min_length=RECEIPT.low, max_length=RECEIPT.high)]
 QueueName = Annotated[str, Field(pattern=QUEUE_NAME_REGEX)]
 
 
@@ -145,7 +151,7 @@ class InvalidItem(ValueError):
     """Item ``index`` of a batch is invalid (a 422 ``validation_error``)."""
 
     def __init__(self, index: int, message: str, field: str = "value") -> None:
-        super().__init__(f"body.items.{index}: {message}")
+        super().__init__(f"items.{index}: {message}")
         self.index = index
         self.field = field
         self.reason = message
@@ -188,6 +194,12 @@ def new_release(item_id: int, receipt: str) -> Release:
     _set_id(release, item_id)
     _set_receipt(release, receipt)
     return release
+
+
+def to_releases(items: list[ReleaseItem]) -> list[Release]:
+    """The releases of a release or dequeue body."""
+    new = new_release
+    return [new(i["id"], i["receipt"]) for i in items]
 
 
 def to_new_items(items: list[NewItemIn]) -> list[NewItem]:
@@ -251,6 +263,11 @@ class DequeueResponse(BaseModel):
     released: list[ItemResult] | None = Field(
         None, description="one result per release the request carried (only then)"
     )
+    queue_exists: bool = Field(
+        True,
+        description="false (and only then present) when the queue does not exist: it was "
+        "never created, or is misspelled; a worker may start before its producer",
+    )
 
 
 @with_config(ConfigDict(extra="forbid"))
@@ -266,7 +283,11 @@ class ReleaseRequest(_Strict):
 
 
 class DequeueRequest(_Strict):
-    count: int = Field(1, ge=1, le=1_000_000, description="at most this many items")
+    count: int = Field(
+        1,
+        description="at most this many items (1 to the server's DQ_MAX_BATCH)",
+        json_schema_extra={"minimum": 1},
+    )
     lease_ms: Lease | None = Field(None, description="lease length; default: the queue's")
     wait_ms: Duration = Field(
         0, description="long-poll up to this long (clamped to the server's max)"

@@ -14,7 +14,8 @@ The handshake is one JSON line each way (UTF-8, at most 4 KiB):
 
     client → {"version": 1, "queue": "jobs" | null, "capacity": 64, "wakes": true}
     server → {"ok": true, "version": 1, "shm": "/dq-…", "size": 133144, "capacity": 64,
-              "slot_size": 2080, "value_max": 1024, "http_url": "http://…" | null}
+              "slot_size": 2080, "value_max": 1024, "http_url": "http://…" | null,
+              "max_batch": 1000}
           or {"ok": false, "error": "code", "message": "…"}
 """
 
@@ -172,6 +173,9 @@ class Attachment:
     name: str
     capacity: int
     http_url: str | None
+    #: the server's batch limit (``DQ_MAX_BATCH``), which bounds a dequeue's count; None
+    #: from a server that does not say
+    max_batch: int | None = None
 
     def close(self) -> None:
         with contextlib.suppress(BufferError):
@@ -218,7 +222,15 @@ def attach(
         mm = open_shm(name, size)
         sock.settimeout(None)
         url = reply.get("http_url")
-        return Attachment(sock, mm, name, cap, url if isinstance(url, str) else None)
+        limit = reply.get("max_batch")
+        return Attachment(
+            sock,
+            mm,
+            name,
+            cap,
+            url if isinstance(url, str) else None,
+            limit if isinstance(limit, int) and not isinstance(limit, bool) else None,
+        )
     except BaseException:
         sock.close()
         raise

@@ -1,6 +1,7 @@
 """Turns command-ring commands into engine calls, for one client's session.
 
-Owns the op → engine mapping of ``docs/shm.md`` ("Command ring") and the per-session
+Owns the op → operation mapping of ``docs/shm.md`` ("Command ring"; each op is one of
+the item operations every front end calls, ``storage/itemops.py``) and the per-session
 state (the bound queue, the rest of a response too long for one slot). Invariants kept:
   - nothing a client writes reaches the engine unchecked: fields are decoded by
     ``shm/command_codec.py`` and the engine validates names, sizes and deadlines before it
@@ -43,9 +44,9 @@ from dq.shm.command_ring import (
     encode_response,
 )
 from dq.shm.errors import MalformedSlot
-from dq.storage.errors import InvalidArgument, NotLeader, StorageError
+from dq.storage.errors import NotLeader, StorageError
+from dq.storage.itemops import ItemOps
 from dq.storage.types import Extend, ItemOutcome, NewItem, Release, Requeue, check_queue_name
-from dq.storage.waits import Waits
 
 __all__ = ["ASYNC_OPS", "MANY_OPS", "CommandHandler", "Outcome"]
 
@@ -169,15 +170,13 @@ class CommandHandler:
         engine: Any,
         queue: str | None,
         stopping: threading.Event,
-        max_wait_ms: int = 20_000,
-        waits: Waits | None = None,
+        ops: ItemOps | None = None,
         woken: threading.Event | None = None,
     ) -> None:
         self._engine = engine
         self.queue = queue
         self._stopping = stopping
-        self._max_wait_ms = max_wait_ms  # a FIND long-polls at most this long, as over HTTP
-        self._waits = waits if waits is not None else Waits(engine)
+        self._ops = ops if ops is not None else ItemOps(engine)
         #: what a long-polling FIND sleeps on; its session sets it when it stops
         self._woken = woken if woken is not None else threading.Event()
         self._rest = b""  # the last response when it did not fit its slot ...
@@ -220,16 +219,16 @@ class CommandHandler:
 
     def _batch(self, cmds: list[Command], queue: str) -> list[Outcome]:
         self._rest = b""
-        engine = self._engine
+        ops = self._ops
         if any(cmd.value_size > 1024 for cmd in cmds):
             raise MalformedSlot("value_size exceeds the slot")
         if cmds[0].op == Op.PUT:
             items = [NewItem(cmd.value, *codec.decode_put(cmd.key)) for cmd in cmds]
-            put = engine.enqueue_nowait(queue, items)
+            put = ops.start_enqueue(queue, items)
             return [Outcome(future=put, finish=partial(_put_at, i)) for i in range(len(cmds))]
         if cmds[0].op == Op.DELETE:
             args = [codec.decode_item(cmd.key, cmd.value) for cmd in cmds]
-            released = engine.release_nowait(queue, [Release(a.id, a.receipt) for a in args])
+            released = ops.start_release(queue, [Release(a.id, a.receipt) for a in args])
             return [
                 Outcome(future=released, finish=partial(_released_at, i)) for i in range(len(cmds))
             ]
@@ -259,13 +258,12 @@ class CommandHandler:
             return Outcome(_error(exc))
 
     def _many(self, cmd: Command, body: bytes, slots: int, queue: str) -> Outcome:
-        engine = self._engine
         if cmd.op == Op.PUT_MANY:
             items = codec.decode_put_many(cmd.key, body)
-            return Outcome(future=engine.enqueue_nowait(queue, items), finish=_put_many_ok)
+            return Outcome(future=self._ops.start_enqueue(queue, items), finish=_put_many_ok)
         releases = codec.decode_delete_many(cmd.key, body)
         return Outcome(
-            future=engine.release_nowait(queue, releases),
+            future=self._ops.start_release(queue, releases),
             finish=partial(_deleted_many, slots * RESPONSE_BODY_MAX),
         )
 
@@ -353,45 +351,38 @@ class CommandHandler:
     # ---- ops ---------------------------------------------------------------------------------
 
     def _dispatch(self, cmd: Command, queue: str) -> Outcome:
-        engine = self._engine
+        ops = self._ops
         op = cmd.op
         if op == PUT:
             deadline, delay = codec.decode_put(cmd.key)
             item = NewItem(cmd.value, deadline, delay)
-            return Outcome(None, engine.enqueue_nowait(queue, [item]), _put_first)
+            return Outcome(None, ops.start_enqueue(queue, [item]), _put_first)
         if op == DELETE:
             args = codec.decode_item(cmd.key, cmd.value)
             release = Release(args.id, args.receipt)
-            return Outcome(None, engine.release_nowait(queue, [release]), _released)
+            return Outcome(None, ops.start_release(queue, [release]), _released)
         if op == REQUEUE:
             args = codec.decode_requeue(cmd.key, cmd.value)
             req = Requeue(args.id, args.receipt, args.arg, args.delay_ms)
-            return Outcome(None, engine.requeue_nowait(queue, [req]), _requeued)
+            return Outcome(None, ops.start_requeue(queue, [req]), _requeued)
         if op == EXTEND:
             args = codec.decode_item(cmd.key, cmd.value)
             if args.arg is None:
                 raise MalformedSlot("EXTEND needs lease_ms > 0")
-            outcomes = engine.extend(queue, [Extend(args.id, args.receipt, args.arg)])
+            outcomes = ops.extend(queue, [Extend(args.id, args.receipt, args.arg)])
             return Outcome(_item_result(outcomes, _extended_body))
         if op == FIND:
             return self._find(queue, codec.decode_find(cmd.key))
         # Op.STATS
-        stats = dataclasses.asdict(engine.stats(queue))
+        stats = dataclasses.asdict(self._engine.stats(queue))
         return Outcome((int(Status.OK), json.dumps(stats, separators=(",", ":")).encode()))
 
     def _find(self, queue: str, args: codec.FindArgs) -> Outcome:
-        """Dequeue, long-polling up to ``wait_ms`` (``storage/waits.py``, as over HTTP):
-        a queue not created yet has nothing due, and the wait goes on until it is (a
-        worker may start before its producer). A follower refuses first
-        (``not_leader``), as over HTTP, whether the queue exists here or not."""
-        engine = self._engine
-        engine.check_writable()  # a follower sends the dequeue to the leader, queue or not
-        limit = engine.config.max_batch
-        if args.count > limit:  # as over HTTP: a count, not a batch (400, not 413)
-            raise InvalidArgument(f"count {args.count} exceeds the limit {limit}")
-        wait_ms = min(args.wait_ms, self._max_wait_ms)
-        got = self._waits.wait_blocking(
-            queue, args.count, args.lease_ms, wait_ms, self._woken, self._stopping
+        """A dequeue, long-polling up to ``wait_ms`` (``storage/itemops.py``, as over
+        HTTP): a queue not created yet has nothing due, and the wait goes on until it is
+        (a worker may start before its producer); the answer says so (``NO_QUEUE``)."""
+        got = self._ops.lease_waiting(
+            queue, args.count, args.lease_ms, args.wait_ms, self._woken, self._stopping
         )
         flags = FLAG_NO_QUEUE * (not got.queue_exists) | FLAG_DRAINING * got.draining
         return Outcome((OK, codec.encode_deliveries(got)), flags=flags)

@@ -163,6 +163,8 @@ class Status(IntEnum):
     REPLICATION_STALLED = 21
     INVALID_KEY = 22  # an idempotency key the server refuses (PUT_MANY)
     TOO_MANY_QUEUES = 23
+    #: a field outside its range (``storage/validation.py``), as HTTP's 422
+    VALIDATION_ERROR = 24
 
     @property
     def code(self) -> str:

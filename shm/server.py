@@ -57,8 +57,8 @@ from dq.shm.command_ring import (
     ring_size,
 )
 from dq.shm.errors import ShmError
+from dq.storage.itemops import ItemOps
 from dq.storage.types import check_queue_name
-from dq.storage.waits import Waits
 
 __all__ = ["ShmServer"]
 
@@ -177,13 +177,12 @@ class Session:
                 "slot_size": SLOT_SIZE,
                 "value_max": VALUE_MAX,
                 "http_url": self.server.http_url,
+                "max_batch": self.server.engine.config.max_batch,
             },
         )
         sock.settimeout(None)
         server = self.server
-        return CommandHandler(
-            server.engine, queue, self.stopping, server.max_wait_ms, server.waits, self.woken
-        )
+        return CommandHandler(server.engine, queue, self.stopping, server.ops, self.woken)
 
     def _serve(self, handler: CommandHandler) -> None:
         ring = self.ring
@@ -347,12 +346,12 @@ class ShmServer:
         max_clients: int = 256,
         spin_us: float = DEFAULT_SPIN_US,
         max_wait_ms: int = 20_000,
-        waits: Waits | None = None,
+        ops: ItemOps | None = None,
     ) -> None:
         self.engine = engine
-        self.max_wait_ms = max_wait_ms
-        #: the long-poll waiters, shared with the HTTP server when it runs this one
-        self.waits = waits if waits is not None else Waits(engine)
+        #: the item operations, shared with the HTTP server when it runs this one (their
+        #: long-poll waiters too: a shutdown ends the waits of both alike)
+        self.ops = ops if ops is not None else ItemOps(engine, max_wait_ms=max_wait_ms)
         self.data_dir = Path(data_dir)
         self.http_url = http_url
         self.max_clients = max_clients

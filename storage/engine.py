@@ -36,7 +36,6 @@ from dq.storage.codec import MAX_DEADLINE, decode_stats, key_id
 from dq.storage.compactor import Compactor
 from dq.storage.config import EngineConfig
 from dq.storage.errors import (
-    BatchTooLarge,
     ConfigConflict,
     DataDirLocked,
     DeadLetterQueueInUse,
@@ -69,7 +68,13 @@ from dq.storage.types import (
     Requeue,
     check_queue_name,
 )
-from dq.storage.validation import check_lease_ms, resolve_deadline
+from dq.storage.validation import (
+    DEFAULT_LEASE_MS,
+    check_batch,
+    check_lease_ms,
+    count_range,
+    resolve_deadline,
+)
 from dq.storage.write_future import resolved
 
 __all__ = ["Engine", "EngineConfig"]
@@ -334,7 +339,7 @@ class Engine(Operations, ReplicaEngine):
         return config
 
     def _validate_config(self, name: str, config: QueueConfig) -> None:
-        check_lease_ms(config.default_lease_ms)
+        check_lease_ms(config.default_lease_ms, DEFAULT_LEASE_MS)
         if config.max_deliveries is not None and (
             not isinstance(config.max_deliveries, int) or config.max_deliveries < 1
         ):
@@ -440,8 +445,7 @@ class Engine(Operations, ReplicaEngine):
     # ------------------------------------------------------------------ validation
 
     def _check_batch(self, n: int) -> None:
-        if n > self.config.max_batch:
-            raise BatchTooLarge(f"at most {self.config.max_batch} items per batch", count=n)
+        check_batch(n, self.config.max_batch)
 
     def _prepare(
         self, items: Sequence[NewItem], now: int
@@ -505,9 +509,7 @@ class Engine(Operations, ReplicaEngine):
                 time.sleep(0.005)
 
     def dequeue(self, name: str, count: int = 1, lease_ms: int | None = None) -> list[Delivery]:
-        if not isinstance(count, int) or count < 1:
-            raise InvalidArgument("count must be a positive integer", count=count)
-        self._check_batch(count)
+        count_range(self.config.max_batch).check(count)
         self._check_writable()
         return self._queue(name).dequeue(count, lease_ms)
 

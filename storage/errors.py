@@ -8,6 +8,7 @@ file, offset) as attributes and a stable ``code`` string that clients can rely o
 
     StorageError
     ├── InvalidArgument          bad input; nothing was written       (400/422)
+    │   ├── OutOfRange           a field outside its range (validation_error, 422)
     │   ├── InvalidQueueName
     │   ├── ValueTooLarge                                            (413)
     │   ├── InvalidDeadline
@@ -49,6 +50,7 @@ __all__ = [
     "ItemNotFound",
     "NotADeadLetterQueue",
     "NotLeader",
+    "OutOfRange",
     "QueueDamaged",
     "QueueNotFound",
     "ReplicationStalled",
@@ -89,6 +91,18 @@ class StorageError(Exception):
 class InvalidArgument(StorageError):
     code = "invalid_argument"
     http_status = 400
+
+
+class OutOfRange(InvalidArgument):
+    """A field outside its range (``storage/validation.py`` words each rule once, and
+    the words are the whole message); ``field`` names it."""
+
+    code = "validation_error"
+    http_status = 422
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class InvalidQueueName(InvalidArgument):

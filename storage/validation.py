@@ -1,4 +1,13 @@
-"""Checks of what a caller asks for, before anything is written: deadlines and leases.
+"""The rules of what a caller may ask for, each written once, with its one wording.
+
+Every front end — the HTTP routes and their fast path, the ring, SQS, and the Python
+client checking before it sends — refuses a request that breaks one of these rules
+with the same words: a field outside its range is ``OutOfRange`` (422
+``validation_error``, "lease_ms must be between 1 and 43200000"), a batch over the
+server's limit ``BatchTooLarge`` (413). The HTTP request models declare their bounds
+from the ``Range`` objects here (``server/schemas.py``), and a bound they refuse is
+worded by its ``Range`` (``server/errors.py``); the client imports this module for
+its own checks.
 
 Invariant: every deadline that reaches a key fits its 48 bits (``MAX_DEADLINE``), and
 every lease lasts between 1 ms and ``MAX_LEASE_MS``.
@@ -6,10 +15,85 @@ every lease lasts between 1 ms and ``MAX_LEASE_MS``.
 
 from __future__ import annotations
 
-from dq.storage.codec import MAX_DEADLINE
-from dq.storage.errors import InvalidArgument, InvalidDeadline
+from dataclasses import dataclass
 
-__all__ = ["MAX_LEASE_MS", "check_lease_ms", "resolve_deadline"]
+from dq.storage.codec import MAX_DEADLINE
+from dq.storage.errors import BatchTooLarge, InvalidArgument, InvalidDeadline, OutOfRange
+
+__all__ = [
+    "DEADLINE",
+    "DEFAULT_LEASE_MS",
+    "DELAY_MS",
+    "LEASE_MS",
+    "MAX_LEASE_MS",
+    "RANGES",
+    "RECEIPT",
+    "WAIT_MS",
+    "Range",
+    "batch_too_large_message",
+    "check_batch",
+    "check_lease_ms",
+    "count_range",
+    "resolve_deadline",
+]
+
+MAX_LEASE_MS = 12 * 3600 * 1000
+#: A receipt is opaque, but no server hands out a longer one.
+MAX_RECEIPT = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """A field's allowed values, ``low`` to ``high`` inclusive (for text, its length)."""
+
+    field: str
+    low: int
+    high: int
+    unit: str = ""
+
+    @property
+    def message(self) -> str:
+        return f"{self.field} must be between {self.low} and {self.high}{self.unit}"
+
+    def holds(self, value: object) -> bool:
+        if self.unit:
+            return isinstance(value, str) and self.low <= len(value) <= self.high
+        return type(value) is int and self.low <= value <= self.high
+
+    def check(self, value: object) -> None:
+        """Raise ``OutOfRange`` unless ``value`` is within the range."""
+        if not self.holds(value):
+            raise OutOfRange(self.message, self.field)
+
+
+LEASE_MS = Range("lease_ms", 1, MAX_LEASE_MS)
+DEFAULT_LEASE_MS = Range("default_lease_ms", 1, MAX_LEASE_MS)
+WAIT_MS = Range("wait_ms", 0, MAX_DEADLINE)
+DEADLINE = Range("deadline", 0, MAX_DEADLINE)
+DELAY_MS = Range("delay_ms", 0, MAX_DEADLINE)
+RECEIPT = Range("receipt", 1, MAX_RECEIPT, " characters")
+#: The rules of fields whose range is fixed, by field name.
+RANGES = {r.field: r for r in (LEASE_MS, DEFAULT_LEASE_MS, WAIT_MS, DEADLINE, DELAY_MS, RECEIPT)}
+
+
+def count_range(limit: int) -> Range:
+    """A dequeue's ``count``: the server's batch limit bounds it (``DQ_MAX_BATCH``)."""
+    return Range("count", 1, limit)
+
+
+def batch_too_large_message(limit: int) -> str:
+    return f"more than {limit} items in one request; the limit is {limit}"
+
+
+def check_batch(n: int, limit: int) -> None:
+    """A batch (items of an enqueue, a release, a requeue, an extend, or the releases a
+    dequeue carries) holds at most ``limit`` items."""
+    if n > limit:
+        raise BatchTooLarge(batch_too_large_message(limit))  # the rule's words alone
+
+
+def check_lease_ms(lease_ms: int, rule: Range = LEASE_MS) -> None:
+    rule.check(lease_ms)
 
 
 def resolve_deadline(deadline: int | None, delay_ms: int | None, now: int) -> int:
@@ -35,15 +119,3 @@ def resolve_deadline(deadline: int | None, delay_ms: int | None, now: int) -> in
             "deadline must be ms since the epoch within 48 bits", deadline=deadline
         )
     return deadline
-
-
-MAX_LEASE_MS = 12 * 3600 * 1000
-
-
-def check_lease_ms(lease_ms: int) -> None:
-    if (
-        not isinstance(lease_ms, int)
-        or isinstance(lease_ms, bool)
-        or not 1 <= lease_ms <= MAX_LEASE_MS
-    ):
-        raise InvalidArgument(f"lease_ms must be between 1 and {MAX_LEASE_MS}", lease_ms=lease_ms)

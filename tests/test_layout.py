@@ -109,6 +109,7 @@ CLIENT_MAY_IMPORT = frozenset(
         "dq.shm.command_ring",
         "dq.shm.errors",
         "dq.shm.subscriber",
+        "dq.storage.validation",  # the rules' words, for the client's own checks
     }
 )
 CLIENT_NEVER_REACHES = (

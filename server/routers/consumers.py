@@ -126,15 +126,16 @@ def pull(queue: QueueName, consumer: ConsumerName, body: PullBody, groups: Group
         max_new=body.max_new,
         lease_ms=body.lease_ms,
     )
-    return _json(
-        {
-            "epoch": r.epoch,
-            "start": r.start,
-            "end": r.end,
-            "pulled": r.pulled,
-            "in_flight": r.in_flight,
-        }
-    )
+    answer: dict[str, object] = {
+        "epoch": r.epoch,
+        "start": r.start,
+        "end": r.end,
+        "pulled": r.pulled,
+        "in_flight": r.in_flight,
+    }
+    if not r.queue_exists:  # said only then, as a dequeue says it
+        answer["queue_exists"] = False
+    return _json(answer)
 
 
 def _item(e: LogEntry, force_b64: bool) -> dict[str, Any]:

@@ -170,10 +170,10 @@ def _visibility_error(o: ItemOutcome, handle: str) -> SqsError | None:
 
 
 async def _release(ctx: Ctx, name: str, batch: list[Release]) -> list[ItemOutcome]:
-    engine = ctx.service.engine
+    ops = ctx.service.ops
     try:
         outcomes = await metered_durable(
-            ctx.service, "release", lambda: engine.release_nowait(name, batch)
+            ctx.service, "release", lambda: ops.start_release(name, batch)
         )
     except StorageError as exc:
         raise from_storage(exc, name) from None
@@ -217,16 +217,14 @@ async def delete_message_batch(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
 async def _change(ctx: Ctx, name: str, changes: list[tuple[int, str, int]]) -> list[ItemOutcome]:
     """Apply (id, receipt, seconds) changes: extends, and requeues for 0 s; in order."""
     service = ctx.service
-    engine = service.engine
+    ops = service.ops
     extends = [Extend(i, r, s * 1000) for i, r, s in changes if s > 0]
     requeues = [Requeue(i, r, delay_ms=0) for i, r, s in changes if s == 0]
     t0 = _perf()
     try:
-        extended = engine.extend(name, extends) if extends else []
+        extended = ops.extend(name, extends) if extends else []
         requeued = (
-            await durable(service, lambda: engine.requeue_nowait(name, requeues))
-            if requeues
-            else []
+            await durable(service, lambda: ops.start_requeue(name, requeues)) if requeues else []
         )
     except StorageError as exc:
         service.metrics.observe_error("extend", exc.code, _perf() - t0)

@@ -74,6 +74,24 @@ def test_human_output(server: LiveServer, queue: str) -> None:
     assert missing.returncode == 1 and "queue_not_found" in missing.stderr
 
 
+def test_get_on_a_queue_nobody_created_says_so(server: LiveServer, queue: str) -> None:
+    """``dq get`` on a misspelled (or not yet created) queue says so on stderr, once,
+    instead of "(no due items)"; with --json too, beside the empty list."""
+    note = (
+        f"dq get: queue {queue}-typo does not exist (yet): nothing is due until a producer "
+        "creates it (is the name right? `dq queues` lists them)\n"
+    )
+    got = dq(server, "get", queue + "-typo", "--wait-ms", "300")
+    assert (got.returncode, got.stdout, got.stderr) == (0, "", note)
+    as_json = dq(server, "get", queue + "-typo", "--json")
+    assert (as_json.returncode, json.loads(as_json.stdout), as_json.stderr) == (0, [], note)
+    assert dq(server, "put", queue + "-typo", "now").returncode == 0
+    emptied = dq(server, "get", queue + "-typo", "--ack")
+    assert emptied.returncode == 0 and "does not exist" not in emptied.stderr
+    idle = dq(server, "get", queue + "-typo")
+    assert (idle.returncode, idle.stderr) == (0, "(no due items)\n")
+
+
 def test_values_print_as_stored_whatever_they_look_like(server: LiveServer, queue: str) -> None:
     """A table cell is text, not rich markup: a value like ``[/x]`` made ``dq get``
     fail after leasing (with ``--ack``: after releasing) what it never printed."""

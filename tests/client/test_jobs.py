@@ -68,6 +68,38 @@ def test_consumer_stops_on_event(dq: Client, queue: str) -> None:
     assert stats.released == 0 and time.monotonic() - t0 < 5
 
 
+def test_a_consumer_of_a_queue_nobody_created_says_so_once(
+    dq: Client, server: LiveServer, queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker may start before its producer, but one on a misspelled name would wait in
+    silence: each consumer helper logs one warning, however many polls come back empty,
+    and goes on to serve the queue once it exists."""
+    name, other = queue + "-typo", queue + "-typo2"
+    stop = threading.Event()
+    threading.Timer(0.8, lambda: dq.enqueue(name, b"first")).start()
+    threading.Timer(5.0, stop.set).start()  # a bound, should the item never come
+
+    async def run_async() -> None:
+        stopped = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.6, stopped.set)
+
+        async def handle(item: Item) -> None:
+            pass
+
+        async with AsyncClient(server.url) as adq:
+            await adq.consumer(other, wait_ms=100).run(handle, stop=stopped)
+
+    with caplog.at_level("WARNING", logger="dq.client.jobs"):
+        stats = dq.consumer(name, wait_ms=100).run(lambda item: stop.set(), stop=stop)
+        asyncio.run(run_async())
+    assert stats.released == 1
+    said = [m for m in caplog.messages if "does not exist" in m]
+    assert said == [
+        f"queue {q} does not exist (yet): waiting for a producer to create it (is the name right?)"
+        for q in (name, other)
+    ]
+
+
 def _until(what: Any, seconds: float = 20.0) -> None:
     give_up = time.monotonic() + seconds
     while not what():

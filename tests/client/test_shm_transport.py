@@ -397,13 +397,14 @@ def test_a_cancelled_async_long_poll_leases_nothing(server: LiveServer, shm_url:
 
 
 def test_a_count_over_the_limit_is_refused_as_over_http(server: LiveServer, shm_url: str) -> None:
-    """A dequeue's ``count`` over ``DQ_MAX_BATCH`` is a bad argument (400), over the ring
-    as over HTTP, not a batch too large (413)."""
+    """A dequeue's ``count`` over ``DQ_MAX_BATCH`` is outside its range (422), over the
+    ring as over HTTP, in the same words, not a batch too large (413)."""
     with Client(shm_url) as dq, Client(server.url) as http:
         for client in (dq, http):
             with pytest.raises(ServerError) as refused:
                 client.dequeue("counted", count=1001)
-            assert (refused.value.status, refused.value.code) == (400, "invalid_argument")
+            got = (refused.value.status, refused.value.code, refused.value.message)
+            assert got == (422, "validation_error", "count must be between 1 and 1000")
 
 
 def test_a_receipt_too_long_is_refused_as_over_http(server: LiveServer, shm_url: str) -> None:
@@ -440,3 +441,18 @@ def test_a_long_poll_does_not_hold_up_the_other_threads(shm_url: str) -> None:
         took = time.monotonic() - started
         poller.join(10)
         assert took < 1, took
+
+
+def test_a_dequeue_says_whether_its_queue_exists(server: LiveServer, shm_url: str) -> None:
+    """A worker may start before its producer: the answer is empty, and says the queue
+    does not exist (the ring's NO_QUEUE flag, HTTP's ``"queue_exists": false``), alike
+    over both transports, long-poll or not, until the queue is created."""
+    with Client(shm_url) as dq, Client(server.url) as http:
+        for client in (dq, http):
+            got = client.dequeue("never-made")
+            assert (list(got), got.queue_exists) == ([], False)
+            waited = client.dequeue("never-made", wait_ms=LONG_POLL_SLICE_MS * 2 + 50)
+            assert (list(waited), waited.queue_exists) == ([], False)
+        http.put_queue("made-later")
+        for client in (dq, http):
+            assert client.dequeue("made-later").queue_exists is True

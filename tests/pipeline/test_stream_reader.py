@@ -88,3 +88,21 @@ def test_server_restart_mid_batch(tmp_path: Path) -> None:
         r.latestOffset(nxt, ReadMaxRows(40))
         with Client(s.url) as dq:
             assert dq.queue("restart").stats.pending == 0
+
+
+def test_a_queue_nobody_created_is_said_once(
+    server: LiveServer, queue: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job reading a misspelled (or not yet created) queue reads 0 items, and says
+    why in the log, once; the reading goes on and finds the items once it exists."""
+    r = reader(server.url, queue + "-typo")
+    start = r.initialOffset()
+    with caplog.at_level("WARNING", logger="dq.pipeline.reading"):
+        for _ in range(3):
+            assert r.latestOffset(start, ReadMaxRows(40)) == start
+    said = [m for m in caplog.messages if "does not exist" in m]
+    assert said == [f"dq queue {queue}-typo does not exist (yet): nothing to read until a "
+                    "producer creates it (is the name right?)"]  # fmt: skip
+    with Client(server.url) as dq:
+        dq.enqueue(queue + "-typo", b"late")
+    assert r.latestOffset(start, ReadMaxRows(40)) == {"seq": 1}

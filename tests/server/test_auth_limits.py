@@ -61,7 +61,7 @@ def test_body_and_batch_limits(guarded: LiveServer) -> None:
     r = httpx.post(guarded.url + "/v1/queues/q/release", json={"items": release[:1]})
     assert r.status_code == 401  # the fast path does not skip auth
     r = httpx.post(guarded.url + "/v1/queues/q/dequeue", json={"count": 11}, headers=headers)
-    assert r.status_code == 400 and r.json()["error"] == "invalid_argument"
+    assert r.status_code == 422 and r.json()["message"] == "count must be between 1 and 10"
 
 
 def test_chunked_body_is_counted(guarded: LiveServer) -> None:

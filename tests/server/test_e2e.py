@@ -202,14 +202,14 @@ def test_limits_and_validation(dq: Client, server: LiveServer, queue: str) -> No
 def test_a_refused_dequeue_releases_nothing(
     dq: Client, server: LiveServer, queue: str, bad: dict[str, int]
 ) -> None:
-    """A dequeue carrying releases that is refused (400) has released nothing: the
-    worker may send its releases again and they apply."""
+    """A dequeue carrying releases that is refused (422, its own fields out of range)
+    has released nothing: the worker may send its releases again and they apply."""
     dq.enqueue(queue, b"work")
     (item,) = dq.dequeue(queue)
     done = {"id": item.id, "receipt": item.receipt}
     url = f"{server.url}/v1/queues/{queue}"
     r = httpx.post(url + "/dequeue", json={"count": 1, **bad, "release": [done]})
-    assert r.status_code == 400 and r.json()["error"] == "invalid_argument", r.text
+    assert r.status_code == 422 and r.json()["error"] == "validation_error", r.text
     r = httpx.post(url + "/release", json={"items": [done]})
     assert r.json()["results"] == [{"id": item.id, "ok": True}]
 

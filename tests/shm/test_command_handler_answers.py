@@ -26,7 +26,7 @@ from dq.shm.command_ring import (
 )
 from dq.storage import Engine, EngineConfig, NewItem
 from dq.storage.errors import StorageError
-from dq.storage.waits import Waits
+from dq.storage.itemops import ItemOps
 from tests.shm.test_command_ring import doc_example
 
 WAIT_S = 10.0
@@ -103,14 +103,14 @@ def test_a_find_on_a_missing_queue_says_so_as_docs_shm_md_shows(tmp_path: Path) 
     server draining, ``DRAINING`` too."""
     raw = doc_example("find-no-queue-response")
     with Engine.open(tmp_path / "data", EngineConfig(fsync="never")) as engine:
-        waits = Waits(engine)
-        handler = CommandHandler(engine, "not-yet", threading.Event(), waits=waits)
+        ops = ItemOps(engine)
+        handler = CommandHandler(engine, "not-yet", threading.Event(), ops)
         find = Command(0, Op.FIND, codec.encode_find(1, 0, 0), b"", 0)
         assert handler.finish(handler.begin(find)) == raw[4:]
         engine.enqueue("not-yet", [NewItem(b"v")])
         answer = handler.finish(handler.begin(find))
         assert answer[:2] == bytes([Status.OK, 0]) and len(codec.decode_deliveries(answer[4:])) == 1
-        waits.drain()
+        ops.waits.drain()
         handler.queue = "still-not"
         waited = handler.finish(
             handler.begin(Command(0, Op.FIND, codec.encode_find(1, 5_000, 0), b"", 0))

@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dq.server.routers.items import deliveries_json, enqueued_json
+from dq.server.answers import dequeued_json, enqueued_json
 from dq.server.schemas import DequeueResponse, EnqueueResponse, decode_value
 from dq.storage.types import Delivery, Enqueued, ItemStats
 
@@ -25,10 +25,15 @@ _deliveries = st.builds(
 )
 
 
-@given(st.lists(_deliveries, max_size=5), st.sampled_from([None, "base64", "utf-8"]))
-def test_round_trip(got: list[Delivery], encoding: str | None) -> None:
-    doc = json.loads(deliveries_json(got, encoding))  # type: ignore[arg-type]
-    DequeueResponse.model_validate(doc)
+@given(
+    st.lists(_deliveries, max_size=5),
+    st.sampled_from([None, "base64", "utf-8"]),
+    st.booleans(),
+)
+def test_round_trip(got: list[Delivery], encoding: str | None, exists: bool) -> None:
+    doc = json.loads(dequeued_json(got, encoding, queue_exists=exists))  # type: ignore[arg-type]
+    assert DequeueResponse.model_validate(doc).queue_exists is exists
+    assert ("queue_exists" in doc) is not exists  # said only when false
     assert [i["id"] for i in doc["items"]] == [d.id for d in got]
     for item, d in zip(doc["items"], got, strict=True):
         assert item["receipt"] == d.receipt and item["lease_expires"] == d.lease_expires

@@ -1,0 +1,104 @@
+"""The JSON answers of the item operations, formatted by hand, for every HTTP path.
+
+The FastAPI routes (``server/routers/items.py``) and their fast path
+(``server/hot_routes.py``) answer with these bytes, so that whichever path served a
+request its answer is the same (``tests/server/test_hot_path.py`` compares them); the
+shapes are the response models of ``server/schemas.py`` (``tests/server/
+test_answers.py`` checks that they match). Formatting directly is ~35 % cheaper
+than building a dict per item and serializing the lot; strings are quoted as
+``json.dumps`` quotes them (escaped, ASCII-only) and everything else is an integer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from json.encoder import encode_basestring_ascii  # type: ignore[attr-defined]
+
+from dq.server.schemas import Encoding, encode_value
+from dq.storage.types import Delivery, Enqueued, ItemOutcome
+
+__all__ = ["dequeued_json", "enqueued_json", "outcome_dict", "results_json"]
+
+#: One enqueued item (``EnqueuedItem``), by whether it was a duplicate: one ``%`` a
+#: line, ~40 % cheaper than an f-string choosing the word inside it.
+_ENQUEUED_JSON = '{"id":%d,"deadline":%d,"duplicate":false}'
+_DUPLICATE_JSON = '{"id":%d,"deadline":%d,"duplicate":true}'
+
+
+def enqueued_json(done: Sequence[Enqueued]) -> bytes:
+    """``EnqueueResponse``."""
+    fresh, again = _ENQUEUED_JSON, _DUPLICATE_JSON
+    parts = [(again if e.duplicate else fresh) % (e.id, e.deadline) for e in done]
+    return ('{"items":[' + ",".join(parts) + "]}").encode()
+
+
+#: ``json.dumps(text)`` for a ``str``, without its two Python layers (it calls this).
+_quoted = encode_basestring_ascii
+
+#: One delivered item (``ItemOut``).
+_ITEM_JSON = (
+    '{"id":%d,"receipt":%s,"value":%s,"encoding":"%s","deadline":%d,'
+    '"stats":{"enqueue_time":%d,"requeue_time":%d,"dequeue_count":%d},"lease_expires":%d}'
+)
+
+
+def dequeued_json(
+    got: Sequence[Delivery],
+    encoding: Encoding | None,
+    released: Sequence[ItemOutcome] | None = None,
+    queue_exists: bool = True,
+) -> bytes:
+    """``DequeueResponse``: the items; ``released`` only when the request carried
+    releases; ``queue_exists`` only when it is false (the queue was never created)."""
+    dumps = _quoted
+    parts = []
+    for d in got:
+        text, enc = encode_value(d.value, encoding)
+        s = d.stats
+        parts.append(
+            _ITEM_JSON
+            % (
+                d.id, dumps(d.receipt), dumps(text), enc, d.deadline,
+                s.enqueue_time, s.requeue_time, s.dequeue_count, d.lease_expires,
+            )
+        )  # fmt: skip
+    if released is not None:
+        tail = '],"released":[' + _results(released) + "]}"
+    elif not queue_exists:
+        tail = '],"queue_exists":false}'
+    else:
+        tail = "]}"
+    return ('{"items":[' + ",".join(parts) + tail).encode()
+
+
+def outcome_dict(o: ItemOutcome) -> dict[str, object]:
+    """One ``ItemResult``."""
+    d: dict[str, object] = {"id": o.id, "ok": o.error is None}
+    if o.error is not None:
+        d["error"] = o.error
+        d["message"] = o.message or o.error
+    if o.receipt is not None:
+        d["receipt"] = o.receipt
+    if o.deadline is not None:
+        d["deadline"] = o.deadline
+    if o.lease_expires is not None:
+        d["lease_expires"] = o.lease_expires
+    return d
+
+
+def _results(outcomes: Sequence[ItemOutcome]) -> str:
+    """The items of ``Results``; a plain success (most of a release batch) is
+    formatted directly."""
+    dumps = json.dumps
+    return ",".join(
+        f'{{"id":{o.id:d},"ok":true}}'
+        if o.error is None and o.receipt is None and o.deadline is None and o.lease_expires is None
+        else dumps(outcome_dict(o), separators=(",", ":"))
+        for o in outcomes
+    )
+
+
+def results_json(outcomes: Sequence[ItemOutcome]) -> bytes:
+    """``Results``."""
+    return ('{"results":[' + _results(outcomes) + "]}").encode()

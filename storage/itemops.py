@@ -1,0 +1,101 @@
+"""The item operations every front end serves, each defined once.
+
+Four front ends serve enqueue, dequeue, release, requeue and extend: the HTTP routes
+(``server/routers/items.py``), their fast path (``server/hot_routes.py``), the ring
+(``shm/command_handler.py``) and SQS (``server/sqs/``). Each decodes its own wire
+format, encodes its own answers (``server/answers.py`` in JSON, ``shm/command_codec.py``
+in ring bytes) and times its calls; what an operation *is* lives here, once: the rules
+its arguments keep (worded by ``storage/validation.py``), the engine calls it makes and
+in which order, and the answer it gives (a dequeue's is ``Leased``: the deliveries,
+whether the queue exists, whether the server is shutting down).
+
+A long-poll waits on ``storage/waits.py``; the HTTP server awaits it on its loop
+(``server/longpoll.py``), a ring session blocks on it (``lease_waiting``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from dq.storage.types import Enqueued, Extend, ItemOutcome, NewItem, Release, Requeue
+from dq.storage.validation import LEASE_MS, WAIT_MS, check_batch, count_range
+from dq.storage.waits import Leased, Waits
+
+if TYPE_CHECKING:
+    from dq.storage.engine import Engine
+
+__all__ = ["ItemOps"]
+
+
+class ItemOps:
+    """The item operations of one engine, for every front end of one server."""
+
+    def __init__(
+        self, engine: Engine, *, max_wait_ms: int = 20_000, waits: Waits | None = None
+    ) -> None:
+        self.engine = engine
+        #: a long-poll waits at most this long (``DQ_MAX_WAIT_MS``), on every transport
+        self.max_wait_ms = max_wait_ms
+        self.waits = waits if waits is not None else Waits(engine)
+
+    # ------------------------------------------------------------------ dequeue
+
+    def check_dequeue(
+        self, count: int, lease_ms: int | None, wait_ms: int = 0, releases: int = 0
+    ) -> None:
+        """Refuse a dequeue that breaks a rule — ``count`` within the batch limit, the
+        lease within 12 h, a wait not negative, at most a batch of releases carried —
+        before anything it carries is released: a refused dequeue changes nothing."""
+        limit = self.engine.config.max_batch
+        count_range(limit).check(count)
+        if lease_ms is not None:
+            LEASE_MS.check(lease_ms)
+        WAIT_MS.check(wait_ms)
+        check_batch(releases, limit)
+
+    def wait_ms(self, asked: int) -> int:
+        """How long a long-poll asking ``asked`` ms waits: at most the server's maximum."""
+        return min(asked, self.max_wait_ms)
+
+    def lease(self, queue: str, count: int, lease_ms: int | None) -> Leased:
+        """Lease what is due now (a queue that does not exist yet has nothing due)."""
+        poll = self.waits.poll(queue, count, lease_ms, 0)
+        poll.lease()
+        return poll.result()
+
+    def lease_waiting(
+        self,
+        queue: str,
+        count: int,
+        lease_ms: int | None,
+        wait_ms: int,
+        woken: threading.Event,
+        stop: threading.Event,
+    ) -> Leased:
+        """A whole dequeue, long-poll included, for a thread that may block (a ring
+        session: ``woken`` is what it sleeps on, set too when ``stop`` is)."""
+        self.check_dequeue(count, lease_ms, wait_ms)
+        return self.waits.wait_blocking(queue, count, lease_ms, self.wait_ms(wait_ms), woken, stop)
+
+    # ------------------------------------------------------------------ writes
+    # The engine checks each batch's size and every item before it writes anything; the
+    # futures resolve once the write is durable (under the server's fsync mode).
+
+    def start_enqueue(self, queue: str, items: Sequence[NewItem]) -> Future[list[Enqueued]]:
+        """Enqueue a batch (creating the queue if it does not exist)."""
+        return self.engine.enqueue_nowait(queue, items)
+
+    def start_release(self, queue: str, items: Sequence[Release]) -> Future[list[ItemOutcome]]:
+        """Release a batch: one outcome per item (a stale receipt is an outcome)."""
+        return self.engine.release_nowait(queue, items)
+
+    def start_requeue(self, queue: str, items: Sequence[Requeue]) -> Future[list[ItemOutcome]]:
+        """Requeue a batch with new deadlines: one outcome per item."""
+        return self.engine.requeue_nowait(queue, items)
+
+    def extend(self, queue: str, items: Sequence[Extend]) -> list[ItemOutcome]:
+        """Extend a batch of leases (in memory: nothing durable to wait for)."""
+        return self.engine.extend(queue, items)
