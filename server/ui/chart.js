@@ -11,11 +11,17 @@ function el(name, attrs, text) {
   return node;
 }
 
-function niceMax(v) {
-  if (v <= 0) return 1;
-  const p = 10 ** Math.floor(Math.log10(v));
-  for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
-  return 10 * p;
+// The y axis's ticks, from 0 to at least `max`: a step of 1, 2 or 5 times a power of ten,
+// about four steps, so every label is a round number (0, 2, 4, 6; 0, 0.1, 0.2, 0.3), never
+// a quarter of the top (0.13, 0.38, 1.25, 3.75). Counts (`integers`) step by 1 at least.
+export function ticks(max, integers = false) {
+  if (!(max > 0)) max = 1;
+  const raw = max / 4;
+  const p = 10 ** Math.floor(Math.log10(raw));
+  let step = [1, 2, 5, 10].map((m) => m * p).find((s) => s >= raw * (1 - 1e-9));
+  if (integers) step = Math.max(1, Math.round(step));
+  const n = Math.max(1, Math.ceil(max / step - 1e-9));
+  return Array.from({ length: n + 1 }, (_, i) => +(i * step).toPrecision(12));
 }
 
 function shortNum(v) {
@@ -31,7 +37,8 @@ function clock(ms, withSeconds) {
 }
 
 // series: [{name, color, values}], t: sample times (ms); all arrays the same length.
-export function lineChart(title, t, series, { from, to } = {}) {
+// `integers`: the series are counts (the y axis steps by whole numbers).
+export function lineChart(title, t, series, { from, to, integers = false } = {}) {
   const box = document.createElement("div");
   box.className = "chart";
   box.innerHTML = `<h3></h3><div class="legend"></div>`;
@@ -49,13 +56,13 @@ export function lineChart(title, t, series, { from, to } = {}) {
   const t1 = Math.max(to ?? (t.length ? t[t.length - 1] : 1), t0 + 1);
   let top = 0;
   for (const s of series) for (const v of s.values) if (v !== null && v > top) top = v;
-  top = niceMax(top);
+  const marks = ticks(top, integers);
+  top = marks[marks.length - 1];
   const x = (ms) => L + ((ms - t0) / (t1 - t0)) * (W - L - R);
   const y = (v) => T + (1 - v / top) * (H - T - B);
-  for (let i = 0; i <= 4; i += 1) {
-    const v = (top * i) / 4;
+  for (const v of marks) {
     svg.append(el("line", { class: "grid", x1: L, x2: W - R, y1: y(v), y2: y(v) }));
-    svg.append(el("text", { class: "axis", x: L - 4, y: y(v) + 3, "text-anchor": "end" }, shortNum(v)));
+    svg.append(el("text", { class: "axis y", x: L - 4, y: y(v) + 3, "text-anchor": "end" }, shortNum(v)));
   }
   for (let i = 0; i <= 4; i += 1) {
     const ms = t0 + ((t1 - t0) * i) / 4;

@@ -173,6 +173,25 @@ def test_depth_chart_draws_the_history(
     shot(page, "queue")
 
 
+def test_chart_axes_tick_at_round_numbers(page: Any, api: httpx.Client, server: LiveServer) -> None:
+    """Five due items: the depth chart's y axis reads 0, 2, 4, 6 (steps of 1, 2 or 5
+    times a power of ten), not quarters of its top (1.25, 2.5, 3.75); the rates chart's
+    ticks are round too, whatever its fractional top."""
+    enqueue(api, "ticked", 5)
+    page.goto(server.url + "/ui/" + REFRESH + "#/queue/ticked")
+    charts = page.locator(".chart")
+    depth = charts.nth(0).locator("text.axis.y")
+
+    def labels(chart: Any) -> list[str]:
+        return [t.strip() for t in chart.all_text_contents()]
+
+    eventually(lambda: labels(depth) == ["0", "2", "4", "6"])
+    rates = [float(v) for v in labels(charts.nth(1).locator("text.axis.y"))]
+    step = rates[1]
+    assert rates == [round(i * step, 9) for i in range(len(rates))], rates
+    assert f"{step:e}"[0] in "125" and f"{step:e}"[1:4] == ".00", rates  # 1, 2 or 5 x 10^k
+
+
 def test_charts_for_all_queues_and_one(page: Any, api: httpx.Client, server: LiveServer) -> None:
     enqueue(api, "plotted", 4)
     time.sleep(0.5)

@@ -18,7 +18,7 @@ export async function historyCharts(queue, seconds) {
       { name: "due", color: "var(--due)", values: h.due },
       { name: "delayed", color: "var(--delayed)", values: h.delayed },
       { name: "leased", color: "var(--leased)", values: h.leased },
-    ], span),
+    ], { ...span, integers: true }),
     lineChart("Rates (items/s)", h.t, [
       { name: "enqueued", color: "#1f7a3d", values: h.enqueue_per_s },
       { name: "dequeued", color: "#2458c6", values: h.dequeue_per_s },
