@@ -1,6 +1,8 @@
 """``dq serve``: run the HTTP service and, unless ``--no-shm``, the shared-memory server.
 
-Flags override ``DQ_*`` variables, which override the defaults (``server/settings.py``).
+Flags override ``DQ_*`` variables, which override the defaults (``server/settings.py``);
+``docs/settings.md`` documents each one, and ``tests/test_settings_doc.py`` checks the flags
+below against it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ def register(subparsers: Any) -> None:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "serve",
         help="run the server",
-        description="Serve the HTTP API. Every flag can also be set as a DQ_* variable.",
+        description="Serve the HTTP API. Every flag can also be set as a DQ_* variable; "
+        "docs/settings.md lists every setting with its default.",
     )
     p.add_argument("--data-dir", help="data directory (DQ_DATA_DIR, default ./dq-data)")
     p.add_argument("--host", help="bind address (DQ_HOST, default 127.0.0.1)")

@@ -2,7 +2,8 @@
 
 Invariant: settings are loaded once (``Settings.from_env`` then ``replace`` with flags)
 and never mutated afterwards; tests build their own ``Settings`` and hand it to
-``create_app``. Every field has a documented ``DQ_*`` variable (see ``docs/http.md``).
+``create_app``. Every field has a ``DQ_*`` variable, documented in ``docs/settings.md``
+(``tests/test_settings_doc.py`` keeps the page and this class in step).
 """
 
 from __future__ import annotations
