@@ -21,7 +21,7 @@ import pytest
 
 from tests.server.live import REPO, LiveServer
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 #: 2030-01-01T00:00:00Z, and how it reads in the subprocesses' time zone
 Y2030_MS = 1_893_456_000_000
