@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -17,10 +18,24 @@ __all__ = ["register"]
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "put", help="enqueue items", description="Enqueue one item per VALUE."
+        "put",
+        help="enqueue items",
+        description="Enqueue one item per VALUE. Without VALUE (or with '-') all of stdin "
+        "is one item, its bytes as they are; with --lines each line of stdin is one item.",
     )
     p.add_argument("queue")
-    p.add_argument("values", nargs="*", metavar="VALUE", help="values; none or '-': one from stdin")
+    p.add_argument(
+        "values",
+        nargs="*",
+        metavar="VALUE",
+        help="the items' values; none or '-': all of stdin as one item (see --lines)",
+    )
+    p.add_argument(
+        "--lines",
+        action="store_true",
+        help="one item per line of stdin (the line without its line ending; empty lines "
+        "are skipped)",
+    )
     _when_flags(p)
     p.add_argument(
         "--key",
@@ -79,7 +94,21 @@ def _deadline(args: argparse.Namespace) -> tuple[int | None, int | None]:
 def put(args: argparse.Namespace) -> int:
     from dq.client import NewItem
 
-    raw = args.values if args.values and args.values != ["-"] else [sys.stdin.buffer.read()]
+    from_stdin = not args.values or args.values == ["-"]
+    if args.lines and not from_stdin:
+        print("dq put: --lines reads stdin: give no VALUE (or '-')", file=sys.stderr)
+        return 2
+    raw: list[bytes]
+    if not from_stdin:
+        raw = [os.fsencode(v) for v in args.values]  # as given, even if not UTF-8
+    elif args.lines:  # splitlines would also split at \x0c, \x1c...: a value may hold those
+        raw = [line.rstrip(b"\r") for line in sys.stdin.buffer.read().split(b"\n")]
+        raw = [line for line in raw if line]
+        if not raw:
+            print("dq put: no lines on stdin: nothing enqueued", file=sys.stderr)
+            return 0
+    else:
+        raw = [sys.stdin.buffer.read()]
     keys = args.key or []
     if keys and len(keys) != len(raw):
         print(f"dq put: give one --key per value ({len(raw)}), not {len(keys)}", file=sys.stderr)
@@ -87,7 +116,7 @@ def put(args: argparse.Namespace) -> int:
     deadline, delay_ms = _deadline(args)
     items = [
         NewItem(
-            v.encode() if isinstance(v, str) else v,
+            v,
             deadline,
             delay_ms,
             keys[n] if keys else None,

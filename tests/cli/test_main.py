@@ -265,3 +265,22 @@ def test_serve_on_a_port_in_use_says_so_before_opening_anything(tmp_path: Path) 
         "another with --port (DQ_PORT)"
     ]
     assert not (tmp_path / "d").exists()
+
+
+def test_put_lines_makes_one_item_per_line(server: LiveServer, queue: str) -> None:
+    """``dq put q < file`` stores the whole file as one item, as ``--help`` says;
+    ``--lines`` makes one item per line (line endings off, empty lines skipped)."""
+    r = dq(server, "put", queue, "--lines", "--json", stdin=b"one\ntwo\r\n\nthree")
+    assert r.returncode == 0, r.stderr
+    assert len(json.loads(r.stdout)) == 3
+    got = json.loads(dq(server, "get", queue, "-n", "10", "--ack", "--json").stdout)
+    assert [i["value"] for i in got] == ["one", "two", "three"]
+    r = dq(server, "put", queue, stdin=b"a\nb\n")
+    assert r.returncode == 0 and len(r.stdout.splitlines()) == 1
+    got = json.loads(dq(server, "get", queue, "-n", "10", "--ack", "--json").stdout)
+    assert [i["value"] for i in got] == ["a\nb\n"]
+    r = dq(server, "put", queue, "x", "--lines")
+    assert r.returncode == 2 and "--lines reads stdin" in r.stderr
+    help_ = " ".join(dq(server, "put", "--help").stdout.split())
+    assert "all of stdin as one item" in help_ and "--lines" in help_
+    assert "one item per line of stdin" in help_
