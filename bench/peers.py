@@ -8,7 +8,8 @@ items, every one durable (beanstalkd ``-f 0``, Redis ``appendfsync always``, Pos
 PostgreSQL measured in the same run. dq is driven through the project's own
 ``dq.client.Client``, over HTTP and over ``shm://``, each also with the one-round-trip
 consumer loop (an ack rides on the next dequeue). docs/performance.md ("Beside
-PostgreSQL, Redis and beanstalkd") has the figures and how they were taken.
+PostgreSQL and beanstalkd") has the current figures, bench/NOTES.md every run and how it
+was taken.
 
 It installs nothing. On Debian 12 (as root: PostgreSQL is then run as the ``postgres``
 user), once:

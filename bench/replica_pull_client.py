@@ -10,8 +10,9 @@ the members share. A thread of this process answers every request at once with t
 canned 200 (320 bytes of frames, the leader's headers) over one kept-alive connection on
 127.0.0.1; the figure is the client thread's CPU time per pull (``time.thread_time``)
 for ``LeaderClient.pull`` (its own HTTP/1.1 handling) and for the same request through
-``http.client`` (what it used before). It prints a table; ``docs/performance.md``
-("Replication: a follower's pull request") has the figures with the machine and its load.
+``http.client`` (what it used before). It prints a table; ``bench/NOTES.md``
+("Replication: a follower's pull request") has the runs with the machine and its load,
+``docs/performance.md`` ("Replication") the current figure.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ is installed is measured (the leader's copy, the tar over HTTP, the unpack with 
 of every file, and ``replace_queues`` reopening the queues), with the part spent in
 ``replace_queues`` alone. Both sides share this process (and its GIL) and the disk.
 
-It prints a table; ``docs/performance.md`` ("Replication: a follower's resync") has the
-figures with the machine and its load.
+It prints a table; ``bench/NOTES.md`` ("Replication: a follower's resync") has the runs
+with the machine and its load, ``docs/performance.md`` ("Replication") the current figure.
 """
 
 from __future__ import annotations

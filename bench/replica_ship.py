@@ -17,8 +17,9 @@ In one process, no network, measures:
   follower (the publish then waits for the replicator's commit thread: its hop is the
   difference).
 
-It prints a table; ``docs/performance.md`` ("Replication: the leader's ship path") has
-the figures with the machine and its load.
+It prints a table; ``bench/NOTES.md`` ("Replication: the leader's ship path") has the
+runs with the machine and its load, ``docs/performance.md`` ("Replication") the current
+figure.
 """
 
 from __future__ import annotations

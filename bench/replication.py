@@ -28,7 +28,7 @@ their PID at the end, also on error), and measures:
 
 The settings are the server's defaults (``docs/replication.md``) unless given with
 ``--env NAME=VALUE``. It prints a table; ``docs/performance.md`` ("Replication") has
-the figures and the machine.
+the current figures and the machine, ``bench/NOTES.md`` every run.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ this process, ``shm:///data-dir`` and ``http://…`` taking turns round by round
 
 Each figure is the median over the rounds, with the server process's CPU and this
 process's CPU per item (from /proc and ``time.process_time``): on a shared, loaded machine
-throughput swings with the neighbours, CPU per item much less. docs/performance.md
-("Batches over the shared-memory ring") has the figures.
+throughput swings with the neighbours, CPU per item much less. bench/NOTES.md
+("Batches over the shared-memory ring") has the runs.
 """
 
 from __future__ import annotations

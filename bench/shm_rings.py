@@ -1,6 +1,6 @@
 """Submission, broadcast and telemetry rings: throughput and cost (docs/shm.md).
 
-Prints, for docs/performance.md ("Submission, broadcast and telemetry rings"):
+Prints, for docs/performance.md ("Shared memory"; every run in bench/NOTES.md):
   - enqueue items/s through the submission ring with 1 and 4 producer processes
     (pipelined, a window of 128 in flight each) next to the command ring's single-client
     rate (``Client("shm://…").enqueue`` in a loop), both against one ``dq serve --shm``;

@@ -111,7 +111,7 @@ LIVENESS_S = 0.25
 
 #: How long a waiting side spins before it parks on the futex. Spinning saves the ~3-5 us
 #: of a futex wake only when a core is free for it; on the 2-vCPU machine of
-#: docs/performance.md it cost 3-5x in p50 (the spinner starves the side it waits for),
+#: bench/NOTES.md it cost 3-5x in p50 (the spinner starves the side it waits for),
 #: so small machines park at once.
 DEFAULT_SPIN_US = 20.0 if (os.cpu_count() or 1) > 2 else 0.0
 

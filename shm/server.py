@@ -12,7 +12,7 @@ Owns the sessions' life cycle (``docs/shm.md``, "Attach" and "Command ring"). In
   - durable commands are group-committed by the engine's syncer thread, across every
     session: a session committing its own writes (as the event loop does) measured 40 %
     fewer items a second with 4 producer and 4 consumer sessions, one fsync per session
-    where the syncer shares one among them (``docs/performance.md``).
+    where the syncer shares one among them (``bench/NOTES.md``).
 
 The HTTP lifespan (``server/lifespan.py``) builds it from the typed settings:
 ``ShmServer(engine, data_dir, http_url=..., max_clients=..., spin_us=...).start()`` and

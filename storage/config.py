@@ -23,7 +23,7 @@ class EngineConfig:
     memseg_bytes: int = 16 << 20
     #: logs grow ahead of their data in zero-filled steps of this size (0: plain appends).
     #: Off by default: measured here it gave no consistent gain in sync rate and wrote
-    #: 4x the bytes for batched writes (bench/engine.py --prealloc, docs/performance.md)
+    #: 4x the bytes for batched writes (bench/engine.py --prealloc, bench/NOTES.md)
     wal_prealloc_bytes: int = 0
     #: frozen in-memory segments allowed to wait for their segment file
     max_frozen: int = 2

@@ -13,9 +13,9 @@ and the thread runs one group commit for everything it wrote when it has nothing
 ready (the loop: at its next turn, after reading every request that arrived together).
 That is Redis's ``appendfsync always`` design: no wake-up of this thread per write and
 no hand-off of each answer back to the loop, which on a fast disk cost more CPU than the
-fsync itself (``docs/performance.md``, "Server CPU"). A slow fsync blocks the committing
-thread, so while the recent average write-and-sync takes longer than ``SLOW_COMMIT_S``
-(a slow disk), that thread's writes go to this one again.
+fsync itself (``bench/NOTES.md``, "The event loop commits its own writes"). A slow fsync
+blocks the committing thread, so while the recent average write-and-sync takes longer
+than ``SLOW_COMMIT_S`` (a slow disk), that thread's writes go to this one again.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 Every replicated write costs the leader one pull answer and one pull request per
 follower, and through the FastAPI route each costs several hundred µs of the event
-loop (``docs/performance.md``, "Replication"). Served here, a pull that goes well is
-answered with the route's own bytes, refusals included (``tests/replication/
-test_routes.py`` compares them); a body the schema refuses goes to the route.
+loop (``bench/NOTES.md``, "Replication: three members beside one node"). Served here,
+a pull that goes well is answered with the route's own bytes, refusals included
+(``tests/replication/test_routes.py`` compares them); a body the schema refuses goes to
+the route.
 """
 
 from __future__ import annotations
