@@ -95,6 +95,14 @@ ALL_MODES = [
 _PROCS = []  # list of [name, Popen, stop_signal]
 
 
+#: Where a run's results go unless --out/--md say otherwise: bench/results/, which git
+#: ignores, so a run never leaves files to commit (figures worth keeping go into
+#: docs/performance.md).
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+DEFAULT_OUT = os.path.join(RESULTS_DIR, "peers.json")
+DEFAULT_MD = os.path.join(RESULTS_DIR, "peers.md")
+
+
 def start_proc(name, argv, stop_signal=signal.SIGTERM, **kw):
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, start_new_session=True, **kw)
     _PROCS.append([name, p, stop_signal])
@@ -142,6 +150,7 @@ def _lines(path):
 
 
 def _write(path, text):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:
         f.write(text)
 
@@ -1510,8 +1519,8 @@ def main():
         default=os.getcwd(),
         help="where throw-away data dirs go (the disk under test; default: the current directory)",
     )
-    ap.add_argument("--out", default="results.json", help="JSON results file")
-    ap.add_argument("--md", default="results.md", help="markdown tables file")
+    ap.add_argument("--out", default=DEFAULT_OUT, help=f"JSON results file ({DEFAULT_OUT})")
+    ap.add_argument("--md", default=DEFAULT_MD, help=f"markdown tables file ({DEFAULT_MD})")
     ap.add_argument(
         "--quick", action="store_true", help="smoke test: n=2000, runs=1, d=3s, http 2s, 256 MiB"
     )
