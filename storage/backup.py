@@ -4,8 +4,8 @@ For each queue, under its lock (so no freeze, merge install or rotation is half 
 note the segment files in use, the closed logs not yet frozen, the current log and
 how many of its bytes are written (``WalWriter.offset``: whole records only; every
 acknowledged write is below it), and the small files (``queue.json``, ``state.json``,
-metadata sidecars). Segment files are immutable: they are hard-linked (copied when the
-destination is on another file system), and logs are opened, so a merge or freeze
+metadata sidecars, schedule definitions). Segment files are immutable: they are
+hard-linked (copied when the destination is on another file system), and logs are opened, so a merge or freeze
 that deletes a file afterwards does not take it from the copy. The bytes are copied
 after the lock is released, so writers wait only for the bookkeeping.
 
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 from dq.storage import fileio
 from dq.storage.errors import InvalidArgument, QueueNotFound
 from dq.storage.queue_state import STATE_FILE
+from dq.storage.schedule_store import is_schedule_file
 
 if TYPE_CHECKING:
     from dq.storage.queue import Queue
@@ -85,7 +86,8 @@ def _snapshot(q: Queue, qdest: str) -> tuple[list[_Pending], int, int]:
     pending: list[_Pending] = []
     linked_bytes = files = 0
     names = os.listdir(q.directory)
-    for name in ("queue.json", STATE_FILE, *sorted(n for n in names if n.endswith(".meta"))):
+    small = sorted(n for n in names if n.endswith(".meta") or is_schedule_file(n))
+    for name in ("queue.json", STATE_FILE, *small):
         path = os.path.join(q.directory, name)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

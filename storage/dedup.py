@@ -32,6 +32,7 @@ def enqueue_keyed(
     keys: Sequence[str | None],
     now: int,
     window: int,
+    extra_meta: bytes = b"",
 ) -> Future[list[Enqueued]]:
     """An enqueue where some items carry keys (under the lock): a key seen within the
     window answers the first item's id and deadline and writes nothing; the answer
@@ -98,7 +99,9 @@ def enqueue_keyed(
             q._unpublished.pop(token, None)
 
         try:
-            mine = q._submit(b"".join(parts), publish, None, rollback, b"".join(entries_meta))
+            mine = q._submit(
+                b"".join(parts), publish, None, rollback, b"".join(entries_meta) + extra_meta
+            )
         except BaseException:
             for k, entry in zip(new_keys, new_entries, strict=True):
                 if meta.keys.get(k) is entry:

@@ -55,6 +55,7 @@ from dq.storage.moved import MovedItems
 from dq.storage.operations import MAX_DEDUP_WINDOW_MS, Operations, effective_dead_letter_queue
 from dq.storage.queue import Queue
 from dq.storage.replica_engine import SCRATCH_PREFIX, ReplicaEngine, restore_replaced_queues
+from dq.storage.schedules import ScheduleOps
 from dq.storage.syncer import FsyncStats, Syncer
 from dq.storage.types import (
     Delivery,
@@ -132,7 +133,7 @@ def _system_clock() -> int:
     return time.time_ns() // 1_000_000
 
 
-class Engine(Operations, ReplicaEngine):
+class Engine(Operations, ReplicaEngine, ScheduleOps):
     def __init__(
         self, root: str, config: EngineConfig, clock: Callable[[], int] | None, lock_fd: int
     ) -> None:
@@ -155,6 +156,7 @@ class Engine(Operations, ReplicaEngine):
         self._listeners: list[tuple[Callable[[Event], None], Callable[[], bool] | None]] = []
         self.closed = False
         self._init_replica()
+        self._init_schedules()
         self._stop_maintenance = threading.Event()
         self._maintenance: threading.Thread | None = threading.Thread(
             target=self._maintain, name="dq-maintenance", daemon=True
@@ -428,6 +430,7 @@ class Engine(Operations, ReplicaEngine):
         fileio.fsync_dir(os.path.join(self.root, "queues"))
         shutil.rmtree(trash, ignore_errors=True)
         self.moved.forget_queue(name)
+        self._forget_schedules(name)
         self.emit("queue_deleted", name, [])
 
     def stats(self, name: str) -> QueueStats:
@@ -486,13 +489,17 @@ class Engine(Operations, ReplicaEngine):
 
     # ------------------------------------------------------------------ operations
 
-    def enqueue_nowait(self, name: str, items: Sequence[NewItem]) -> Future[list[Enqueued]]:
-        """Enqueue a batch; never blocks. The future resolves when the batch is durable."""
+    def enqueue_nowait(
+        self, name: str, items: Sequence[NewItem], *, meta: bytes = b""
+    ) -> Future[list[Enqueued]]:
+        """Enqueue a batch; never blocks. The future resolves when the batch is durable.
+        ``meta``: item metadata entries the batch's log record also carries (a
+        schedule's progress, ``storage/schedules.py``)."""
         now = self.now()
         prepared, keys = self._prepare(items, now)
         if not prepared:
             return resolved([])
-        return self._queue_for_write(name).enqueue(prepared, keys=keys, now=now)
+        return self._queue_for_write(name).enqueue(prepared, keys=keys, now=now, extra_meta=meta)
 
     def enqueue(
         self, name: str, items: Sequence[NewItem], timeout: float | None = None

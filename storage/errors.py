@@ -16,9 +16,11 @@ file, offset) as attributes and a stable ``code`` string that clients can rely o
     │   ├── InvalidKey           idempotency key not 1-128 bytes of UTF-8
     │   ├── BadCursor            a browse cursor that is not this queue's
     │   ├── NotADeadLetterQueue  redrive without "to" from a queue no one dead-letters to
+    │   ├── InvalidSchedule      a schedule that cannot fire as given (names the field)
     │   └── BatchTooLarge                                            (413)
     ├── QueueNotFound                                                (404)
     ├── ItemNotFound             id was never assigned in this queue (404)
+    ├── ScheduleNotFound         no schedule of that name on the queue (404)
     ├── StaleReceipt             that delivery is over               (409)
     ├── QueueExists / ConfigConflict                                 (409)
     ├── DataDirLocked            another process owns the directory (503)
@@ -47,6 +49,7 @@ __all__ = [
     "InvalidKey",
     "InvalidQueueName",
     "InvalidReceipt",
+    "InvalidSchedule",
     "ItemNotFound",
     "NotADeadLetterQueue",
     "NotLeader",
@@ -55,6 +58,7 @@ __all__ = [
     "QueueNotFound",
     "ReplicationStalled",
     "ReplicationTimeout",
+    "ScheduleNotFound",
     "StaleReceipt",
     "StorageError",
     "StorageFull",
@@ -134,6 +138,14 @@ class NotADeadLetterQueue(InvalidArgument):
     code = "not_a_dead_letter_queue"
 
 
+class InvalidSchedule(InvalidArgument):
+    """A schedule definition that cannot be kept as given: an unknown time zone, a cron
+    expression that does not parse or never fires, an interval under the server's
+    minimum... ``field`` (in ``context``) names what to fix."""
+
+    code = "invalid_schedule"
+
+
 class BatchTooLarge(InvalidArgument):
     code = "batch_too_large"
     http_status = 413
@@ -146,6 +158,11 @@ class QueueNotFound(StorageError):
 
 class ItemNotFound(StorageError):
     code = "item_not_found"
+    http_status = 404
+
+
+class ScheduleNotFound(StorageError):
+    code = "schedule_not_found"
     http_status = 404
 
 

@@ -1,4 +1,5 @@
-"""Item metadata: idempotency keys and the queue a dead letter came from.
+"""Item metadata: idempotency keys, the queue a dead letter came from, and the ticks
+schedules fired.
 
 Both travel in the same log record as their items (a type-2 record: metadata, then the
 entries; ``docs/format.md``), so a key is exactly as durable as its item: a crash keeps
@@ -13,8 +14,15 @@ them; sidecars holding only expired keys are deleted. Origins (``dead_lettered_f
 are kept as long as the queue: dead-letter queues are small, and an origin costs one
 dict entry.
 
-    meta entry, key:    01 | id u64 | deadline u64 | time u64 | key_length u8 | key (UTF-8)
-    meta entry, origin: 02 | id u64 | name_length u8 | queue name (ASCII)
+A schedule's tick (``storage/schedules.py``) is written as an item whose record also
+says "schedule S fired tick T, its n-th": the schedule's progress is exactly as durable
+as the item, so a crash keeps both or neither and a tick is never fired twice. The
+latest durable tick of each schedule is kept (``fired``); a sidecar is kept while it
+holds one (a later durable tick in a later log supersedes it).
+
+    meta entry, key:      01 | id u64 | deadline u64 | time u64 | key_length u8 | key (UTF-8)
+    meta entry, origin:   02 | id u64 | name_length u8 | queue name (ASCII)
+    meta entry, schedule: 03 | schedule id u64 | tick u64 | count u64 | name_length u8 | name
 """
 
 from __future__ import annotations
@@ -35,12 +43,14 @@ from dq.storage.errors import CorruptionError, InvalidKey, ReplicationTimeout
 __all__ = [
     "MAX_KEY_BYTES",
     "SIDECAR_HEADER",
+    "Fired",
     "ItemMeta",
     "Remembered",
     "check_key",
     "decode_meta",
     "encode_key_entry",
     "encode_origin_entry",
+    "encode_schedule_entry",
     "read_sidecar",
     "sidecar_name",
     "write_sidecar",
@@ -49,10 +59,13 @@ __all__ = [
 MAX_KEY_BYTES = 128
 TAG_KEY = 1
 TAG_ORIGIN = 2
+TAG_SCHEDULE = 3
 KEY_ENTRY = struct.Struct(">BQQQB")  # tag, id, deadline, time, key length
 assert KEY_ENTRY.size == 26
 ORIGIN_ENTRY = struct.Struct(">BQB")  # tag, id, name length
 assert ORIGIN_ENTRY.size == 10
+SCHEDULE_ENTRY = struct.Struct(">BQQQB")  # tag, schedule id, tick, count, name length
+assert SCHEDULE_ENTRY.size == 26
 SIDECAR_MAGIC = b"DQMT"
 SIDECAR_VERSION = 1
 #: magic, version, reserved, log number, metadata length, crc32 of the metadata
@@ -84,9 +97,14 @@ def encode_origin_entry(item_id: int, queue: str) -> bytes:
     return ORIGIN_ENTRY.pack(TAG_ORIGIN, item_id, len(name)) + name
 
 
-Decoded = tuple[
-    str, int, int, int, str
-]  # ("key", id, deadline, time, key) / ("origin", id, 0, 0, queue)
+def encode_schedule_entry(schedule_id: int, tick: int, count: int, name: str) -> bytes:
+    raw = name.encode("ascii")
+    return SCHEDULE_ENTRY.pack(TAG_SCHEDULE, schedule_id, tick, count, len(raw)) + raw
+
+
+#: ("key", id, deadline, time, key) / ("origin", id, 0, 0, queue) /
+#: ("schedule", schedule id, tick, count, schedule name)
+Decoded = tuple[str, int, int, int, str]
 
 
 def decode_meta(buf: bytes, where: str = "<metadata>") -> Iterator[Decoded]:
@@ -106,6 +124,13 @@ def decode_meta(buf: bytes, where: str = "<metadata>") -> Iterator[Decoded]:
             if start + n > end:
                 break
             yield "origin", item_id, 0, 0, buf[start : start + n].decode("ascii", "replace")
+            pos = start + n
+        elif tag == TAG_SCHEDULE and end - pos >= SCHEDULE_ENTRY.size:
+            _t, sid, tick, count, n = SCHEDULE_ENTRY.unpack_from(buf, pos)
+            start = pos + SCHEDULE_ENTRY.size
+            if start + n > end:
+                break
+            yield "schedule", sid, tick, count, buf[start : start + n].decode("ascii", "replace")
             pos = start + n
         else:
             break
@@ -152,13 +177,28 @@ class Remembered:
     pending: Future[Any] | None = None
 
 
+@dataclass(slots=True)
+class Fired:
+    """A schedule's progress in its queue: the last tick written and how many ticks it
+    has fired, and the same as far as a durable record says (``durable_*``; 0: none).
+    The two differ while a tick's record is on its way to disk."""
+
+    tick: int
+    count: int
+    durable_tick: int = 0
+    durable_count: int = 0
+
+
 class ItemMeta:
-    """One queue's idempotency keys (within the window) and dead-letter origins."""
+    """One queue's idempotency keys (within the window), dead-letter origins and the
+    progress of its schedules."""
 
     def __init__(self) -> None:
         self.keys: dict[str, Remembered] = {}
         self._order: deque[tuple[int, str]] = deque()  # (time, key), oldest first
         self.origins: dict[int, str] = {}
+        #: schedule id -> its progress (``storage/schedules.py``)
+        self.fired: dict[int, Fired] = {}
         #: when sidecars were last checked for expired keys (ms)
         self.sidecars_checked = 0
 
@@ -198,14 +238,57 @@ class ItemMeta:
             if entry is not None and entry.time == time and entry.pending is None:
                 del keys[key]
 
+    # -------------------------------------------------------------- schedules
+
+    def note_fired(self, schedule_id: int, tick: int, count: int) -> None:
+        """A record saying the schedule fired ``tick`` is on its way (under the lock)."""
+        f = self.fired.get(schedule_id)
+        if f is None:
+            self.fired[schedule_id] = Fired(tick, count)
+        else:
+            f.tick, f.count = tick, count
+
+    def fired_settled(self, schedule_id: int, tick: int, count: int, fut: Future[Any]) -> None:
+        """That record is durable (its tick becomes the durable progress) or refused
+        (the progress goes back to the durable one). A replicated write answered
+        ``ReplicationTimeout`` is in the log and may still commit: it stays."""
+        f = self.fired.get(schedule_id)
+        if f is None:
+            return
+        error = None if fut.cancelled() else fut.exception()
+        if error is None and not fut.cancelled():
+            if tick > f.durable_tick:
+                f.durable_tick, f.durable_count = tick, count
+        elif not isinstance(error, ReplicationTimeout) and f.tick == tick:
+            f.tick, f.count = f.durable_tick, f.durable_count
+            if f.tick == 0:
+                del self.fired[schedule_id]
+
+    def forget_schedule(self, schedule_id: int) -> None:
+        """The schedule was deleted: its progress no longer keeps a sidecar."""
+        self.fired.pop(schedule_id, None)
+
+    def _load_fired(self, schedule_id: int, tick: int, count: int) -> None:
+        f = self.fired.get(schedule_id)
+        if f is None:
+            self.fired[schedule_id] = Fired(tick, count, tick, count)
+        elif tick > f.durable_tick:
+            if tick >= f.tick:
+                f.tick, f.count = tick, count
+            f.durable_tick, f.durable_count = tick, count
+
     # -------------------------------------------------------------- loading
 
     def load(self, buf: bytes, where: str, now: int, window: int) -> bool:
-        """Take what a record or sidecar says; True if it holds an origin."""
+        """Take what a durable record or sidecar says; True if it holds an origin or a
+        schedule's progress (something kept beyond the dedup window)."""
         has_origin = False
         for kind, item_id, deadline, time, text in decode_meta(buf, where):
             if kind == "origin":
                 self.origins[item_id] = _intern(text)
+                has_origin = True
+            elif kind == "schedule":
+                self._load_fired(item_id, deadline, time)
                 has_origin = True
             elif window > 0 and time > now - window:
                 known = self.keys.get(text)
@@ -232,7 +315,9 @@ class ItemMeta:
         self._order = deque(sorted(self._order))
 
     def prune_sidecars(self, directory: str, now: int, window: int) -> int:
-        """Delete sidecars whose keys are all expired and that name no origin."""
+        """Delete sidecars whose keys are all expired and that name no origin and no
+        schedule's latest durable tick. (A tick older than its schedule's durable one is
+        superseded by a later record, whose log, or sidecar once frozen, stays.)"""
         removed = 0
         try:
             names = os.listdir(directory)
@@ -247,8 +332,13 @@ class ItemMeta:
             except (OSError, CorruptionError):
                 continue
             keep = False
-            for kind, _id, _d, time, _t in decode_meta(meta, path):
-                if kind == "origin" or (window > 0 and time > now - window):
+            for kind, item_id, deadline, time, _t in decode_meta(meta, path):
+                if kind == "schedule":
+                    f = self.fired.get(item_id)
+                    if f is not None and deadline >= f.durable_tick:
+                        keep = True
+                        break
+                elif kind == "origin" or (window > 0 and time > now - window):
                     keep = True
                     break
             if not keep:

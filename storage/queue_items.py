@@ -48,10 +48,12 @@ class ItemsMixin(QueueCore):
         keys: Sequence[str | None] | None = None,
         origin: str | None = None,
         now: int | None = None,
+        extra_meta: bytes = b"",
     ) -> Future[list[Enqueued]]:
         """Enqueue (deadline, value) pairs, already validated. ``stats`` for dead letters
         and redrives; ``keys`` (idempotency) and ``origin`` (the queue a dead letter came
-        from) travel in the same log record as the items (``storage/itemmeta.py``);
+        from) travel in the same log record as the items (``storage/itemmeta.py``), and
+        so does ``extra_meta`` (metadata entries of the batch: a schedule's progress);
         ``now``: the engine's clock as the caller read it (read here if not given)."""
         if now is None:
             now = self.engine.now()
@@ -66,7 +68,7 @@ class ItemsMixin(QueueCore):
                 raise WriteStall("writes are stalled while segment files are written; retry")
             window = self.config.dedup_window_ms
             if keys is not None and window > 0 and any(k is not None for k in keys):
-                return enqueue_keyed(self, prepared, st, keys, now, window)
+                return enqueue_keyed(self, prepared, st, keys, now, window, extra_meta)
             first = self.next_id
             n = len(prepared)
             self.next_id += n
@@ -99,7 +101,9 @@ class ItemsMixin(QueueCore):
             def rollback() -> None:
                 self._unpublished.pop(token, None)
 
-            fut = self._submit(b"".join(parts), publish, results, rollback, b"".join(meta))
+            fut = self._submit(
+                b"".join(parts), publish, results, rollback, b"".join(meta) + extra_meta
+            )
         self.engine.emit("enqueued", self.name, range(first, first + n))
         return fut
 

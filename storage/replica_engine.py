@@ -87,6 +87,8 @@ class ReplicaEngine:
         def _create(self, name: str, config: QueueConfig) -> Queue: ...
         def _delete(self, name: str) -> None: ...
         def _open_queues(self) -> None: ...
+        def _apply_schedule_control(self, queue: str, op: dict[str, Any]) -> bool: ...
+        def _forget_schedules(self, queue: str | None) -> None: ...
 
     def _init_replica(self) -> None:
         #: the leader's replicator, or None
@@ -288,7 +290,7 @@ class ReplicaEngine:
                         if paused
                         else QueueState()
                     )
-        else:
+        elif not self._apply_schedule_control(name, op):
             log.warning("ignoring unknown replicated change %r of queue %s", kind, name)
 
     def restore_dropped(self) -> list[str]:
@@ -331,3 +333,4 @@ class ReplicaEngine:
         shutil.rmtree(old, ignore_errors=True)
         with self._lock:
             self._open_queues()
+        self._forget_schedules(None)

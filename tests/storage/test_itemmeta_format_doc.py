@@ -3,6 +3,7 @@ decoded by the code, and the code producing exactly those bytes."""
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
@@ -19,11 +20,13 @@ from dq.storage.itemmeta import (
     decode_meta,
     encode_key_entry,
     encode_origin_entry,
+    encode_schedule_entry,
     read_sidecar,
     write_sidecar,
 )
+from dq.storage.schedule_store import decode, encode
 from dq.storage.wal import RECORD_WITH_META, encode_header, frame_record, read_wal
-from tests.storage.test_format_doc import D, example
+from tests.storage.test_format_doc import DOC, D, example
 
 
 def test_wal_meta_example_decodes(tmp_path: Path) -> None:
@@ -65,3 +68,43 @@ def test_sidecar_example_decodes_and_is_what_the_writer_writes(tmp_path: Path) -
     m = ItemMeta()
     assert m.load(meta, str(path), D + 1000, 300_000)
     assert m.origins == {3: "jobs"} and m.keys["order-7"].id == 1
+
+
+def test_wal_schedule_example_decodes(tmp_path: Path) -> None:
+    data = example("wal-schedule-example")
+    path = tmp_path / "0000000006.log"
+    path.write_bytes(data)
+    contents = read_wal(str(path))
+    [(_offset, meta)] = contents.meta
+    assert list(decode_meta(meta)) == [
+        ("key", 1, D, D, "schedule:beat:1800000000000"),
+        ("schedule", 42, D, 1, "beat"),
+    ]
+    [(_at, payload)] = contents.records
+    [(key, _stats, value, _)] = list(iter_entries(payload))
+    assert (decode_key(key), value) == ((D, 1, 0), b"hello")
+    entries = encode_key_entry(1, D, D, b"schedule:beat:1800000000000")
+    entries += encode_schedule_entry(42, D, 1, "beat")
+    body = struct.pack(">I", len(entries)) + entries
+    body += encode_pending(encode_key(D, 1), encode_stats(D, 0, 0), b"hello")
+    assert encode_header(6, 1) + frame_record(body, RECORD_WITH_META) == data
+    m = ItemMeta()
+    assert m.load(meta, str(path), D, 300_000)  # progress keeps its sidecar
+    assert (m.fired[42].tick, m.fired[42].count, m.fired[42].durable_tick) == (D, 1, D)
+
+
+def test_schedule_file_example_decodes() -> None:
+    text = DOC.read_text()
+    block = text[text.index("## `schedule.<name>.json`") :]
+    raw = json.loads(
+        block[block.index("```json") + 7 : block.index("```", block.index("```json") + 7)]
+    )
+    s = decode("jobs", raw)
+    assert (s.name, s.id, s.timing.every_ms, s.value, s.catch_up) == (
+        "beat",
+        42,
+        60000,
+        b"hello",
+        "latest",
+    )
+    assert encode(s) == raw
