@@ -96,8 +96,8 @@ _PROCS = []  # list of [name, Popen, stop_signal]
 
 
 #: Where a run's results go unless --out/--md say otherwise: bench/results/, which git
-#: ignores, so a run never leaves files to commit (figures worth keeping go into
-#: docs/performance.md).
+#: ignores, so a run never leaves files to commit (a run worth keeping goes into
+#: bench/NOTES.md, and its figures into docs/performance.md when they are the newest).
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 DEFAULT_OUT = os.path.join(RESULTS_DIR, "peers.json")
 DEFAULT_MD = os.path.join(RESULTS_DIR, "peers.md")
