@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -155,3 +156,76 @@ def test_replicated_check_fails_without_a_leader(server: LiveServer, tmp_path: P
     assert out.returncode == 1
     assert "one leader with a follower in its sync set" in out.stderr
     assert f"'{server.url}': ('single', 0, [])" in out.stderr, out.stderr
+
+
+SETUP = REPO / "docker" / "podman-setup.sh"
+#: apt-get's stand-in: records its arguments; ``install`` puts a stand-in of each package
+#: in the stand-ins' directory
+APT_GET = """echo "$*" >> LOG
+[ "$1" = install ] || exit 0
+for p in "$@"; do
+    case "$p" in
+        -*|install) ;;
+        *) printf '#!/bin/sh\\necho "%s version 4.3.1"\\n' "$p" > "BIN/$p"; chmod +x "BIN/$p" ;;
+    esac
+done"""
+
+
+def _stub(bin_dir: Path, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+
+
+def podman_setup(
+    tmp_path: Path, *, have: tuple[str, ...], uid: int
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run docker/podman-setup.sh against stand-ins: ``have`` are the commands already
+    installed, ``id -u`` answers ``uid``, and ``apt-get install`` records what it was
+    asked for and installs stand-ins for it. Nothing of the machine is touched: as
+    "root" the script writes its config to PODMAN_SETUP_CONF, so a script that did not
+    read it would write /etc/containers/ of the machine running the tests (when that
+    user may), and is not run."""
+    if uid == 0:
+        assert 'conf="${PODMAN_SETUP_CONF:-' in SETUP.read_text(), "refusing to run as root"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    calls = tmp_path / "apt-get.log"
+    for name in ("bash", "mkdir", "cat", "dirname", "chmod"):
+        (bin_dir / name).symlink_to(shutil.which(name) or f"/bin/{name}")
+    _stub(bin_dir, "id", f"echo {uid}")
+    apt_get = APT_GET.replace("LOG", str(calls)).replace("BIN", str(bin_dir))
+    _stub(bin_dir, "apt-get", apt_get)
+    for name in have:
+        _stub(bin_dir, name, f'echo "{name} version 4.3.1"')
+    env = {"PATH": str(bin_dir), "PODMAN_SETUP_SBIN": "", "HOME": str(tmp_path)}
+    env["PODMAN_SETUP_CONF"] = str(tmp_path / "etc" / "containers.conf")
+    done = subprocess.run(
+        [str(bin_dir / "bash"), str(SETUP)], env=env, capture_output=True, text=True, timeout=60
+    )
+    return done, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_podman_setup_installs_runc_when_podman_is_there_without_it(tmp_path: Path) -> None:
+    """A machine with podman and no runc got no runc, and make docker-smoke failed with
+    'default OCI runtime "runc" not found'."""
+    done, apt = podman_setup(tmp_path, have=("podman",), uid=0)
+    assert done.returncode == 0, done.stderr
+    assert apt == ["update -qq", "install -y -qq runc"]
+    assert "podman-setup: installing runc" in done.stderr
+    assert 'runtime = "runc"' in (tmp_path / "etc" / "containers.conf").read_text()
+
+
+def test_podman_setup_installs_both_or_nothing(tmp_path: Path) -> None:
+    done, apt = podman_setup(tmp_path / "none", have=(), uid=0)
+    assert done.returncode == 0 and apt == ["update -qq", "install -y -qq podman runc"]
+    assert done.stdout.splitlines()[-1] == "podman version 4.3.1"  # the one installed
+    done, apt = podman_setup(tmp_path / "both", have=("podman", "runc"), uid=0)
+    assert done.returncode == 0 and apt == [], done.stderr
+
+
+def test_podman_setup_without_root_names_what_to_install(tmp_path: Path) -> None:
+    done, apt = podman_setup(tmp_path, have=("podman",), uid=1000)
+    assert done.returncode == 1 and apt == []
+    assert "podman-setup: runc missing and we are not root; install runc" in done.stderr
+    assert not (tmp_path / "etc").exists()
