@@ -36,7 +36,6 @@ COVERED_ELSEWHERE: dict[str, tuple[str, ...]] = {
     # the client's halves, against scripted and live servers
     "tests/client/test_http_transport.py": (
         "client/_async_client.py",
-        "client/_client.py",
         "client/_common.py",
         "client/_transport.py",
         "client/errors.py",
