@@ -23,8 +23,9 @@ from dq.server.metrics import Metrics
 from dq.server.path_guard import EncodedSlashGuard
 from dq.server.replication import routes as replication
 from dq.server.replication.metrics import ReplicationCollector
-from dq.server.routers import consumers, dashboard, items, operate, ops, queues
+from dq.server.routers import consumers, dashboard, items, operate, ops, queues, schedules
 from dq.server.routers._common import ERRORS
+from dq.server.schedule_metrics import ScheduleCollector
 from dq.server.settings import Settings
 from dq.server.sqs import install as install_sqs
 from dq.server.ui import install_pages
@@ -70,7 +71,12 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.metrics.registry.register(
         ReplicationCollector(lambda: getattr(app.state, "replicator", None))
     )
+    app.state.metrics.registry.register(
+        ScheduleCollector(lambda: getattr(app.state, "scheduler", None))
+    )
     app.state.service = None
+    #: the one timer of every schedule (storage/scheduler.py), while the lifespan runs
+    app.state.scheduler = None
     app.state.shm = None  # the shared-memory server, while the lifespan runs one
     # replication (server/replication/): the node's role machine when DQ_ETCD is set,
     # and this node's Replicator while it leads
@@ -87,6 +93,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(items.router, dependencies=guarded)
     app.include_router(queues.router, dependencies=guarded)
     app.include_router(operate.router, dependencies=guarded)
+    app.include_router(schedules.router, dependencies=guarded)
     app.include_router(ops.router)
     app.include_router(consumers.router, dependencies=guarded, responses=ERRORS)
     app.include_router(dashboard.router, dependencies=guarded)

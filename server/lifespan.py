@@ -6,7 +6,9 @@ keyed-batch memory (``server/keyed_batches.py``) → publish the ``Service`` on
 ``app.state`` (routes reach it through ``server/dependencies.py``) → start the periodic
 ``expire_leases`` task and the dashboard's history sampler (``server/history.py``) →
 join the replica group if ``settings.etcd`` is set (``server/replication/member.py``:
-the engine refuses writes until etcd has made this node leader) → start the
+the engine refuses writes until etcd has made this node leader) → start the scheduler,
+the one timer of every schedule (``storage/scheduler.py``: it fires only while the engine
+takes writes, so only a replica group's leader fires) → start the
 shared-memory server and its rings if ``settings.shm`` (the default;
 ``shm/server.py``, ``shm/rings_host.py``; a data directory where they cannot run, e.g. a
 path too long for the attach socket, is served over HTTP alone, with a warning).
@@ -33,6 +35,7 @@ from dq.server.keyed_batches import IdempotentBatches
 from dq.server.longpoll import LongPoll
 from dq.storage.errors import StorageError
 from dq.storage.itemops import ItemOps
+from dq.storage.scheduler import Scheduler
 from dq.storage.syncer import NOT_INLINE
 
 if TYPE_CHECKING:
@@ -171,8 +174,10 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
         )
         history = asyncio.create_task(app.state.history.run(opened), name="dq-history")
         app.state.started_at = time.time()
+        opened.min_every_ms = settings.schedule_min_every_ms
         shm: Any = None
         node: Any = None
+        scheduler: Scheduler | None = None
         try:
             if settings.replicated:
                 from dq.server.replication.member import open_member
@@ -185,6 +190,9 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
                     settings.public_url,
                     settings.etcd,
                 )
+            # after the replica group has set the engine's role: a member never fires
+            # before it leads
+            scheduler = app.state.scheduler = Scheduler(opened).start()
             if settings.shm:
                 shm = await asyncio.to_thread(_start_shm, opened, settings, ops)
                 app.state.shm = shm
@@ -193,6 +201,9 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
             logger.info("serving data dir %s (fsync=%s)", settings.data_dir, settings.fsync)
             yield
         finally:
+            if scheduler is not None:
+                app.state.scheduler = None
+                await asyncio.to_thread(scheduler.stop)
             if node is not None:
                 from dq.server.replication.member import close_member
 

@@ -49,6 +49,12 @@ OPERATIONS = (
     "delete_item",
     "redrive",
     "backup",
+    "schedule_put",
+    "schedule_get",
+    "schedule_delete",
+    "schedule_pause",
+    "schedule_resume",
+    "schedule_run",
 )
 _LATENCY_BUCKETS = (
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,

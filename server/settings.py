@@ -73,6 +73,8 @@ class Settings:
     #: (``storage/syncer.py``); a slow disk hands them back. Off: always the syncer thread.
     inline_commit: bool = True
     expire_interval_ms: int = 250
+    #: The shortest ``every_ms`` a schedule may have (docs/schedules.md).
+    schedule_min_every_ms: int = 1000
     shutdown_timeout_s: float = 30.0
     #: Serve the shared-memory fast path beside HTTP (docs/shm.md); ``DQ_SHM=0`` or
     #: ``dq serve --no-shm`` turns it off.
@@ -145,6 +147,7 @@ class Settings:
             "max_value_bytes",
             "memseg_bytes",
             "expire_interval_ms",
+            "schedule_min_every_ms",
             "history_interval_ms",
             "history_retention_s",
             "consumer_max_log_bytes",

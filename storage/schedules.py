@@ -317,15 +317,17 @@ class ScheduleOps:
 
     # ------------------------------------------------------------------ firing
 
-    def run_schedule(self, queue: str, name: str) -> Enqueued:
+    def run_schedule(self, queue: str, name: str) -> tuple[Enqueued, str]:
         """Enqueue the schedule's item now, outside its ticks (its progress is not
-        touched); key ``schedule:{name}:run:{now}``. Waits until it is durable."""
+        touched), with the key ``schedule:{name}:run:{now}``; the item and its key.
+        Waits until it is durable."""
         self._check_writable()
         s = self.schedule(queue, name)
         now = self.now()
-        item = NewItem(s.value, deadline=now, key=f"schedule:{name}:run:{now}")
+        key = f"schedule:{name}:run:{now}"
+        item = NewItem(s.value, deadline=now, key=key)
         [done] = self.enqueue_nowait(queue, [item]).result(self.config.wait_timeout_s)
-        return done
+        return done, key
 
     def fire_schedules(
         self, queue: str, picks: Sequence[tuple[Schedule, Sequence[int]]]

@@ -44,7 +44,8 @@ def test_run_enqueues_one_now_and_leaves_the_ticks_alone(
 ) -> None:
     e = open_engine()
     e.put_schedule(Q, "beat", ScheduleSpec(cron="0 9 * * *", value=b"report"))
-    done = e.run_schedule(Q, "beat")
+    done, key = e.run_schedule(Q, "beat")
+    assert key == f"schedule:beat:run:{clock.now}"
     assert done.deadline == clock.now
     assert items_of(e) == [(done.id, clock.now, b"report")]
     info = e.schedule_info(Q, "beat")
