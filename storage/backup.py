@@ -108,7 +108,7 @@ def _snapshot(q: Queue, qdest: str) -> tuple[list[_Pending], int, int]:
     for path, _mem in q.frozen:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         pending.append(_Pending(fd, os.path.join(qdest, os.path.basename(path)), None))
-    wal = q.wal
+    wal = q.commit.wal
     with wal.io_lock:
         if not wal.closed:
             fd = os.open(wal.path, os.O_RDONLY | os.O_CLOEXEC)

@@ -19,29 +19,45 @@ entry that is not visible yet.
   queue needs from its engine;
 - ``queue_failure.py``: failing after an I/O error, quarantine, reopening from disk,
   the open check every operation passes;
-- ``queue_commit.py``: group commit (``PendingBatch``, ``_submit``, ``sync_round``);
+- ``group_commit.py``: ``GroupCommit``, the part that owns the log, the batches waiting
+  to be durable and the barrier of unpublished ones (``commit``);
 - ``segment_set.py``: the logs and segment files (rotation, freezing, installs, merges);
-- ``queue_items.py``: enqueue, release, requeue, extend, lease expiry, tombstones;
+- ``queue_items.py``: release, requeue, extend, lease expiry, tombstones;
 - ``queue_reads.py``: lookup, dequeue, next wake-up, stats;
 - ``queue_replica.py``: a replica group's follower applying records, copies for followers;
 - ``queue_config.py`` (``queue.json``) and ``validation.py`` (deadlines, leases).
 
-This module opens, loads and closes a queue, and places keys after the cursor.
+This module opens, loads and closes a queue, places keys after the cursor, and runs
+the write path: enqueue (``dedup.py`` sorts out idempotency keys), appending a batch
+(``_submit``), the sync round, and publishing what is durable (``_publish``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any
 
 from dq.storage import fileio
-from dq.storage.codec import encode_key, key_deadline, key_id
-from dq.storage.errors import CorruptionError, EngineUnavailable, ReplicationTimeout, WriteStall
-from dq.storage.itemmeta import ItemMeta
+from dq.storage.codec import PENDING_HEADER, encode_key, encode_stats, key_deadline, key_id
+from dq.storage.dedup import KeyedBatch, split_keyed
+from dq.storage.errors import (
+    CorruptionError,
+    EngineUnavailable,
+    ReplicationStalled,
+    ReplicationTimeout,
+    StorageError,
+    WriteStall,
+)
+from dq.storage.futures import Answer, answer, settle
+from dq.storage.group_commit import PendingBatch
+from dq.storage.itemmeta import ItemMeta, encode_origin_entry
 from dq.storage.leases import Leases
 from dq.storage.memseg import MemSegment
-from dq.storage.queue_commit import Answer, CommitMixin, PendingBatch, answer
 from dq.storage.queue_config import CONFIG_FILE, load_config, save_config
 from dq.storage.queue_core import QueueHost
 from dq.storage.queue_failure import FailureMixin
@@ -51,14 +67,16 @@ from dq.storage.queue_replica import ReplicaMixin
 from dq.storage.queue_state import STATE_FILE, QueueState, load_state, save_state
 from dq.storage.recovery import recover_directory
 from dq.storage.segment_set import SegmentSetMixin
-from dq.storage.types import QueueConfig
+from dq.storage.types import Enqueued, QueueConfig
 from dq.storage.view import MergedView
 from dq.storage.wal import WalWriter
 
-__all__ = ["PendingBatch", "Queue", "QueueHost", "WriteStall"]
+__all__ = ["Queue", "QueueHost"]
+
+log = logging.getLogger("dq.storage.queue")
 
 
-class Queue(FailureMixin, CommitMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
+class Queue(FailureMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
     """One queue. Its state is declared in ``QueueCore``; its jobs are mixed in from the
     modules named above, whose methods all run with ``self`` a ``Queue``."""
 
@@ -69,7 +87,7 @@ class Queue(FailureMixin, CommitMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, 
         os.makedirs(directory, exist_ok=True)
         save_config(directory, config)
         q = cls(engine, name, directory, config)
-        q.wal = WalWriter.create(directory, 1, 1, engine.config.wal_prealloc_bytes)
+        q.commit.start(WalWriter.create(directory, 1, 1, engine.config.wal_prealloc_bytes))
         q.view.memsegs = [q.memseg]
         q.loaded = True
         fileio.fsync_dir(os.path.dirname(directory))
@@ -130,14 +148,13 @@ class Queue(FailureMixin, CommitMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, 
                 reader.close()
             raise
         self._generation += 1
-        self.wal = wal
+        self.commit.start(wal)
         self.meta = meta
         self.segments = rec.segments
         self.next_id = max(rec.next_id, self.next_id)  # ids of refused batches stay unused
         self.leases = Leases()
         self.view = MergedView()
         self.cursor = b""
-        self._unpublished.clear()
         self._rotate_requested = False
         for reader in self.segments:
             self.view.add_segment(reader, b"")
@@ -145,7 +162,6 @@ class Queue(FailureMixin, CommitMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, 
         self.frozen = rec.frozen
         self.view.memsegs = [self.memseg] + [m for _, m in self.frozen]
         self.loaded = True
-        self._log_cut = False
         for path, mem in list(self.frozen):
             self._schedule_freeze(path, mem)
 
@@ -158,6 +174,277 @@ class Queue(FailureMixin, CommitMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, 
             deadline = cd if item_id > key_id(cursor) else cd + 1
             key = encode_key(deadline, item_id)
         return deadline, key
+
+    # ------------------------------------------------------------------ enqueue
+
+    def enqueue(
+        self,
+        prepared: Sequence[tuple[int, bytes]],
+        stats: tuple[int, int, int] | None = None,
+        keys: Sequence[str | None] | None = None,
+        origin: str | None = None,
+        now: int | None = None,
+        extra_meta: bytes = b"",
+    ) -> Future[list[Enqueued]]:
+        """Enqueue (deadline, value) pairs, already validated. ``stats`` for dead letters
+        and redrives; ``keys`` (idempotency) and ``origin`` (the queue a dead letter came
+        from) travel in the same log record as the items (``storage/itemmeta.py``), and
+        so does ``extra_meta`` (metadata entries of the batch: a schedule's progress);
+        ``now``: the engine's clock as the caller read it (read here if not given)."""
+        if now is None:
+            now = self.engine.now()
+        st = encode_stats(*stats) if stats is not None else encode_stats(now, 0, 0)
+        with self.lock:
+            if self.failed is not None or self.closed:
+                self.check_open()
+            if self.stalled():
+                self.retry_rotation()
+                self._warn_stalled()
+                raise WriteStall("writes are stalled while segment files are written; retry")
+            window = self.config.dedup_window_ms
+            if keys is not None and window > 0 and any(k is not None for k in keys):
+                return self._enqueue_keyed(prepared, st, keys, now, window, extra_meta)
+            first = self.next_id
+            fut = self._write_pending(prepared, st, now, extra_meta, origin)
+        self.engine.emit("enqueued", self.name, range(first, first + len(prepared)))
+        return fut
+
+    def _enqueue_keyed(
+        self,
+        prepared: Sequence[tuple[int, bytes]],
+        st: bytes,
+        keys: Sequence[str | None],
+        now: int,
+        window: int,
+        extra_meta: bytes,
+    ) -> Future[list[Enqueued]]:
+        """An enqueue where some items carry keys (under the lock): only the items whose
+        key is new (or that have none) are written (``storage/dedup.py``)."""
+        meta = self.meta
+        batch = split_keyed(meta, keys, now, window)
+        fresh = batch.fresh
+        if fresh:
+            first = self.next_id
+            try:
+                fut = self._write_pending(
+                    [prepared[i] for i in fresh], st, now, extra_meta, keyed=batch
+                )
+            except BaseException:
+                batch.refused(meta)
+                raise
+            batch.submitted(meta, fut)
+            self.engine.emit("enqueued", self.name, range(first, first + len(fresh)))
+        return batch.answer()
+
+    def _write_pending(
+        self,
+        prepared: Sequence[tuple[int, bytes]],
+        st: bytes,
+        now: int,
+        extra_meta: bytes = b"",
+        origin: str | None = None,
+        keyed: KeyedBatch | None = None,
+    ) -> Future[Any]:
+        """Give the items ids and keys after the cursor, frame them as one log record and
+        submit it (under the lock, the queue checked open and not stalled)."""
+        first = self.next_id
+        n = len(prepared)
+        self.next_id += n
+        pack = PENDING_HEADER.pack
+        parts: list[bytes] = []
+        pairs: list[tuple[bytes, bytes]] = []
+        results: list[Enqueued] = []
+        meta: list[bytes] = []
+        cursor = self.cursor
+        item_id = first
+        for deadline, value in prepared:
+            key = ((deadline << 66) | (item_id << 2)).to_bytes(16, "big")  # encode_key
+            if key <= cursor:  # placed after the cursor (``Queue._place``)
+                deadline, key = self._place(deadline, item_id)
+            parts += (pack(key, st, len(value)), value)
+            pairs.append((key, value))
+            results.append(Enqueued(item_id, deadline))
+            if origin is not None:
+                meta.append(encode_origin_entry(item_id, origin))
+                self.meta.origins[item_id] = origin
+            item_id += 1
+        self.rates.add("enqueue", n, now)
+        if keyed is not None:
+            meta = keyed.remember(self.meta, results)
+        token = self.commit.hold(pairs[0][0] if n == 1 else min(pairs)[0])
+        batch = PendingBatch(
+            self.memseg,
+            results if keyed is None else None,
+            keyed=pairs,
+            stats=st,
+            token=token,
+            remembered=None if keyed is None else keyed.new_entries,
+            wakes=True,
+        )
+        return self._submit(batch, b"".join(parts), b"".join(meta) + extra_meta)
+
+    # ------------------------------------------------------------------ the write path
+
+    def hold(self, key: bytes) -> int:
+        """Bar dequeue from passing ``key`` until ``unhold`` (the token returned): for
+        a write whose entries are not published yet. Call under the lock."""
+        return self.commit.hold(key)
+
+    def unhold(self, token: int) -> None:
+        """Lift the barrier ``hold`` returned ``token`` for (no matter if lifted already)."""
+        self.commit.unhold(token)
+
+    def _submit(self, batch: PendingBatch, payload: bytes, meta: bytes = b"") -> Future[Any]:
+        """Append ``batch``'s record (under the lock); its future resolves with
+        ``batch.result`` once it is durable per the fsync mode and published.
+
+        ``always``: the batch waits for the next sync round (the syncer's, or the one
+        its caller's thread runs). Otherwise the record is written at once and the
+        batch published; a failed write fails the queue. A refused batch is rolled back.
+        """
+        commit = self.commit
+        try:
+            commit.append(batch, payload, meta)
+        except ReplicationStalled:
+            self._roll_back(batch)
+            raise
+        mode = self.engine.config.fsync
+        if mode == "always":
+            assert self.engine.syncer is not None
+            self.engine.syncer.mark_dirty(self)
+        else:
+            try:
+                commit.write_now()
+            except BaseException as exc:
+                self._roll_back(batch)
+                answer(self._fail_locked(exc, "writing the log"))
+                if isinstance(exc, StorageError):
+                    raise
+                assert self.failed is not None
+                raise self.failed from exc
+            self._publish(batch)
+            if batch.wakes:
+                self.notify()
+            settle(batch.future, batch.result)
+            if mode == "interval" and self.engine.syncer is not None:
+                self.engine.syncer.mark_dirty(self)
+        if self.fill() >= self.engine.config.memseg_bytes:
+            answer(self._request_rotation())
+        return batch.future
+
+    def _publish(self, batch: PendingBatch) -> None:
+        """Make a durable batch's entries visible (under the lock) and lift its barrier."""
+        mem = batch.mem
+        if batch.keyed is not None:
+            mem.add_pending(batch.keyed, batch.stats)
+        if batch.entries is not None:
+            add = mem.add
+            for key, stats, value in batch.entries:
+                add(key, stats, value)
+        if batch.behind:
+            mem.add_tombstones_behind(batch.behind)
+        if batch.remembered is not None:
+            for entry in batch.remembered:  # committed: a repeat is answered at once
+                entry.pending = None
+        if batch.load_meta:
+            where = f"replicated record of queue {self.name}"
+            self.meta.load(batch.load_meta, where, self.engine.now(), self.config.dedup_window_ms)
+        if batch.token:
+            self.commit.unhold(batch.token)
+
+    def _roll_back(self, batch: PendingBatch) -> None:
+        """Undo what a refused batch held in memory: its barrier, the leases it took."""
+        if batch.token:
+            self.commit.unhold(batch.token)
+        if batch.restore is not None:
+            leases = self.leases
+            for item_id, lease in batch.restore:
+                if item_id not in leases:
+                    leases.restore(item_id, lease)
+
+    def _published(self, batches: list[PendingBatch]) -> list[Answer]:
+        """Publish ready batches in order; their answers (settle them outside the lock)."""
+        publish = self._publish
+        done: list[Answer] = []
+        for batch in batches:
+            publish(batch)
+            done.append((batch.future, batch.result, None))
+        return done
+
+    def _complete(self, wal: WalWriter, seq: int) -> list[Answer]:
+        """``wal`` is synced up to ``seq``: publish what is now ready; return the answers."""
+        return self._published(self.commit.synced(wal, seq))
+
+    def notify(self) -> None:
+        """Tell the watchers (``Engine.watch``) that entries were published."""
+        for cb in list(self.watchers):
+            try:
+                cb()
+            except Exception:
+                log.exception("queue watcher failed")
+
+    def sync_round(self) -> float:
+        """Called by the syncer: write and sync what is buffered, then publish it.
+        Returns the seconds the write and the sync took (a committing thread backs off
+        a slow disk with it, ``storage/syncer.py``). Any write or sync error fails the
+        queue, in every mode (``_fail_locked``)."""
+        commit = self.commit
+        with self.lock:
+            if not self.loaded or self.failed is not None or self.closed:
+                return 0.0
+            wal, data, seq = commit.take_round()
+        started = time.perf_counter()
+        error = commit.write_round(wal, data)
+        took = time.perf_counter() - started
+        with self.lock:
+            if error is not None:
+                answers = self._fail_locked(error, "syncing the log")
+            elif self.engine.config.fsync == "always":
+                answers = self._complete(wal, seq)
+                if self._rotate_requested and not self.closed and self.failed is None:
+                    answers += self._rotate_locked()
+            else:
+                answers = []
+            if any(e is None for _f, _r, e in answers):
+                self.notify()
+        answer(answers)
+        return took
+
+    # ------------------------------------------------------------------ a replica group's leader
+
+    @property
+    def last_lsn(self) -> int:
+        """The lsn of the last record shipped for this queue (its creation's included)."""
+        return self.commit.last_lsn
+
+    @last_lsn.setter
+    def last_lsn(self, lsn: int) -> None:
+        self.commit.last_lsn = lsn
+
+    def awaits_commit(self) -> bool:
+        """Some write waits for its sync or its commit (read without the lock: a hint)."""
+        return bool(self.commit.waiting)
+
+    def publish_committed(self, now: float) -> list[Answer]:
+        """The replica group's commit lsn moved (``Engine.commit``): publish what is now
+        synced and committed, and answer ``ReplicationTimeout`` to replicated writes
+        that waited past their deadline (``now``, monotonic seconds). Call under the
+        lock; settle the answers once it is let go."""
+        answers = self._published(self.commit.ready())
+        if answers:
+            self.notify()
+        return answers + self.commit.overdue(now)
+
+    def drop_replicated(self, error: BaseException) -> list[Answer]:
+        """Forget every waiting replicated batch (the sink that numbered it is gone):
+        undo what it held in memory and answer ``error``; the next record shipped is
+        numbered by the next sink. Its record stays in the log; a node that stops
+        leading replaces its queues with the leader's copy. Call under the lock."""
+        out: list[Answer] = []
+        for batch in self.commit.refuse_replicated():
+            self._roll_back(batch)
+            out.append((batch.future, None, error))
+        return out
 
     # ------------------------------------------------------------------ settings
 
@@ -206,13 +493,14 @@ class Queue(FailureMixin, CommitMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, 
             for timer in self._timers:
                 timer.cancel()
             if self.loaded and self.failed is None:
+                wal = self.commit.wal
                 try:
-                    self.wal.close(sync=self.engine.config.fsync != "never")
-                    answers = self._complete(self.wal, self.wal.appended_seq)
+                    wal.close(sync=self.engine.config.fsync != "never")
+                    answers = self._complete(wal, wal.appended_seq)
                 except Exception as exc:
                     answers = self._fail_locked(exc, "closing the log")
             elif self.loaded:
-                self.wal.abandon()
+                self.commit.wal.abandon()
             gone = EngineUnavailable("queue is closed", queue=self.name)
             # on a replica group's leader, a write still waiting for its sync set is on
             # the followers: closed under it (a deletion), its outcome is unknown
@@ -221,8 +509,9 @@ class Queue(FailureMixin, CommitMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, 
                 "its outcome is unknown",
                 queue=self.name,
             )
-            answers += [(b.future, None, in_doubt if b.lsn else gone) for b in self._waiting]
-            self._waiting = []
+            answers += [
+                (b.future, None, in_doubt if b.lsn else gone) for b in self.commit.refuse_all()
+            ]
             for r in self.segments:
                 r.close()
             fileio.remove(marker)

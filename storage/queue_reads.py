@@ -1,7 +1,7 @@
 """Reads: finding an entry wherever it lives now, dequeue, the next wake-up, stats.
 
 Invariant: dequeue never looks behind the cursor, and never passes the smallest key of
-a batch that is not published yet (the ``_unpublished`` barrier), so the cursor cannot
+a batch that is not published yet (the barrier, ``GroupCommit.hold``), so the cursor cannot
 overtake an entry that is not visible yet.
 """
 
@@ -70,7 +70,7 @@ class ReadsMixin(QueueCore):
             if self.state.paused:
                 return out  # a paused queue hands out nothing; lease expiry still runs
             limit = encode_key(now, MAX_ID, TOMBSTONE)
-            barrier = min(self._unpublished.values()) if self._unpublished else None
+            barrier = self.commit.barrier()
             max_deliveries = self.config.max_deliveries
             expires = now + lease_ms
             view, leases = self.view, self.leases
@@ -130,7 +130,7 @@ class ReadsMixin(QueueCore):
             leased = len(self.leases)
             oldest = None if counted.oldest_due is None else now - counted.oldest_due
             disk = sum(r.file_size for r in self.segments)
-            disk += self.wal.size if self.loaded else 0
+            disk += self.commit.wal.size if self.loaded else 0
             for path, _m in self.frozen:
                 try:
                     disk += os.path.getsize(path)

@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from dq.storage.codec import iter_entries, key_id
+from dq.storage.group_commit import PendingBatch
 from dq.storage.queue_core import QueueCore
 from dq.storage.replication import KIND_RECORD_WITH_META
 from dq.storage.wal import split_meta
@@ -51,17 +52,8 @@ class ReplicaMixin(QueueCore):
                 self.retry_rotation()
             if parsed:
                 self.next_id = max(self.next_id, max(key_id(k) for k, _, _ in parsed) + 1)
-            mem = self.memseg
-
-            def publish() -> None:
-                add = mem.add
-                for key, stats, value in parsed:
-                    add(key, stats, value)
-                if meta:
-                    self.meta.load(meta, where, self.engine.now(), self.config.dedup_window_ms)
-                self.notify()
-
-            return self._submit(entries, publish, None, None, meta)
+            batch = PendingBatch(self.memseg, None, entries=parsed, load_meta=meta, wakes=True)
+            return self._submit(batch, entries, meta)
 
     def snapshot_into(self: Queue, dest: str) -> int:
         """Copy this queue's files into the empty directory ``dest``; return the lsn of
@@ -74,7 +66,7 @@ class ReplicaMixin(QueueCore):
                 self._copy_files(dest, None)
                 return self.last_lsn
             self.check_open()
-            wal = self.wal
+            wal = self.commit.wal
             with wal.io_lock:
                 self._copy_files(dest, wal.path)
             return self.last_lsn
@@ -89,7 +81,7 @@ class ReplicaMixin(QueueCore):
                 continue
             target = os.path.join(dest, name)
             if src == live_log:
-                self.wal.copy_to(target)
+                self.commit.wal.copy_to(target)
             elif name.endswith((".json", ".log")):
                 shutil.copyfile(src, target)  # rewritten in place, or by rename: copy
             else:

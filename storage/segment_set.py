@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 from dq.storage import fileio
 from dq.storage.compactor import CompactionCancelled, FreezeResult, freeze_log, merge_segments
 from dq.storage.errors import InvalidArgument
+from dq.storage.futures import Answer, answer
 from dq.storage.memseg import MemSegment
 from dq.storage.merge_policy import SegmentDesc
-from dq.storage.queue_commit import Answer, answer
 from dq.storage.queue_core import QueueCore
 from dq.storage.queue_failure import backoff
 from dq.storage.segment import SegmentReader, segment_name
@@ -61,7 +61,7 @@ class SegmentSetMixin(QueueCore):
         """How full the current log is, in bytes: its size, or the memory its in-memory
         segment takes if that is more (small values cost far more in memory than in the
         log), so ``memseg_bytes`` bounds both."""
-        return max(self.wal.size, self.memseg.bytes)
+        return max(self.commit.wal.size, self.memseg.bytes)
 
     def stalled(self: Queue) -> bool:
         """Writes wait: the log is twice over its limit while segment files are written."""
@@ -109,7 +109,7 @@ class SegmentSetMixin(QueueCore):
             return []  # retried when a freeze is installed
         if time.monotonic() < self._rotate_retry_at:
             return []
-        old = self.wal
+        old = self.commit.wal
         no = old.segment_no + 1
         try:
             new = WalWriter.create(
@@ -145,7 +145,7 @@ class SegmentSetMixin(QueueCore):
                 "queue %s: could not rename %s (%s); freezing it as is", self.name, old.path, exc
             )
             ro = old.path
-        self.wal = new
+        self.commit.wal = new
         frozen = self.memseg
         self.memseg = MemSegment(no)
         self.frozen.append((ro, frozen))
@@ -288,7 +288,7 @@ class SegmentSetMixin(QueueCore):
                 return
             if self.memseg.tombstone_count == 0:
                 return
-            if time.monotonic() - self.last_write < idle_seconds:
+            if time.monotonic() - self.commit.last_write < idle_seconds:
                 return
             answers = self._request_rotation()
             if self._rotate_requested and self.engine.syncer is not None:

@@ -69,7 +69,7 @@ def abandon(engine: Engine) -> None:
     """Drop an engine the way a killed process would: no flush, no cleanup."""
     for q in engine._queues.values():
         q.closed = True
-        os.close(q.wal._fd)
+        os.close(q.commit.wal._fd)
         for r in q.segments:
             r.close()
     engine._stop_maintenance.set()

@@ -82,7 +82,7 @@ class EngineVsModel(RuleBasedStateMachine):
         def busy() -> bool:
             for name in self.engine.list_queues():
                 q = self.engine.queue(name)
-                if q._waiting or q._unpublished:
+                if q.commit.waiting or q.commit.barrier() is not None:
                     return True
                 if name in self.model and self.engine.stats(name).pending != len(self.model[name]):
                     return True  # a dead-letter move's tombstone is still on its way
