@@ -87,9 +87,12 @@ class SegmentSetMixin(QueueCore):
         )
 
     def retry_rotation(self: Queue) -> None:
-        """Writes are stalled: try the pending rotation again (when its backoff allows)."""
-        if not self._rotate_requested:
-            return
+        """Writes are stalled: rotate now, or try the pending rotation again (when its
+        backoff allows). A stall need not follow a rotation asked for: with ``always``
+        a batch's entries reach memory only when its sync round publishes them, after
+        the check that asks, and one batch of small entries (a purge's tombstones) can
+        take the in-memory segment from under its limit to over twice it."""
+        self._rotate_requested = True
         if self.engine.config.fsync == "always":
             assert self.engine.syncer is not None
             self.engine.syncer.mark_dirty(self)

@@ -408,6 +408,28 @@ def test_purge_of_a_stalled_queue_retries_its_failed_rotation(
     assert done == [3] and not q.stalled()
 
 
+def test_a_purge_whose_tombstones_overfill_memory_in_one_sync_round_finishes(
+    open_engine: Open,
+) -> None:
+    """With ``always`` a batch's entries reach the in-memory segment at its sync round,
+    after the check that asks for a rotation: a purge whose tombstones (200 bytes of
+    memory each, 16 in the log) took the segment from under its limit to over twice it
+    in one round stalled writes with no rotation asked for, and the purge waited for
+    the stall to pass forever."""
+    e = open_engine(fsync="always", memseg_bytes=4096)
+    for _ in range(60):
+        e.enqueue("q", [NewItem(b"v", delay_ms=60_000)])
+    q = e.queue("q")
+    assert not q.stalled() and q.stats().pending == 60
+    done: list[int] = []
+    purging = threading.Thread(target=lambda: done.append(e.purge("q")), daemon=True)
+    purging.start()
+    purging.join(30)
+    assert done == [60] and not q.stalled()
+    e.enqueue("q", [NewItem(b"after")])  # writes go on
+    assert [d.value for d in e.dequeue("q", 10)] == [b"after"]
+
+
 @pytest.mark.parametrize("op", ["peek", "delete"])
 def test_peek_and_delete_find_an_item_whose_segment_is_merged_meanwhile(
     open_engine: Open, monkeypatch: pytest.MonkeyPatch, op: str
