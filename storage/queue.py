@@ -323,8 +323,6 @@ class Queue(FailureMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, ReplicaMixin)
                 assert self.failed is not None
                 raise self.failed from exc
             self._publish(batch)
-            if batch.wakes:
-                self.notify()
             settle(batch.future, batch.result)
             if mode == "interval" and self.engine.syncer is not None:
                 self.engine.syncer.mark_dirty(self)
@@ -333,7 +331,9 @@ class Queue(FailureMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, ReplicaMixin)
         return batch.future
 
     def _publish(self, batch: PendingBatch) -> None:
-        """Make a durable batch's entries visible (under the lock) and lift its barrier."""
+        """Make a durable batch's entries visible (under the lock), lift its barrier, and
+        tell the watchers if it made entries due (each publication wakes one waiting
+        long-poll, ``storage/waits.py``)."""
         mem = batch.mem
         if batch.keyed is not None:
             mem.add_pending(batch.keyed, batch.stats)
@@ -351,6 +351,8 @@ class Queue(FailureMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, ReplicaMixin)
             self.meta.load(batch.load_meta, where, self.engine.now(), self.config.dedup_window_ms)
         if batch.token:
             self.commit.unhold(batch.token)
+        if batch.wakes:
+            self.notify()
 
     def _roll_back(self, batch: PendingBatch) -> None:
         """Undo what a refused batch held in memory: its barrier, the leases it took."""
