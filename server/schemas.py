@@ -16,11 +16,12 @@ from dataclasses import fields
 from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator, with_config
+from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
 from dq.storage.codec import MAX_DEADLINE, MAX_ID
 from dq.storage.types import NewItem, Release
-from dq.storage.validation import LEASE_MS, RECEIPT
+from dq.storage.validation import LEASE_MS, NOT_BOTH, RECEIPT
 
 __all__ = [
     "QUEUE_NAME_REGEX",
@@ -96,7 +97,7 @@ class _When(_Strict):
     @model_validator(mode="after")
     def _one_when(self) -> Any:
         if self.deadline is not None and self.delay_ms is not None:
-            raise ValueError("give deadline or delay_ms, not both")
+            raise PydanticCustomError("not_both", NOT_BOTH)  # the rule's words alone
         return self
 
 
@@ -210,9 +211,7 @@ def to_new_items(items: list[NewItemIn]) -> list[NewItem]:
     for n, i in enumerate(items):
         deadline, delay = i.get("deadline"), i.get("delay_ms")
         if deadline is not None and delay is not None:
-            raise InvalidItem(
-                n, "give deadline or delay_ms, not both (delay_ms is relative to now)", "delay_ms"
-            )
+            raise InvalidItem(n, NOT_BOTH, "delay_ms")
         encoding = i.get("encoding", "utf-8")
         try:
             value = i["value"]

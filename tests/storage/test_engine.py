@@ -22,6 +22,7 @@ from dq.storage.errors import (
     InvalidArgument,
     InvalidDeadline,
     InvalidQueueName,
+    OutOfRange,
     QueueNotFound,
     StorageError,
     ValueTooLarge,
@@ -41,8 +42,9 @@ def state(e: Engine, q: str) -> tuple[int, int, int]:
     [
         ([NewItem(b"x" * 1025)], ValueTooLarge),
         ([NewItem(b"ok"), NewItem(b"x" * 2000)], ValueTooLarge),  # one bad item spoils the batch
-        ([NewItem(b"x", deadline=1 << 48)], InvalidDeadline),
-        ([NewItem(b"x", deadline=-1)], InvalidDeadline),
+        ([NewItem(b"x", deadline=1 << 48)], OutOfRange),
+        ([NewItem(b"x", deadline=-1)], OutOfRange),
+        ([NewItem(b"x", delay_ms=(1 << 48) - 1)], InvalidDeadline),  # past the last deadline
         ([NewItem(b"x", delay_ms=-5)], InvalidArgument),
         ([NewItem(b"x", deadline=5, delay_ms=5)], InvalidArgument),
         ([NewItem(b"x")] * 11, BatchTooLarge),
