@@ -102,10 +102,10 @@ def _scanned(q: Queue, item_id: int) -> Iterator[set[bytes]]:
     item which is there is gone. So the files are read again until none changed."""
     for attempt in range(_SCANS):
         with q.lock:
-            files = [r.path for r in q.segments]
+            files = [r.path for r in q.files.segments]
         candidates, _unreadable = scan_candidates(q, item_id)
         q.lock.acquire()
-        if [r.path for r in q.segments] == files or attempt == _SCANS - 1:
+        if [r.path for r in q.files.segments] == files or attempt == _SCANS - 1:
             break
         q.lock.release()
     try:

@@ -44,6 +44,7 @@ from typing import Any
 
 from dq.storage import fileio
 from dq.storage.codec import PENDING_HEADER, encode_key, encode_stats, key_deadline, key_id
+from dq.storage.compactor import CompactionCancelled, FreezeResult, freeze_log, merge_segments
 from dq.storage.dedup import KeyedBatch, split_keyed
 from dq.storage.errors import (
     CorruptionError,
@@ -58,6 +59,7 @@ from dq.storage.group_commit import PendingBatch
 from dq.storage.itemmeta import ItemMeta, encode_origin_entry
 from dq.storage.leases import Leases
 from dq.storage.memseg import MemSegment
+from dq.storage.merge_policy import SegmentDesc
 from dq.storage.queue_config import CONFIG_FILE, load_config, save_config
 from dq.storage.queue_core import QueueHost
 from dq.storage.queue_failure import FailureMixin
@@ -66,9 +68,8 @@ from dq.storage.queue_reads import ReadsMixin
 from dq.storage.queue_replica import ReplicaMixin
 from dq.storage.queue_state import STATE_FILE, QueueState, load_state, save_state
 from dq.storage.recovery import recover_directory
-from dq.storage.segment_set import SegmentSetMixin
+from dq.storage.segment import SegmentReader
 from dq.storage.types import Enqueued, QueueConfig
-from dq.storage.view import MergedView
 from dq.storage.wal import WalWriter
 
 __all__ = ["Queue", "QueueHost"]
@@ -76,7 +77,7 @@ __all__ = ["Queue", "QueueHost"]
 log = logging.getLogger("dq.storage.queue")
 
 
-class Queue(FailureMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
+class Queue(FailureMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
     """One queue. Its state is declared in ``QueueCore``; its jobs are mixed in from the
     modules named above, whose methods all run with ``self`` a ``Queue``."""
 
@@ -88,7 +89,6 @@ class Queue(FailureMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, ReplicaMixin)
         save_config(directory, config)
         q = cls(engine, name, directory, config)
         q.commit.start(WalWriter.create(directory, 1, 1, engine.config.wal_prealloc_bytes))
-        q.view.memsegs = [q.memseg]
         q.loaded = True
         fileio.fsync_dir(os.path.dirname(directory))
         return q
@@ -147,22 +147,14 @@ class Queue(FailureMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, ReplicaMixin)
             for reader in rec.segments:
                 reader.close()
             raise
-        self._generation += 1
         self.commit.start(wal)
+        self.files.load(rec)
         self.meta = meta
-        self.segments = rec.segments
         self.next_id = max(rec.next_id, self.next_id)  # ids of refused batches stay unused
         self.leases = Leases()
-        self.view = MergedView()
         self.cursor = b""
-        self._rotate_requested = False
-        for reader in self.segments:
-            self.view.add_segment(reader, b"")
-        self.memseg = MemSegment(rec.next_segment_no)
-        self.frozen = rec.frozen
-        self.view.memsegs = [self.memseg] + [m for _, m in self.frozen]
         self.loaded = True
-        for path, mem in list(self.frozen):
+        for path, mem in list(self.files.frozen):
             self._schedule_freeze(path, mem)
 
     def _place(self, deadline: int, item_id: int) -> tuple[int, bytes]:
@@ -199,7 +191,7 @@ class Queue(FailureMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, ReplicaMixin)
                 self.check_open()
             if self.stalled():
                 self.retry_rotation()
-                self._warn_stalled()
+                self.files.warn_stalled(self.fill())
                 raise WriteStall("writes are stalled while segment files are written; retry")
             window = self.config.dedup_window_ms
             if keys is not None and window > 0 and any(k is not None for k in keys):
@@ -273,7 +265,7 @@ class Queue(FailureMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, ReplicaMixin)
             meta = keyed.remember(self.meta, results)
         token = self.commit.hold(pairs[0][0] if n == 1 else min(pairs)[0])
         batch = PendingBatch(
-            self.memseg,
+            self.files.memseg,
             results if keyed is None else None,
             keyed=pairs,
             stats=st,
@@ -403,7 +395,7 @@ class Queue(FailureMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, ReplicaMixin)
                 answers = self._fail_locked(error, "syncing the log")
             elif self.engine.config.fsync == "always":
                 answers = self._complete(wal, seq)
-                if self._rotate_requested and not self.closed and self.failed is None:
+                if self.files.rotate_requested and not self.closed and self.failed is None:
                     answers += self._rotate_locked()
             else:
                 answers = []
@@ -448,6 +440,227 @@ class Queue(FailureMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, ReplicaMixin)
             out.append((batch.future, None, error))
         return out
 
+    # ------------------------------------------------------------------ the log's size
+
+    def fill(self) -> int:
+        """How full the current log is, in bytes: its size, or the memory its in-memory
+        segment takes if that is more (small values cost far more in memory than in the
+        log), so ``memseg_bytes`` bounds both."""
+        return max(self.commit.wal.size, self.files.memseg.bytes)
+
+    def stalled(self) -> bool:
+        """Writes wait: the log is twice over its limit while segment files are written."""
+        return self.fill() > 2 * self.engine.config.memseg_bytes
+
+    @property
+    def segments(self) -> list[SegmentReader]:
+        """The segment files, oldest first (for tools and tests; ``files`` has them)."""
+        return self.files.segments
+
+    # ------------------------------------------------------------------ rotation
+
+    def _request_rotation(self) -> list[Answer]:
+        if self.engine.config.fsync == "always":
+            self.files.rotate_requested = True
+            return []
+        return self._rotate_locked()
+
+    def retry_rotation(self) -> None:
+        """Writes are stalled: rotate now, or try the pending rotation again (when its
+        backoff allows). A stall need not follow a rotation asked for: with ``always``
+        a batch's entries reach memory only when its sync round publishes them, after
+        the check that asks, and one batch of small entries (a purge's tombstones) can
+        take the in-memory segment from under its limit to over twice it."""
+        self.files.rotate_requested = True
+        if self.engine.config.fsync == "always":
+            assert self.engine.syncer is not None
+            self.engine.syncer.mark_dirty(self)
+        else:
+            answer(self._rotate_locked())
+
+    def _rotate_locked(self) -> list[Answer]:
+        """Start the next log and freeze the current one: all or nothing.
+
+        The next log is created first. If that fails the queue stays on its current
+        log, still writable, and the rotation is retried with a backoff. Then the
+        current log is closed (its buffer written and synced): if that fails, the queue
+        fails like any failed sync, and every waiter is answered.
+        """
+        files, commit, config = self.files, self.commit, self.engine.config
+        if not files.may_rotate(config.max_frozen):
+            return []
+        old = commit.wal
+        no = old.segment_no + 1
+        try:
+            new = WalWriter.create(self.directory, no, self.next_id, config.wal_prealloc_bytes)
+        except Exception as exc:
+            files.rotation_failed(no, old.segment_no, exc)
+            return []
+        files.rotation_started()
+        try:
+            old.close(sync=config.fsync != "never")
+        except Exception as exc:
+            new.abandon()
+            fileio.remove(new.path)
+            return self._fail_locked(exc, "closing the log for rotation")
+        answers = self._complete(old, old.appended_seq)
+        ro, frozen = files.rotated(old.path, no)
+        commit.wal = new
+        self._schedule_freeze(ro, frozen)
+        return answers
+
+    # ------------------------------------------------------------------ freezing
+
+    def _schedule_freeze(self, path: str, mem: MemSegment) -> None:
+        """Have the compaction worker write the segment file of the closed log ``path``."""
+        gen = self.files.generation
+        fut = self.engine.compactor.submit(freeze_log, path, self.directory)
+        fut.add_done_callback(lambda f: self._install_frozen(path, mem, f, gen))
+
+    def _install_frozen(self, path: str, mem: MemSegment, fut: Future[Any], gen: int) -> None:
+        """A freeze finished: install its segment file (``SegmentSet.install_frozen``),
+        then carry on with a rotation that waited for it. Any failure here, or in the
+        freeze itself, is retried (``_freeze_failed``)."""
+        answers: list[Answer] = []
+        files = self.files
+        try:
+            result: FreezeResult = fut.result()
+            with self.lock:
+                if self.closed or gen != files.generation:
+                    return
+                files.install_frozen(path, mem, result, self.cursor)
+                if files.rotate_requested and self.failed is None:
+                    if self.engine.config.fsync == "always":
+                        assert self.engine.syncer is not None
+                        self.engine.syncer.mark_dirty(self)
+                    else:
+                        answers = self._rotate_locked()
+        except Exception as exc:
+            self._freeze_failed(path, mem, exc, gen)
+            return
+        answer(answers)
+        self.engine.merge_policy_hook(self)
+
+    def _freeze_failed(self, path: str, mem: MemSegment, exc: BaseException, gen: int) -> None:
+        """Retry a failed freeze (disk full, descriptors, a killed worker) with a backoff,
+        until it succeeds: the log stays in memory and on disk meanwhile."""
+        with self.lock:
+            if self.closed or gen != self.files.generation:
+                return
+            delay = self.files.freeze_failed(path, exc)
+            self.call_later(delay, lambda: self._retry_freeze(path, mem, gen))
+
+    def _retry_freeze(self, path: str, mem: MemSegment, gen: int) -> None:
+        with self.lock:
+            if self.closed or gen != self.files.generation or not self.files.is_frozen(mem):
+                return
+        if os.path.exists(path):
+            self._schedule_freeze(path, mem)
+            return
+        # the log is gone: an earlier attempt wrote the segment and deleted the log, then
+        # failed to sync the directory; install what is there
+        done: Future[Any] = Future()
+        done.set_result(self.files.frozen_result(mem))
+        self._install_frozen(path, mem, done, gen)
+
+    def freeze_now(self, timeout: float = 30.0) -> None:
+        """Rotate the log now (``Engine.freeze``); waits until the rotation is done."""
+        with self.lock:
+            self.check_open()
+            answers = self._request_rotation()
+        answer(answers)
+        syncer = self.engine.syncer
+        if self.engine.config.fsync != "always" or syncer is None:
+            return
+        syncer.mark_dirty(self)
+        deadline = time.monotonic() + timeout
+        while self.files.rotate_requested and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    def freeze_if_idle(self, idle_seconds: float) -> None:
+        """Freeze a log holding tombstones after a quiet spell, so merges can use them."""
+        answers: list[Answer] = []
+        files = self.files
+        with self.lock:
+            if not self.loaded or self.closed or self.failed is not None:
+                return
+            if files.frozen or files.rotate_requested:
+                return
+            if files.memseg.tombstone_count == 0:
+                return
+            if time.monotonic() - self.commit.last_write < idle_seconds:
+                return
+            answers = self._request_rotation()
+            if files.rotate_requested and self.engine.syncer is not None:
+                self.engine.syncer.mark_dirty(self)
+        answer(answers)
+
+    # ------------------------------------------------------------------ merging (``MergeSource``)
+
+    def unfrozen_logs(self) -> list[int]:
+        """Numbers of logs that have no segment file yet."""
+        with self.lock:
+            return self.files.unfrozen_logs()
+
+    def segment_descriptions(self) -> list[SegmentDesc]:
+        """The segment files, oldest first, as the merge policy sees them."""
+        with self.lock:
+            return self.files.descriptions()
+
+    def merge_idle(self) -> bool:
+        """True when a merge could start now (open, healthy, no merge running, and no
+        failed merge still backing off)."""
+        with self.lock:
+            files = self.files
+            if files.merge_backing_off():
+                return False
+            return self.loaded and not (self.closed or files.merging or self.failed is not None)
+
+    def merge(self, start: int, stop: int, *, wait: bool = True) -> Future[Any] | None:
+        """Merge ``segments[start:stop]`` (a contiguous range) into one segment file on
+        the compaction worker (``SegmentSet.start_merge`` says which ranges may)."""
+        with self.lock:
+            self.check_open()
+            taken = self.files.start_merge(start, stop)
+            if taken is None:
+                return None
+            inputs, drop_rogue = taken
+            marker = os.path.join(self.directory, "merge.cancel")
+        fut = self.engine.compactor.submit(
+            merge_segments,
+            [r.path for r in inputs],
+            self.directory,
+            drop_rogue=drop_rogue,
+            cancel_marker=marker,
+        )
+        fut.add_done_callback(lambda f: self._install_merge(inputs, f))
+        if wait:
+            fut.result()
+        return fut
+
+    def _install_merge(self, inputs: list[SegmentReader], fut: Future[Any]) -> None:
+        files = self.files
+        try:
+            path: str | None = fut.result()
+        except CompactionCancelled:  # the queue is closing: its inputs stay as they are
+            with self.lock:
+                files.merge_stopped()
+            log.info("queue %s: merge stopped: the queue is closing", self.name)
+            return
+        except BaseException as exc:
+            with self.lock:
+                delay = files.merge_failed()
+            if not self.closed:
+                log.error("queue %s: merge failed: %s; retrying in %.0f s", self.name, exc, delay)
+                files.merge_error = exc
+            return
+        with self.lock:
+            files.merge_finished()
+            if self.closed:
+                return
+            files.install_merge(inputs, path, self.cursor)
+        self.engine.merge_policy_hook(self)
+
     # ------------------------------------------------------------------ settings
 
     def set_config(self, config: QueueConfig) -> None:
@@ -485,7 +698,7 @@ class Queue(FailureMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, ReplicaMixin)
             if self.closed:
                 return
             marker = os.path.join(self.directory, "merge.cancel")
-            if self._merging:
+            if self.files.merging:
                 with open(marker, "wb"):
                     pass
         self.engine.compactor.wait_idle(timeout=120)
@@ -514,7 +727,6 @@ class Queue(FailureMixin, SegmentSetMixin, ItemsMixin, ReadsMixin, ReplicaMixin)
             answers += [
                 (b.future, None, in_doubt if b.lsn else gone) for b in self.commit.refuse_all()
             ]
-            for r in self.segments:
-                r.close()
+            self.files.close()
             fileio.remove(marker)
         answer(answers)

@@ -27,22 +27,18 @@ from dq.storage.errors import (
 )
 from dq.storage.futures import Answer
 from dq.storage.queue_core import QueueCore
+from dq.storage.segment_set import backoff
 
 if TYPE_CHECKING:
     from dq.storage.queue import Queue
 
-__all__ = ["FailureMixin", "backoff"]
+__all__ = ["FailureMixin"]
 
 log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever part logs
 
 
 #: A queue that fails again within this long after a reopen keeps backing off.
 RECOVERY_GRACE_S = 1.0
-
-
-def backoff(previous: float) -> float:
-    """The next retry delay: 50 ms, doubling, at most 5 s."""
-    return min(max(previous * 2, 0.05), 5.0)
 
 
 class FailureMixin(QueueCore):
@@ -139,14 +135,12 @@ class FailureMixin(QueueCore):
     def _recover_locked(self: Queue) -> None:
         if self.failed is None or self.quarantined or self.closed:
             return
-        if time.monotonic() < self._recover_at or self._merging:
+        if time.monotonic() < self._recover_at or self.files.merging:
             return
         try:
             if self.loaded:
                 self.commit.cut_back()
-            for reader in self.segments:
-                reader.close()
-            self.segments = []
+            self.files.drop()
             self.loaded = False
             self._load()
         except CorruptionError as exc:

@@ -49,7 +49,7 @@ class ItemsMixin(QueueCore):
         tombs: list[bytes] = []
         pack = PENDING_HEADER.pack
         for item_id, lease, deadline in moves:
-            found = self.lookup(lease.key, lease.source)
+            found = self.files.lookup(lease.key, lease.source)
             if found is None:
                 log.error("queue %s: value of item %d not found; left pending", self.name, item_id)
                 continue
@@ -77,7 +77,7 @@ class ItemsMixin(QueueCore):
         payload, pend, tombs = built
         token = self.commit.hold(min(k for k, _, _ in pend))
         batch = PendingBatch(
-            self.memseg,
+            self.files.memseg,
             result,
             entries=pend,
             behind=len(tombs),
@@ -215,7 +215,7 @@ class ItemsMixin(QueueCore):
         tombs = [tombstone_of(k) for k in pkeys]
         token = self.commit.hold(min(pkeys))
         batch = PendingBatch(
-            self.memseg, result, entries=[(t, None, None) for t in tombs], token=token
+            self.files.memseg, result, entries=[(t, None, None) for t in tombs], token=token
         )
         return self._submit(batch, b"".join(tombs))
 
@@ -224,5 +224,5 @@ class ItemsMixin(QueueCore):
     ) -> Future[Any]:
         """Append the record of ``tombs`` (under the lock, the queue checked open); a
         refusal gives back ``restore``."""
-        batch = PendingBatch(self.memseg, result, behind=len(tombs), restore=restore)
+        batch = PendingBatch(self.files.memseg, result, behind=len(tombs), restore=restore)
         return self._submit(batch, b"".join(tombs))

@@ -52,7 +52,9 @@ class ReplicaMixin(QueueCore):
                 self.retry_rotation()
             if parsed:
                 self.next_id = max(self.next_id, max(key_id(k) for k, _, _ in parsed) + 1)
-            batch = PendingBatch(self.memseg, None, entries=parsed, load_meta=meta, wakes=True)
+            batch = PendingBatch(
+                self.files.memseg, None, entries=parsed, load_meta=meta, wakes=True
+            )
             return self._submit(batch, entries, meta)
 
     def snapshot_into(self: Queue, dest: str) -> int:

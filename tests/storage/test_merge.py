@@ -230,7 +230,7 @@ def test_closing_during_a_merge_stops_it_quietly(
     assert not closing.is_alive()
     assert [r.message for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert any("merge stopped" in r.message for r in caplog.records)
-    assert q.merge_error is None
+    assert q.files.merge_error is None
     e = open_engine(path=tmp_path / "data")
     assert len(e.queue("q").segments) == 3
     assert len(drain(e, "q")) == 30

@@ -208,7 +208,7 @@ class EngineVsModel(RuleBasedStateMachine):
 
     def _dlq_deadline(self, item_id: int) -> int:
         q = self.engine.queue(DLQ)
-        for m in [q.memseg, *(m for _, m in q.frozen)]:
+        for m in q.files.memsegs():
             for key in m.keys:
                 if key_id(key) == item_id and key[15] & 3 == 0:
                     return key_deadline(key)

@@ -20,7 +20,6 @@ from dq.storage import (
     Release,
     Requeue,
     browse,
-    segment_set,
 )
 from dq.storage.errors import (
     BadCursor,
@@ -30,6 +29,7 @@ from dq.storage.errors import (
     NotADeadLetterQueue,
     WriteStall,
 )
+from dq.storage.wal import WalWriter
 from tests.storage.conftest import FakeClock
 
 Open = Callable[..., Engine]
@@ -383,7 +383,7 @@ def test_purge_of_a_stalled_queue_retries_its_failed_rotation(
     for the stall to pass (it looped forever when only a purge was writing)."""
     e = open_engine(fsync="always", memseg_bytes=4096)
     e.enqueue("q", [NewItem(b"a")])
-    create = segment_set.WalWriter.create
+    create = WalWriter.create
     disk_full = [True]
     failures: list[int] = []
 
@@ -393,7 +393,7 @@ def test_purge_of_a_stalled_queue_retries_its_failed_rotation(
             raise OSError(errno.ENOSPC, "no space left on device")
         return create(*args, **kwargs)
 
-    monkeypatch.setattr(segment_set.WalWriter, "create", no_space)
+    monkeypatch.setattr(WalWriter, "create", no_space)
     e.enqueue("q", [NewItem(b"x" * 5000)])  # over the limit: the rotation fails
     e.enqueue("q", [NewItem(b"y" * 5000)])  # twice over: writes stall now
     q = e.queue("q")
