@@ -8,8 +8,7 @@ file, offset) as attributes and a stable ``code`` string that clients can rely o
 
     StorageError
     ├── InvalidArgument          bad input; nothing was written       (400/422)
-    │   ├── BrokenRule           a field breaks a rule (validation_error, 422)
-    │   │   └── OutOfRange       a field outside its range
+    │   ├── OutOfRange           a field outside its range (validation_error, 422)
     │   ├── InvalidQueueName
     │   ├── ValueTooLarge                                            (413)
     │   ├── InvalidDeadline
@@ -41,13 +40,13 @@ from __future__ import annotations
 __all__ = [
     "BadCursor",
     "BatchTooLarge",
-    "BrokenRule",
     "ConfigConflict",
     "CorruptionError",
     "DataDirLocked",
     "EngineUnavailable",
     "InvalidArgument",
     "InvalidDeadline",
+    "InvalidGroup",
     "InvalidKey",
     "InvalidQueueName",
     "InvalidReceipt",
@@ -99,10 +98,9 @@ class InvalidArgument(StorageError):
     http_status = 400
 
 
-class BrokenRule(InvalidArgument):
-    """A request field that breaks one of the rules ``storage/validation.py`` words once
-    for every path (the words are the whole message); ``field`` names it. Answered as
-    HTTP's schema refusals are: 422 ``validation_error``."""
+class OutOfRange(InvalidArgument):
+    """A field outside its range (``storage/validation.py`` words each rule once, and
+    the words are the whole message); ``field`` names it."""
 
     code = "validation_error"
     http_status = 422
@@ -110,10 +108,6 @@ class BrokenRule(InvalidArgument):
     def __init__(self, message: str, field: str = "") -> None:
         super().__init__(message)
         self.field = field
-
-
-class OutOfRange(BrokenRule):
-    """A field outside its range."""
 
 
 class InvalidQueueName(InvalidArgument):
@@ -135,6 +129,10 @@ class InvalidReceipt(InvalidArgument):
 
 class InvalidKey(InvalidArgument):
     code = "invalid_key"
+
+
+class InvalidGroup(InvalidArgument):
+    code = "invalid_group"
 
 
 class BadCursor(InvalidArgument):
