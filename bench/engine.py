@@ -90,7 +90,7 @@ def bench_size_and_open(root: Path, n: int) -> dict[str, float]:
     for _ in range(n // 1000):
         engine.enqueue("size", [NewItem(os.urandom(278)) for _ in range(1000)], timeout=600)
     q = engine.queue("size")
-    wal_bytes = q.wal.size
+    wal_bytes = q.commit.wal.size
     engine.freeze("size")
     seg_bytes = sum(r.file_size for r in q.segments)
     engine.close()

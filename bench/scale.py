@@ -197,7 +197,11 @@ def main() -> None:
     settle_t0 = time.monotonic()
     while time.monotonic() - settle_t0 < 1800:
         s = engine.stats("scale")
-        if s.segments == 0 and s.bytes_on_disk < 1 << 20 and not engine.queue("scale")._merging:
+        if (
+            s.segments == 0
+            and s.bytes_on_disk < 1 << 20
+            and not engine.queue("scale").files.merging
+        ):
             break
         time.sleep(1)
     print(f"merging settled in {time.monotonic() - settle_t0:.0f} s")

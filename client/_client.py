@@ -79,17 +79,14 @@ class Client:
         deadline: int | None = None,
         delay_ms: int | None = None,
         key: str | None = None,
-        group: str | None = None,
     ) -> int:
         """Enqueue one item; returns its id once it is durable. With ``key``, a repeat
-        within the queue's dedup window returns the first item's id (safe to retry);
-        ``group`` is the item's group, which the queue's delivery rules go by
-        (``docs/delivery.md``)."""
+        within the queue's dedup window returns the first item's id (safe to retry)."""
         enqueue_one = getattr(self.transport, "enqueue_one", None)
-        if enqueue_one is not None and group is None:  # the HTTP transport's shortcut for one item
+        if enqueue_one is not None:  # the HTTP transport's shortcut for one item
             item_id: int = enqueue_one(queue, value, deadline, delay_ms, key)
             return item_id
-        item = as_new_item(value, deadline, delay_ms, key, group)
+        item = as_new_item(value, deadline, delay_ms, key)
         return self.transport.enqueue(queue, [item])[0].id
 
     def enqueue_many(self, queue: str, items: Iterable[bytes | str | NewItem]) -> list[Enqueued]:

@@ -70,6 +70,7 @@ from dq.storage.validation import (
     DEADLINE,
     DELAY_MS,
     LEASE_MS,
+    NOT_BOTH,
     RECEIPT,
     WAIT_MS,
     Range,
@@ -85,7 +86,6 @@ HTTP_SPELL_S = 5.0
 LONG_POLL_SLICE_MS = 250
 _FOLLOWER = frozenset({Status.NOT_LEADER, Status.NO_LEADER})
 _DEFAULT_TIMEOUT = 30.0
-_MAX_DEADLINE = (1 << 48) - 1
 #: a count the ring's u32 field holds, for a server that does not say its batch limit
 _RING_COUNT = count_range(0xFFFFFFFF)
 _ITEM_ERRORS = frozenset({"stale_receipt", "item_not_found", "invalid_receipt"})
@@ -124,13 +124,12 @@ def _raise(response: Response, queue: str | None, item_id: int | None = None) ->
 
 
 def _check_item(item: NewItem) -> None:
-    """The checks the server applies to a whole batch before writing any of it."""
+    """The checks the server applies to a whole batch before writing any of it, in its
+    words (``storage/validation.py``)."""
     if item.deadline is not None and item.delay_ms is not None:
-        raise error_for(400, "invalid_argument", "give either deadline or delay_ms, not both")
-    if item.deadline is not None and not 0 <= item.deadline <= _MAX_DEADLINE:
-        raise error_for(400, "invalid_deadline", "deadline must be within 48 bits")
-    if item.delay_ms is not None and not 0 <= item.delay_ms <= _MAX_DEADLINE:
-        raise error_for(400, "invalid_argument", "delay_ms must be a non-negative integer")
+        raise error_for(422, "validation_error", NOT_BOTH)
+    _check(DEADLINE, item.deadline)
+    _check(DELAY_MS, item.delay_ms)
 
 
 def _check(rule: Range, value: int | None) -> None:
@@ -421,8 +420,6 @@ class ShmTransport:
         for item in items:
             _check_item(item)
             if item.deadline == 0:  # "not given" (now) on the ring; the epoch over HTTP
-                return None
-            if item.group is not None:  # the ring's PUT carries no group: HTTP does
                 return None
         one = items[0]
         if len(items) == 1 and one.key is None and len(one.value) <= VALUE_MAX:

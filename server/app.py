@@ -94,6 +94,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(queues.router, dependencies=guarded)
     app.include_router(operate.router, dependencies=guarded)
     app.include_router(schedules.router, dependencies=guarded)
+    app.include_router(schedules.every_queue, dependencies=guarded)
     app.include_router(ops.router)
     app.include_router(consumers.router, dependencies=guarded, responses=ERRORS)
     app.include_router(dashboard.router, dependencies=guarded)

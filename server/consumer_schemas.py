@@ -11,6 +11,9 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from dq.storage.validation import NOT_BOTH
 
 __all__ = [
     "BatchItem",
@@ -76,7 +79,7 @@ class RequeueBody(BaseModel):
     @model_validator(mode="after")
     def _one_time(self) -> RequeueBody:
         if self.deadline is not None and self.delay_ms is not None:
-            raise ValueError("give deadline or delay_ms, not both")
+            raise PydanticCustomError("not_both", NOT_BOTH)  # the rule's words alone
         return self
 
 

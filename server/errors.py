@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from dq.storage.errors import (
+    BrokenRule,
     EngineUnavailable,
     NotLeader,
     StorageError,
@@ -137,6 +138,11 @@ def storage_error_reply(exc: StorageError, where: str) -> tuple[int, bytes, dict
     if status >= 500:
         level = logging.WARNING if exc.expected else logging.ERROR
         logger.log(level, "storage error on %s: %s: %s", where, exc.code, exc)
+    if isinstance(exc, BrokenRule):  # a validation error: its problem, as the schema's are
+        details: list[dict[str, object]] = [
+            {"loc": ["body", exc.field], "msg": str(exc), "type": "value_error"}
+        ]
+        return status, error_json(exc.code, str(exc), details=details), None
     return status, error_json(exc.code, str(exc)), _RETRY if status == 503 else None
 
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dq.server.schemas import Encoding
 
-__all__ = ["ScheduleBody", "ScheduleList", "ScheduleOut", "ScheduleRun"]
+__all__ = ["ScheduleBody", "ScheduleList", "ScheduleOut", "SchedulePage", "ScheduleRun"]
 
 _TIME_DOC = "ms since the epoch, or ISO 8601 text (no offset: a wall time of timezone)"
 
@@ -70,6 +70,11 @@ class ScheduleOut(BaseModel):
 
 class ScheduleList(BaseModel):
     schedules: list[ScheduleOut]
+
+
+class SchedulePage(BaseModel):
+    schedules: list[ScheduleOut]
+    next: str | None = Field(description="cursor of the next page (pass as after); null at the end")
 
 
 class ScheduleRun(BaseModel):

@@ -16,11 +16,12 @@ from dataclasses import fields
 from typing import Annotated, Any, Literal, NotRequired
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator, with_config
+from pydantic_core import PydanticCustomError
 from typing_extensions import TypedDict
 
 from dq.storage.codec import MAX_DEADLINE, MAX_ID
 from dq.storage.types import NewItem, Release
-from dq.storage.validation import LEASE_MS, RECEIPT
+from dq.storage.validation import LEASE_MS, NOT_BOTH, RECEIPT
 
 __all__ = [
     "QUEUE_NAME_REGEX",
@@ -96,7 +97,7 @@ class _When(_Strict):
     @model_validator(mode="after")
     def _one_when(self) -> Any:
         if self.deadline is not None and self.delay_ms is not None:
-            raise ValueError("give deadline or delay_ms, not both")
+            raise PydanticCustomError("not_both", NOT_BOTH)  # the rule's words alone
         return self
 
 
@@ -145,15 +146,6 @@ class NewItemIn(TypedDict):
             ),
         ]
     ]
-    group: NotRequired[
-        Annotated[
-            str | None,
-            Field(
-                description="the item's group (1-128 printable ASCII characters), which "
-                "the queue's delivery rules go by (docs/delivery.md)"
-            ),
-        ]
-    ]
 
 
 class InvalidItem(ValueError):
@@ -176,7 +168,7 @@ class InvalidItem(ValueError):
 #: item of every enqueue and release. ``_new_item`` and ``new_release`` write the slots
 #: (the same objects, compared equal and hashed alike); the assertions keep them in step
 #: with the fields.
-assert [f.name for f in fields(NewItem)] == ["value", "deadline", "delay_ms", "key", "group"]
+assert [f.name for f in fields(NewItem)] == ["value", "deadline", "delay_ms", "key"]
 assert [f.name for f in fields(Release)] == ["id", "receipt"]
 _make = object.__new__
 _item_slots = NewItem.__dict__  # the slots' member descriptors
@@ -184,24 +176,16 @@ _set_value = _item_slots["value"].__set__
 _set_deadline = _item_slots["deadline"].__set__
 _set_delay = _item_slots["delay_ms"].__set__
 _set_key = _item_slots["key"].__set__
-_set_group = _item_slots["group"].__set__
 _set_id = Release.__dict__["id"].__set__
 _set_receipt = Release.__dict__["receipt"].__set__
 
 
-def _new_item(
-    value: bytes,
-    deadline: int | None,
-    delay_ms: int | None,
-    key: str | None,
-    group: str | None = None,
-) -> NewItem:
+def _new_item(value: bytes, deadline: int | None, delay_ms: int | None, key: str | None) -> NewItem:
     item: NewItem = _make(NewItem)
     _set_value(item, value)
     _set_deadline(item, deadline)
     _set_delay(item, delay_ms)
     _set_key(item, key)
-    _set_group(item, group)
     return item
 
 
@@ -227,9 +211,7 @@ def to_new_items(items: list[NewItemIn]) -> list[NewItem]:
     for n, i in enumerate(items):
         deadline, delay = i.get("deadline"), i.get("delay_ms")
         if deadline is not None and delay is not None:
-            raise InvalidItem(
-                n, "give deadline or delay_ms, not both (delay_ms is relative to now)", "delay_ms"
-            )
+            raise InvalidItem(n, NOT_BOTH, "delay_ms")
         encoding = i.get("encoding", "utf-8")
         try:
             value = i["value"]
@@ -238,7 +220,7 @@ def to_new_items(items: list[NewItemIn]) -> list[NewItem]:
             raise InvalidItem(n, "value is not valid UTF-8 text; send it as base64") from None
         except ValueError as exc:  # bad base64: decode_value says how
             raise InvalidItem(n, str(exc)) from None
-        append(new_item(data, deadline, delay, i.get("key"), i.get("group")))
+        append(new_item(data, deadline, delay, i.get("key")))
     return out
 
 
@@ -273,7 +255,6 @@ class ItemOut(BaseModel):
     deadline: int
     stats: ItemStatsOut
     lease_expires: int
-    group: str | None = Field(None, description="the item's group; null: none")
 
 
 class DequeueResponse(BaseModel):
@@ -447,7 +428,6 @@ class BrowsedItemOut(BaseModel):
     encoding: Encoding | None = None
     lease_expires: int | None = None
     dead_lettered_from: str | None = None
-    group: str | None = Field(None, description="the item's group; absent: none")
     moved_to: MovedToOut | None = Field(
         default=None,
         description="a gone item that was dead-lettered or redriven: where it went, while "

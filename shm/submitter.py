@@ -40,6 +40,7 @@ from dq.shm.submission_ring import (
     SubmissionRing,
 )
 from dq.storage.types import Enqueued, check_queue_name
+from dq.storage.validation import NOT_BOTH
 
 __all__ = ["ERROR_CODES", "SubmissionRejected", "Submitter"]
 
@@ -108,7 +109,7 @@ class Submitter:
                 limit=self.max_value,
             )
         if deadline is not None and delay_ms is not None:
-            raise ValueError("give deadline or delay_ms, not both")
+            raise ValueError(NOT_BOTH)
         method, stamp = (
             (ENQUEUE_AFTER, delay_ms) if delay_ms is not None else (ENQUEUE_AT, deadline or 0)
         )

@@ -94,7 +94,7 @@ def _snapshot(q: Queue, qdest: str) -> tuple[list[_Pending], int, int]:
         except FileNotFoundError:
             continue
         pending.append(_Pending(fd, os.path.join(qdest, name), None))
-    for reader in q.segments:
+    for reader in q.files.segments:
         dest = os.path.join(qdest, os.path.basename(reader.path))
         try:
             os.link(reader.path, dest)
@@ -105,10 +105,10 @@ def _snapshot(q: Queue, qdest: str) -> tuple[list[_Pending], int, int]:
                 raise
             fd = os.open(reader.path, os.O_RDONLY | os.O_CLOEXEC)
             pending.append(_Pending(fd, dest, None))
-    for path, _mem in q.frozen:
+    for path, _mem in q.files.frozen:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         pending.append(_Pending(fd, os.path.join(qdest, os.path.basename(path)), None))
-    wal = q.wal
+    wal = q.commit.wal
     with wal.io_lock:
         if not wal.closed:
             fd = os.open(wal.path, os.O_RDONLY | os.O_CLOEXEC)

@@ -124,10 +124,8 @@ def _merged(
     q: Queue, after: bytes, readers: Iterable[SegmentReader] | None = None
 ) -> Iterator[Entry]:
     """Every entry of the queue's sources after ``after``, in key order (call under the lock)."""
-    sources: list[Iterator[Entry]] = [
-        _mem_entries(m, after) for m in (q.memseg, *(m for _, m in q.frozen))
-    ]
-    for r in q.segments if readers is None else readers:
+    sources: list[Iterator[Entry]] = [_mem_entries(m, after) for m in q.files.memsegs()]
+    for r in q.files.segments if readers is None else readers:
         if r.first_keys and r.info.last_key > after:
             sources.append(_segment_entries(r, after))
     return heapq.merge(*sources, key=lambda e: e[0])
@@ -162,8 +160,6 @@ def _item(
     with_values: bool,
     lease: Lease | None,
 ) -> BrowsedItem:
-    # a leased item's group is its lease's; another's is read where its entry lives
-    group = lease.group if lease is not None else q.group_of(encode_key(deadline, item_id), None)
     return BrowsedItem(
         id=item_id,
         deadline=deadline,
@@ -173,12 +169,11 @@ def _item(
         value=value if with_values else None,
         lease_expires=lease.expires if lease is not None else None,
         dead_lettered_from=q.meta.origins.get(item_id),
-        group=group,
     )
 
 
 def _leased_item(q: Queue, item_id: int, lease: Lease, with_values: bool) -> BrowsedItem:
-    found = q.lookup(lease.key, lease.source)
+    found = q.files.lookup(lease.key, lease.source)
     value = found[1] if found is not None else None
     stats = ItemStats(lease.enqueue_time, lease.requeue_time, lease.dequeue_count)
     return _item(q, item_id, key_deadline(lease.key), "leased", stats, value, with_values, lease)
@@ -300,7 +295,7 @@ def scan_candidates(q: Queue, item_id: int) -> tuple[set[bytes], list[str]]:
 
     Takes the queue lock only to list the files; reads them without it."""
     with q.lock:
-        paths = [r.path for r in q.segments if r.info.max_id >= item_id]
+        paths = [r.path for r in q.files.segments if r.info.max_id >= item_id]
     low, high = _id_bytes(item_id)
     found: set[bytes] = set()
     unreadable: list[str] = []
@@ -337,7 +332,7 @@ def _net(q: Queue, pkey: bytes) -> tuple[int, tuple[bytes, bytes] | None]:
     before = (int.from_bytes(pkey, "big") - 1).to_bytes(16, "big")
     readers = [
         r
-        for r in q.segments
+        for r in q.files.segments
         if r.first_keys and r.first_keys[0] <= tomb and pkey <= r.info.last_key
     ]
     net = 0
@@ -358,12 +353,12 @@ def resolve(q: Queue, item_id: int, candidates: set[bytes]) -> Found | None:
     """The live copy of item ``item_id`` (call under the queue lock), or None if gone."""
     lease = q.leases.get(item_id)
     if lease is not None:
-        found = q.lookup(lease.key, lease.source)
+        found = q.files.lookup(lease.key, lease.source)
         stats = ItemStats(lease.enqueue_time, lease.requeue_time, lease.dequeue_count)
         return Found(item_id, lease.key, stats, found[1] if found else None, lease)
     low, high = _id_bytes(item_id)
     keys = set(candidates)
-    for mem in (q.memseg, *(m for _, m in q.frozen)):
+    for mem in q.files.memsegs():
         keys.update(k for k in mem.entries if _has_id(k, low, high))
     cursor = q.cursor
     for pkey in sorted(keys, reverse=True):

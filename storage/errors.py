@@ -8,7 +8,8 @@ file, offset) as attributes and a stable ``code`` string that clients can rely o
 
     StorageError
     ├── InvalidArgument          bad input; nothing was written       (400/422)
-    │   ├── OutOfRange           a field outside its range (validation_error, 422)
+    │   ├── BrokenRule           a field breaks a rule (validation_error, 422)
+    │   │   └── OutOfRange       a field outside its range
     │   ├── InvalidQueueName
     │   ├── ValueTooLarge                                            (413)
     │   ├── InvalidDeadline
@@ -40,13 +41,13 @@ from __future__ import annotations
 __all__ = [
     "BadCursor",
     "BatchTooLarge",
+    "BrokenRule",
     "ConfigConflict",
     "CorruptionError",
     "DataDirLocked",
     "EngineUnavailable",
     "InvalidArgument",
     "InvalidDeadline",
-    "InvalidGroup",
     "InvalidKey",
     "InvalidQueueName",
     "InvalidReceipt",
@@ -98,9 +99,10 @@ class InvalidArgument(StorageError):
     http_status = 400
 
 
-class OutOfRange(InvalidArgument):
-    """A field outside its range (``storage/validation.py`` words each rule once, and
-    the words are the whole message); ``field`` names it."""
+class BrokenRule(InvalidArgument):
+    """A request field that breaks one of the rules ``storage/validation.py`` words once
+    for every path (the words are the whole message); ``field`` names it. Answered as
+    HTTP's schema refusals are: 422 ``validation_error``."""
 
     code = "validation_error"
     http_status = 422
@@ -108,6 +110,10 @@ class OutOfRange(InvalidArgument):
     def __init__(self, message: str, field: str = "") -> None:
         super().__init__(message)
         self.field = field
+
+
+class OutOfRange(BrokenRule):
+    """A field outside its range."""
 
 
 class InvalidQueueName(InvalidArgument):
@@ -129,10 +135,6 @@ class InvalidReceipt(InvalidArgument):
 
 class InvalidKey(InvalidArgument):
     code = "invalid_key"
-
-
-class InvalidGroup(InvalidArgument):
-    code = "invalid_group"
 
 
 class BadCursor(InvalidArgument):

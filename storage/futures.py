@@ -9,7 +9,7 @@ from typing import Any
 
 from dq.storage.errors import EngineUnavailable
 
-__all__ = ["after_all", "settle"]
+__all__ = ["Answer", "after_all", "answer", "settle"]
 
 
 def settle(fut: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
@@ -27,6 +27,16 @@ def settle(fut: Future[Any], result: Any = None, error: BaseException | None = N
             fut.set_result(result)
     except InvalidStateError:  # cancelled between the check and the call
         pass
+
+
+#: (future, result, error): settled outside the queue lock by ``answer``
+Answer = tuple["Future[Any]", Any, BaseException | None]
+
+
+def answer(answers: list[Answer]) -> None:
+    """Settle each (future, result, error); call with no queue lock held (callbacks run)."""
+    for fut, result, error in answers:
+        settle(fut, result, error)
 
 
 def after_all(futures: list[Future[Any]], answer: Any) -> Future[Any]:

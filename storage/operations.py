@@ -102,10 +102,10 @@ def _scanned(q: Queue, item_id: int) -> Iterator[set[bytes]]:
     item which is there is gone. So the files are read again until none changed."""
     for attempt in range(_SCANS):
         with q.lock:
-            files = [r.path for r in q.segments]
+            files = [r.path for r in q.files.segments]
         candidates, _unreadable = scan_candidates(q, item_id)
         q.lock.acquire()
-        if [r.path for r in q.segments] == files or attempt == _SCANS - 1:
+        if [r.path for r in q.files.segments] == files or attempt == _SCANS - 1:
             break
         q.lock.release()
     try:
@@ -422,11 +422,9 @@ class Operations:
                     )
                     continue
                 enq, _req, _cnt = decode_stats(stats)
-                with src.lock:  # where the entry lives may change under a merge
-                    group = src.group_of(key, None)
                 try:
                     tq = self._queue_for_write(target)
-                    fut = _enqueue_waiting(tq, value, (enq, now, 0), group)
+                    fut = _enqueue_waiting(tq, value, (enq, now, 0))
                 except StorageError as exc:
                     failed.append(ItemOutcome(item_id, exc.code, exc.message))
                     continue
@@ -508,16 +506,12 @@ class Operations:
             )
 
 
-def _enqueue_waiting(
-    q: Queue, value: bytes, stats: tuple[int, int, int], group: str | None = None
-) -> Future[Any]:
-    """``Queue.enqueue`` of one item due now (keeping its group), waiting out a short
-    write stall."""
+def _enqueue_waiting(q: Queue, value: bytes, stats: tuple[int, int, int]) -> Future[Any]:
+    """``Queue.enqueue`` of one item due now, waiting out a short write stall."""
     give_up = time.monotonic() + 30
-    groups = None if group is None else [group]
     while True:
         try:
-            return q.enqueue([(q.engine.now(), value)], stats=stats, groups=groups)
+            return q.enqueue([(q.engine.now(), value)], stats=stats)
         except WriteStall:
             if time.monotonic() > give_up:
                 raise

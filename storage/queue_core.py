@@ -1,7 +1,8 @@
 """The state of one queue, declared in one place: what ``Queue`` and each of its parts
-(``queue_failure``, ``queue_commit``, ``segment_set``, ``queue_items``, ``queue_reads``)
-read and write, always under ``lock``; and ``QueueHost``, what a queue needs from the
-engine that holds it.
+(``queue_failure``, ``queue_items``, ``queue_reads``) read and write, always under
+``lock``, beside the parts it holds (``commit``: ``storage/group_commit.py``, ``files``:
+``storage/segment_set.py``);
+and ``QueueHost``, what a queue needs from the engine that holds it.
 
 Invariant: ``lock`` guards every field here; the engine is reached only through
 ``QueueHost``, never the whole ``Engine``.
@@ -10,28 +11,24 @@ Invariant: ``lock`` guards every field here; the engine is reached only through
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from dq.storage.compactor import Compactor
 from dq.storage.config import EngineConfig
 from dq.storage.errors import StorageError
+from dq.storage.group_commit import GroupCommit
 from dq.storage.itemmeta import ItemMeta
 from dq.storage.leases import Leases
-from dq.storage.memseg import MemSegment
 from dq.storage.queue_state import QueueState
 from dq.storage.rates import Rates
-from dq.storage.segment import SegmentReader
+from dq.storage.segment_set import SegmentSet
 from dq.storage.state_counts import StateCounter
 from dq.storage.syncer import FsyncStats, Syncer
-from dq.storage.types import DeadEntry, QueueConfig
-from dq.storage.view import MergedView
-from dq.storage.wal import WalWriter
+from dq.storage.types import QueueConfig
 
 if TYPE_CHECKING:
     from dq.storage.queue import Queue
-    from dq.storage.queue_commit import PendingBatch
     from dq.storage.replication import ReplicationSink
 
 __all__ = ["QueueCore", "QueueHost"]
@@ -54,7 +51,7 @@ class QueueHost(Protocol):
 
     def merge_policy_hook(self, q: Queue) -> None: ...
 
-    def dead_letter(self, source: Queue, entries: list[DeadEntry]) -> None: ...
+    def dead_letter(self, source: Queue, entries: list[tuple[bytes, bytes, bytes]]) -> None: ...
 
 
 class QueueCore:
@@ -67,12 +64,11 @@ class QueueCore:
         self.config = config
         self.lock = threading.RLock()
         self.leases = Leases()
-        self.view = MergedView()
         self.cursor = b""
-        self.segments: list[SegmentReader] = []
-        self.frozen: list[tuple[str, MemSegment]] = []
-        self.memseg = MemSegment(1)
-        self.wal: WalWriter
+        #: the log, the batches waiting to be durable, the barrier of unpublished ones
+        self.commit = GroupCommit(name, engine)
+        #: the in-memory segments, segment files and the merged view over them
+        self.files = SegmentSet(name, directory)
         #: a log is open and the in-memory state mirrors the directory
         self.loaded = False
         self.next_id = 1
@@ -82,22 +78,6 @@ class QueueCore:
         #: damaged on disk: stays failed until an operator repairs it and restarts
         self.quarantined = False
         self.watchers: list[Callable[[], None]] = []
-        self._waiting: list[PendingBatch] = []
-        self._unpublished: dict[int, bytes] = {}
-        self._token = 0
-        self._rotate_requested = False
-        self._rotate_delay = 0.0
-        self._rotate_retry_at = 0.0
-        self._merging = False
-        self.merge_error: BaseException | None = None
-        #: after a failed merge the policy waits this long before it tries again
-        self._merge_delay = 0.0
-        self._merge_retry_at = 0.0
-        #: when a write stall was last logged (``SegmentSetMixin._warn_stalled``)
-        self._stall_warned_at = -1e9
-        self.last_write = time.monotonic()
-        #: the lsn of the last record shipped to followers (a leader's snapshot notes it)
-        self.last_lsn = 0
         # operator features (storage/queue_state.py, itemmeta.py, rates.py)
         self.state = QueueState()
         self.meta = ItemMeta()
@@ -106,19 +86,10 @@ class QueueCore:
         self.state_counter = StateCounter()
         self.dead_lettered = 0
         self.lease_expired = 0
-        #: bumped whenever the queue is reloaded from disk; older job callbacks are ignored
-        self._generation = 0
-        self._freeze_delay: dict[str, float] = {}
         self._timers: set[threading.Timer] = set()
         self._recover_delay = 0.0
         self._recover_at = 0.0
         #: when the queue last reopened after a failure (``time.monotonic``)
         self._recovered_at = -1e9
-        self._log_cut = False
         #: counters shown in ``stats().extra``
-        self.counters = {
-            "io_errors": 0,
-            "freeze_failures": 0,
-            "rotation_failures": 0,
-            "recoveries": 0,
-        }
+        self.counters = {"io_errors": 0, "recoveries": 0}

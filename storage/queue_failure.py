@@ -25,24 +25,20 @@ from dq.storage.errors import (
     ReplicationTimeout,
     StorageError,
 )
-from dq.storage.queue_commit import Answer
+from dq.storage.futures import Answer
 from dq.storage.queue_core import QueueCore
+from dq.storage.segment_set import backoff
 
 if TYPE_CHECKING:
     from dq.storage.queue import Queue
 
-__all__ = ["FailureMixin", "backoff"]
+__all__ = ["FailureMixin"]
 
 log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever part logs
 
 
 #: A queue that fails again within this long after a reopen keeps backing off.
 RECOVERY_GRACE_S = 1.0
-
-
-def backoff(previous: float) -> float:
-    """The next retry delay: 50 ms, doubling, at most 5 s."""
-    return min(max(previous * 2, 0.05), 5.0)
 
 
 class FailureMixin(QueueCore):
@@ -111,16 +107,15 @@ class FailureMixin(QueueCore):
                 exc,
             )
         if self.loaded:
-            self.wal.discard_buffer()
+            self.commit.wal.discard_buffer()
             try:  # before anyone hears "refused": a crash now must not bring it back
-                self._cut_log_locked()
+                self.commit.cut_back()
             except Exception as cut_exc:  # tried again when the queue reopens
                 log.error("queue %s: cutting the log back failed: %s", self.name, cut_exc)
         answers: list[Answer] = []
         in_doubt: BaseException | None = None
-        for batch in reversed(self._waiting):
-            if batch.rollback is not None:
-                batch.rollback()
+        for batch in reversed(self.commit.refuse_all()):
+            self._roll_back(batch)
             if batch.lsn:  # shipped: the followers may hold it, and it may commit there
                 in_doubt = in_doubt or ReplicationTimeout(
                     f"{what} failed on the leader after the write was sent to the replica "
@@ -130,19 +125,7 @@ class FailureMixin(QueueCore):
                 answers.append((batch.future, None, in_doubt))
             else:
                 answers.append((batch.future, None, error))
-        self._waiting = []
         return answers
-
-    def _cut_log_locked(self: Queue) -> None:
-        """Cut the log back to exactly what was acknowledged — synced bytes in
-        ``always``, written bytes otherwise; what lies beyond belongs to refused
-        batches — and sync it. Once per failure."""
-        if self._log_cut:
-            return
-        wal = self.wal
-        keep = wal.synced_offset if self.engine.config.fsync == "always" else wal.offset
-        wal.cut_back(keep)
-        self._log_cut = True
 
     def recover_if_due(self: Queue) -> None:
         """Reopen a failed queue from disk when its retry is due (the restart path)."""
@@ -152,14 +135,12 @@ class FailureMixin(QueueCore):
     def _recover_locked(self: Queue) -> None:
         if self.failed is None or self.quarantined or self.closed:
             return
-        if time.monotonic() < self._recover_at or self._merging:
+        if time.monotonic() < self._recover_at or self.files.merging:
             return
         try:
             if self.loaded:
-                self._cut_log_locked()
-            for reader in self.segments:
-                reader.close()
-            self.segments = []
+                self.commit.cut_back()
+            self.files.drop()
             self.loaded = False
             self._load()
         except CorruptionError as exc:

@@ -1,10 +1,10 @@
-"""Item operations that write: enqueue, release, requeue, extend, lease expiry,
-tombstones (which also carry moves to a dead-letter queue).
+"""Item operations that write: release, requeue, extend, lease expiry, tombstones
+(which also carry moves to a dead-letter queue).
 
 Invariant (``storage/queue.py``): every pending entry at or below the cursor is leased
 or cancelled by a tombstone written (or being written); a new or moved entry is placed
 strictly after the cursor (``_place``). A lease taken for a release or requeue is put
-back if its record is refused (``_restore``).
+back if its record is refused (the batch's ``restore``).
 """
 
 # mypy: disable-error-code="misc"
@@ -14,38 +14,23 @@ back if its record is refused (``_restore``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from dq.storage.codec import PENDING_HEADER, encode_stats, tombstone_of
-from dq.storage.dedup import enqueue_keyed
-from dq.storage.errors import ReplicationStalled, StorageError, WriteStall
-from dq.storage.itemmeta import encode_group_entry, encode_origin_entry
+from dq.storage.errors import ReplicationStalled, StorageError
+from dq.storage.group_commit import PendingBatch
 from dq.storage.leases import Lease
 from dq.storage.queue_core import QueueCore
-from dq.storage.types import Enqueued, Extend, ItemOutcome, Release, Requeue
+from dq.storage.types import Extend, ItemOutcome, Release, Requeue
 from dq.storage.validation import check_lease_ms, resolve_deadline
 from dq.storage.write_future import resolved
 
 if TYPE_CHECKING:
     from dq.storage.queue import Queue
 
-__all__ = ["ItemsMixin", "Moves"]
-
-
-@dataclass(slots=True)
-class Moves:
-    """The record moving leased items to new deadlines: its entries, the pending
-    entries and tombstones to publish, and the groups written again with them."""
-
-    payload: bytes
-    pend: list[tuple[bytes, bytes, bytes]]
-    tombs: list[bytes]
-    meta: bytes
-    groups: dict[bytes, str]
-
+__all__ = ["ItemsMixin"]
 
 log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever part logs
 
@@ -55,92 +40,16 @@ class ItemsMixin(QueueCore):
 
     # ------------------------------------------------------------------ writes
 
-    def enqueue(
-        self: Queue,
-        prepared: Sequence[tuple[int, bytes]],
-        stats: tuple[int, int, int] | None = None,
-        keys: Sequence[str | None] | None = None,
-        origin: str | None = None,
-        now: int | None = None,
-        extra_meta: bytes = b"",
-        groups: Sequence[str | None] | None = None,
-    ) -> Future[list[Enqueued]]:
-        """Enqueue (deadline, value) pairs, already validated. ``stats`` for dead letters
-        and redrives; ``keys`` (idempotency), ``origin`` (the queue a dead letter came
-        from) and ``groups`` (each item's group or None, validated) travel in the same
-        log record as the items (``storage/itemmeta.py``), and so does ``extra_meta``
-        (metadata entries of the batch: a schedule's progress); ``now``: the engine's
-        clock as the caller read it (read here if not given)."""
-        if now is None:
-            now = self.engine.now()
-        st = encode_stats(*stats) if stats is not None else encode_stats(now, 0, 0)
-        pack = PENDING_HEADER.pack
-        with self.lock:
-            if self.failed is not None or self.closed:
-                self.check_open()
-            if self.stalled():
-                self.retry_rotation()
-                self._warn_stalled()
-                raise WriteStall("writes are stalled while segment files are written; retry")
-            window = self.config.dedup_window_ms
-            if keys is not None and window > 0 and any(k is not None for k in keys):
-                return enqueue_keyed(self, prepared, st, keys, now, window, extra_meta, groups)
-            first = self.next_id
-            n = len(prepared)
-            self.next_id += n
-            parts: list[bytes] = []
-            keyed: list[tuple[bytes, bytes]] = []
-            results: list[Enqueued] = []
-            meta: list[bytes] = []
-            cursor = self.cursor
-            item_id = first
-            for deadline, value in prepared:
-                key = ((deadline << 66) | (item_id << 2)).to_bytes(16, "big")  # encode_key
-                if key <= cursor:  # placed after the cursor (``Queue._place``)
-                    deadline, key = self._place(deadline, item_id)
-                parts += (pack(key, st, len(value)), value)
-                keyed.append((key, value))
-                results.append(Enqueued(item_id, deadline))
-                if origin is not None:
-                    meta.append(encode_origin_entry(item_id, origin))
-                    self.meta.origins[item_id] = origin
-                group = None if groups is None else groups[item_id - first]
-                if group is not None:
-                    meta.append(encode_group_entry(item_id, group))
-                item_id += 1
-            self.rates.add("enqueue", n, now)
-            token = self.hold(keyed[0][0] if n == 1 else min(keyed)[0])
-            mem = self.memseg
-
-            published_groups = None if groups is None else list(groups)
-
-            def publish() -> None:
-                mem.add_pending(keyed, st, published_groups)
-                del self._unpublished[token]
-                self.notify()
-
-            def rollback() -> None:
-                self._unpublished.pop(token, None)
-
-            fut = self._submit(
-                b"".join(parts), publish, results, rollback, b"".join(meta) + extra_meta
-            )
-        self.engine.emit("enqueued", self.name, range(first, first + n))
-        return fut
-
     def _requeue_locked(
         self: Queue, moves: list[tuple[int, Lease, int]], now: int, outcomes: list[ItemOutcome]
-    ) -> Moves | None:
-        """Build a record moving leased items to new deadlines (pending + tombstone); a
-        grouped item's group is written again with its new entry."""
+    ) -> tuple[bytes, list[tuple[bytes, bytes, bytes]], list[bytes]] | None:
+        """Build a record moving leased items to new deadlines (pending + tombstone)."""
         parts: list[bytes] = []
         pend: list[tuple[bytes, bytes, bytes]] = []
         tombs: list[bytes] = []
-        meta: list[bytes] = []
-        groups: dict[bytes, str] = {}
         pack = PENDING_HEADER.pack
         for item_id, lease, deadline in moves:
-            found = self.lookup(lease.key, lease.source)
+            found = self.files.lookup(lease.key, lease.source)
             if found is None:
                 log.error("queue %s: value of item %d not found; left pending", self.name, item_id)
                 continue
@@ -153,46 +62,30 @@ class ItemsMixin(QueueCore):
             parts.append(tomb)
             pend.append((key, st, value))
             tombs.append(tomb)
-            if lease.group is not None:
-                meta.append(encode_group_entry(item_id, lease.group))
-                groups[key] = lease.group
             outcomes.append(ItemOutcome(item_id, deadline=deadline))
         if not parts:
             return None
-        return Moves(b"".join(parts), pend, tombs, b"".join(meta), groups)
+        return b"".join(parts), pend, tombs
 
     def _write_moves(
         self: Queue,
-        built: Moves,
+        built: tuple[bytes, list[tuple[bytes, bytes, bytes]], list[bytes]],
         result: Any,
-        rollback: Callable[[], None] | None,
+        restore: list[tuple[int, Lease]],
     ) -> Future[Any]:
-        pend, tombs, groups = built.pend, built.tombs, built.groups
-        token = self.hold(min(k for k, _, _ in pend))
-        mem = self.memseg
-
-        def publish() -> None:
-            for key, st, value in pend:
-                mem.add(key, st, value, groups.get(key))
-            for t in tombs:
-                mem.add_tombstone_behind(t)
-            del self._unpublished[token]
-            self.notify()
-
-        def undo() -> None:
-            self._unpublished.pop(token, None)
-            if rollback is not None:
-                rollback()
-
-        return self._submit(built.payload, publish, result, undo, built.meta)
-
-    def _restore(self: Queue, taken: list[tuple[int, Lease]]) -> Callable[[], None]:
-        def rollback() -> None:
-            for item_id, lease in taken:
-                if item_id not in self.leases:
-                    self.leases.restore(item_id, lease)
-
-        return rollback
+        """Submit a record of moves (``_requeue_locked``); a refusal gives back ``restore``."""
+        payload, pend, tombs = built
+        token = self.commit.hold(min(k for k, _, _ in pend))
+        batch = PendingBatch(
+            self.files.memseg,
+            result,
+            entries=pend,
+            behind=len(tombs),
+            token=token,
+            restore=restore,
+            wakes=True,
+        )
+        return self._submit(batch, payload)
 
     def release(self: Queue, items: Sequence[Release]) -> Future[list[ItemOutcome]]:
         now = self.engine.now()
@@ -213,7 +106,7 @@ class ItemsMixin(QueueCore):
                 return resolved(outcomes)
             self.rates.add("release", len(taken), now)
             fut = self._write_tombstones(
-                [tombstone_of(lease.key) for _, lease in taken], outcomes, self._restore(taken)
+                [tombstone_of(lease.key) for _, lease in taken], outcomes, taken
             )
         self.engine.emit("released", self.name, [i for i, _ in taken])
         return fut
@@ -246,7 +139,7 @@ class ItemsMixin(QueueCore):
             ]
             if built is None:
                 return resolved(outcomes)
-            fut = self._write_moves(built, outcomes, self._restore(taken))
+            fut = self._write_moves(built, outcomes, taken)
         self.engine.emit("requeued", self.name, [o.id for o in moved])
         return fut
 
@@ -289,7 +182,7 @@ class ItemsMixin(QueueCore):
         built = self._requeue_locked([(i, lease, now) for i, lease in expired], now, moved)
         if built is not None:
             try:
-                self._write_moves(built, moved, self._restore(expired))
+                self._write_moves(built, moved, expired)
             except ReplicationStalled:
                 # a stalled replica group takes no write: the leases are put back as
                 # they were (expired), and a later look moves their items again
@@ -311,7 +204,7 @@ class ItemsMixin(QueueCore):
         queue checked open."""
         taken = [(i, self.leases.pop(i)) for i in item_ids]
         tombs = [tombstone_of(lease.key) for _, lease in taken]
-        return self._write_tombstones(tombs, None, self._restore(taken))
+        return self._write_tombstones(tombs, None, taken)
 
     def cancel_ahead(self: Queue, pkeys: list[bytes], result: Any = None) -> Future[Any]:
         """Cancel live, unleased items (ahead of the dequeue cursor: an operator's delete,
@@ -320,26 +213,16 @@ class ItemsMixin(QueueCore):
         key is a barrier dequeue does not pass, so no consumer leases an item whose
         removal is in flight. Call under the lock, the queue checked open."""
         tombs = [tombstone_of(k) for k in pkeys]
-        token = self.hold(min(pkeys))
-        mem = self.memseg
-
-        def publish() -> None:
-            for t in tombs:
-                mem.add(t, None, None)
-            del self._unpublished[token]
-
-        def rollback() -> None:
-            self._unpublished.pop(token, None)
-
-        return self._submit(b"".join(tombs), publish, result, rollback)
+        token = self.commit.hold(min(pkeys))
+        batch = PendingBatch(
+            self.files.memseg, result, entries=[(t, None, None) for t in tombs], token=token
+        )
+        return self._submit(batch, b"".join(tombs))
 
     def _write_tombstones(
-        self: Queue, tombs: list[bytes], result: Any, rollback: Callable[[], None] | None
+        self: Queue, tombs: list[bytes], result: Any, restore: list[tuple[int, Lease]] | None
     ) -> Future[Any]:
-        """Append the record of ``tombs`` (under the lock, the queue checked open)."""
-        mem = self.memseg
-
-        def publish() -> None:
-            mem.add_tombstones_behind(len(tombs))
-
-        return self._submit(b"".join(tombs), publish, result, rollback)
+        """Append the record of ``tombs`` (under the lock, the queue checked open); a
+        refusal gives back ``restore``."""
+        batch = PendingBatch(self.files.memseg, result, behind=len(tombs), restore=restore)
+        return self._submit(batch, b"".join(tombs))

@@ -1,7 +1,7 @@
-"""Reads: finding an entry wherever it lives now, dequeue, the next wake-up, stats.
+"""Reads: dequeue, the next wake-up, stats.
 
 Invariant: dequeue never looks behind the cursor, and never passes the smallest key of
-a batch that is not published yet (the ``_unpublished`` barrier), so the cursor cannot
+a batch that is not published yet (the barrier, ``GroupCommit.hold``), so the cursor cannot
 overtake an entry that is not visible yet.
 """
 
@@ -23,8 +23,7 @@ from dq.storage.codec import (
     key_deadline,
 )
 from dq.storage.queue_core import QueueCore
-from dq.storage.segment import SegmentReader
-from dq.storage.types import DeadEntry, Delivery, ItemStats, QueueStats
+from dq.storage.types import Delivery, ItemStats, QueueStats
 from dq.storage.validation import check_lease_ms
 
 if TYPE_CHECKING:
@@ -38,76 +37,38 @@ class ReadsMixin(QueueCore):
 
     # ------------------------------------------------------------------ reads
 
-    def lookup(self: Queue, key: bytes, hint: object | None) -> tuple[bytes, bytes] | None:
-        """(stats, value) of the pending entry ``key`` wherever it lives now."""
-        for mem in (self.memseg, *(m for _, m in self.frozen)):
-            found = mem.entries.get(key)
-            if found is not None:
-                return found
-        src = hint
-        while src is not None and getattr(src, "replaced_by", None) is not None:
-            src = src.replaced_by  # type: ignore[attr-defined]
-        if isinstance(src, SegmentReader) and not src.closed:
-            hit = src.get(key)
-            if hit is not None:
-                return hit
-        for reader in reversed(self.segments):
-            if reader.first_keys and reader.first_keys[0] <= key <= reader.info.last_key:
-                hit = reader.get(key)
-                if hit is not None:
-                    return hit
-        return None
-
-    def group_of(self: Queue, key: bytes, hint: object | None) -> str | None:
-        """The group of the pending entry ``key`` wherever it lives now (None: none)."""
-        for mem in (self.memseg, *(m for _, m in self.frozen)):
-            if key in mem.entries:
-                return mem.groups.get(key)
-        src = hint
-        while src is not None and getattr(src, "replaced_by", None) is not None:
-            src = src.replaced_by  # type: ignore[attr-defined]
-        readers = [src] if isinstance(src, SegmentReader) and not src.closed else []
-        for reader in (*readers, *reversed(self.segments)):
-            if not reader.has_groups:
-                continue
-            if reader.first_keys and reader.first_keys[0] <= key <= reader.info.last_key:
-                hit = reader.get_grouped(key)
-                if hit is not None:
-                    return hit[2]
-        return None
-
     def dequeue(self: Queue, count: int, lease_ms: int | None) -> list[Delivery]:
         now = self.engine.now()
         lease_ms = self.config.default_lease_ms if lease_ms is None else lease_ms
         check_lease_ms(lease_ms)
         out: list[Delivery] = []
-        dead: list[DeadEntry] = []
+        dead: list[tuple[bytes, bytes, bytes]] = []
         with self.lock:
             self.check_open()
             self.requeue_expired(now)
             if self.state.paused:
                 return out  # a paused queue hands out nothing; lease expiry still runs
             limit = encode_key(now, MAX_ID, TOMBSTONE)
-            barrier = min(self._unpublished.values()) if self._unpublished else None
+            barrier = self.commit.barrier()
             max_deliveries = self.config.max_deliveries
             expires = now + lease_ms
-            view, leases = self.view, self.leases
+            view, leases = self.files.view, self.leases
             after = self.cursor
             from_bytes = int.from_bytes
             while len(out) < count:
                 after, hit = view.next_live(after, limit, barrier)
                 if hit is None:
                     break
-                key, stats, value, source, group = hit
+                key, stats, value, source = hit
                 enq, req, cnt = decode_stats(stats)
                 # ``key_id`` and ``key_deadline`` of the key, read once (``docs/format.md``)
                 k = from_bytes(key, "big")
                 item_id = (k >> 2) & MAX_ID
                 if max_deliveries is not None and cnt >= max_deliveries:
-                    dead.append((key, stats, value, group))
+                    dead.append((key, stats, value))
                     continue
                 cnt += 1
-                receipt = leases.add(item_id, key, (enq, req, cnt), expires, source, now, group)
+                receipt = leases.add(item_id, key, (enq, req, cnt), expires, source, now)
                 out.append(
                     Delivery(
                         item_id,
@@ -116,7 +77,6 @@ class ReadsMixin(QueueCore):
                         (k >> 66) & MAX_DEADLINE,
                         ItemStats(enq, req, cnt),
                         expires,
-                        group,
                     )
                 )
             self.cursor = after
@@ -128,7 +88,7 @@ class ReadsMixin(QueueCore):
 
     def next_wakeup(self: Queue) -> int | None:
         with self.lock:
-            top = None if self.state.paused else self.view.peek(self.cursor)
+            top = None if self.state.paused else self.files.view.peek(self.cursor)
             times = [key_deadline(top[0])] if top is not None else []
             exp = self.leases.next_expiry()
             if exp is not None:
@@ -138,19 +98,20 @@ class ReadsMixin(QueueCore):
     def stats(self: Queue) -> QueueStats:
         now = self.engine.now()
         with self.lock:
-            mems = [self.memseg, *(m for _, m in self.frozen)]
-            head = self.view.peek(self.cursor)
+            files = self.files
+            mems = files.memsegs()
+            head = files.view.peek(self.cursor)
             counted = self.state_counter.count(
-                [*mems, *(r.counts for r in self.segments)],
+                [*mems, *(r.counts for r in files.segments)],
                 self.cursor,
                 now,
                 None if head is None else head[0],
             )
             leased = len(self.leases)
             oldest = None if counted.oldest_due is None else now - counted.oldest_due
-            disk = sum(r.file_size for r in self.segments)
-            disk += self.wal.size if self.loaded else 0
-            for path, _m in self.frozen:
+            disk = sum(r.file_size for r in files.segments)
+            disk += self.commit.wal.size if self.loaded else 0
+            for path, _m in files.frozen:
                 try:
                     disk += os.path.getsize(path)
                 except OSError:
@@ -162,16 +123,19 @@ class ReadsMixin(QueueCore):
                 due=counted.due,
                 delayed=counted.delayed,
                 leased=leased,
-                segments=len(self.segments),
+                segments=len(files.segments),
                 bytes_on_disk=disk,
                 oldest_due_age_ms=oldest,
                 next_id=self.next_id,
                 extra={
-                    "frozen": len(self.frozen),
-                    "memseg_entries": len(self.memseg),
+                    "frozen": len(files.frozen),
+                    "memseg_entries": len(files.memseg),
                     "memory_bytes": sum(m.bytes for m in mems),
                     "failed": int(self.failed is not None),
                     "damaged": int(self.quarantined),
-                    **self.counters,
+                    "io_errors": self.counters["io_errors"],
+                    "freeze_failures": files.freeze_failures,
+                    "rotation_failures": files.rotation_failures,
+                    "recoveries": self.counters["recoveries"],
                 },
             )

@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from dq.storage.codec import iter_entries, key_id
-from dq.storage.itemmeta import groups_of
+from dq.storage.group_commit import PendingBatch
 from dq.storage.queue_core import QueueCore
 from dq.storage.replication import KIND_RECORD_WITH_META
 from dq.storage.wal import split_meta
@@ -46,24 +46,16 @@ class ReplicaMixin(QueueCore):
         meta, entries = split_meta(body) if kind == KIND_RECORD_WITH_META else (b"", body)
         where = f"replicated record of queue {self.name}"
         parsed = [(k, s, v) for k, s, v, _off in iter_entries(entries, where=where)]
-        groups = groups_of(meta, where) if meta else {}
         with self.lock:
             self.check_open()
             if self.stalled():  # never refused (the stream must go on): just press on
                 self.retry_rotation()
             if parsed:
                 self.next_id = max(self.next_id, max(key_id(k) for k, _, _ in parsed) + 1)
-            mem = self.memseg
-
-            def publish() -> None:
-                add = mem.add
-                for key, stats, value in parsed:
-                    add(key, stats, value, groups.get(key_id(key)) if groups else None)
-                if meta:
-                    self.meta.load(meta, where, self.engine.now(), self.config.dedup_window_ms)
-                self.notify()
-
-            return self._submit(entries, publish, None, None, meta)
+            batch = PendingBatch(
+                self.files.memseg, None, entries=parsed, load_meta=meta, wakes=True
+            )
+            return self._submit(batch, entries, meta)
 
     def snapshot_into(self: Queue, dest: str) -> int:
         """Copy this queue's files into the empty directory ``dest``; return the lsn of
@@ -76,7 +68,7 @@ class ReplicaMixin(QueueCore):
                 self._copy_files(dest, None)
                 return self.last_lsn
             self.check_open()
-            wal = self.wal
+            wal = self.commit.wal
             with wal.io_lock:
                 self._copy_files(dest, wal.path)
             return self.last_lsn
@@ -91,7 +83,7 @@ class ReplicaMixin(QueueCore):
                 continue
             target = os.path.join(dest, name)
             if src == live_log:
-                self.wal.copy_to(target)
+                self.commit.wal.copy_to(target)
             elif name.endswith((".json", ".log")):
                 shutil.copyfile(src, target)  # rewritten in place, or by rename: copy
             else:

@@ -28,9 +28,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from dq.storage import fileio
 from dq.storage.errors import EngineUnavailable, InvalidArgument, NotLeader, ReplicationTimeout
-from dq.storage.futures import after_all
+from dq.storage.futures import after_all, answer
 from dq.storage.queue import Queue
-from dq.storage.queue_commit import answer
 from dq.storage.queue_state import QueueState
 from dq.storage.replication import (
     KIND_CONTROL,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from dq.storage import schedule_store
 from dq.storage.errors import (
+    InvalidArgument,
     InvalidSchedule,
     ScheduleNotFound,
     ValueTooLarge,
@@ -307,6 +309,25 @@ class ScheduleOps:
     def list_schedules(self, queue: str) -> list[ScheduleInfo]:
         self._queue(queue)
         return [self._info(s) for _, s in sorted(self._defs_of(queue).items())]
+
+    def schedules_page(
+        self, after: tuple[str, str] | None, limit: int
+    ) -> tuple[list[ScheduleInfo], tuple[str, str] | None]:
+        """A page of every queue's schedules in (queue, name) order, strictly after
+        ``after``; the last one's (queue, name) if more follow (the next page's
+        ``after``), else None."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 1000:
+            raise InvalidArgument("limit must be between 1 and 1000", limit=limit)
+        keys = sorted((s.queue, s.name) for s in self.all_schedules())
+        start = 0 if after is None else bisect_right(keys, after)
+        page = keys[start : start + limit]
+        infos = []
+        for queue, name in page:
+            s = self._defs_of(queue).get(name)
+            if s is not None:  # deleted meanwhile
+                infos.append(self._info(s))
+        more = start + limit < len(keys)
+        return infos, (page[-1] if more and page else None)
 
     def _info(self, s: Schedule) -> ScheduleInfo:
         f = self.schedule_progress(s.queue, s.id)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dq.storage.codec import MAX_DEADLINE
-from dq.storage.errors import BatchTooLarge, InvalidArgument, InvalidDeadline, OutOfRange
+from dq.storage.errors import BatchTooLarge, BrokenRule, InvalidDeadline, OutOfRange
 
 __all__ = [
     "DEADLINE",
@@ -26,6 +26,7 @@ __all__ = [
     "DELAY_MS",
     "LEASE_MS",
     "MAX_LEASE_MS",
+    "NOT_BOTH",
     "RANGES",
     "RECEIPT",
     "WAIT_MS",
@@ -76,6 +77,10 @@ RECEIPT = Range("receipt", 1, MAX_RECEIPT, " characters")
 RANGES = {r.field: r for r in (LEASE_MS, DEFAULT_LEASE_MS, WAIT_MS, DEADLINE, DELAY_MS, RECEIPT)}
 
 
+#: ``deadline`` and ``delay_ms`` are two ways to say when an item is due
+NOT_BOTH = "give deadline or delay_ms, not both (delay_ms is relative to now)"
+
+
 def count_range(limit: int) -> Range:
     """A dequeue's ``count``: the server's batch limit bounds it (``DQ_MAX_BATCH``)."""
     return Range("count", 1, limit)
@@ -97,25 +102,21 @@ def check_lease_ms(lease_ms: int, rule: Range = LEASE_MS) -> None:
 
 
 def resolve_deadline(deadline: int | None, delay_ms: int | None, now: int) -> int:
-    """The absolute deadline for a write; validates the 48-bit range."""
-    if deadline is not None and delay_ms is not None:
-        raise InvalidArgument("give either deadline or delay_ms, not both")
-    if deadline is None:
-        if delay_ms is not None and (not isinstance(delay_ms, int) or delay_ms < 0):
-            raise InvalidArgument("delay_ms must be a non-negative integer", delay_ms=delay_ms)
-        deadline = now + (delay_ms or 0)
-    if (
-        not isinstance(deadline, int)
-        or isinstance(deadline, bool)
-        or not 0 <= deadline <= MAX_DEADLINE
-    ):
-        if delay_ms is not None:  # the caller gave no deadline: say what they gave
-            raise InvalidDeadline(
-                f"delay_ms puts the deadline past the last one a key holds ({MAX_DEADLINE} "
-                "ms since the epoch, 48 bits)",
-                delay_ms=delay_ms,
-            )
+    """The absolute deadline for a write: the fields' rules, then the 48-bit range of
+    the deadline a delay makes."""
+    if deadline is not None:
+        if delay_ms is not None:
+            raise BrokenRule(NOT_BOTH, "delay_ms")
+        DEADLINE.check(deadline)
+        return deadline
+    if delay_ms is None:
+        return now
+    DELAY_MS.check(delay_ms)
+    deadline = now + delay_ms
+    if deadline > MAX_DEADLINE:  # the caller gave no deadline: say what they gave
         raise InvalidDeadline(
-            "deadline must be ms since the epoch within 48 bits", deadline=deadline
+            f"delay_ms puts the deadline past the last one a key holds ({MAX_DEADLINE} "
+            "ms since the epoch, 48 bits)",
+            delay_ms=delay_ms,
         )
     return deadline

@@ -15,18 +15,26 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 
 from dq.server.dependencies import QueuePath, Service, service_of
 from dq.server.routers._common import ERRORS, json_response
-from dq.server.schedule_schemas import ScheduleBody, ScheduleList, ScheduleOut, ScheduleRun
+from dq.server.schedule_schemas import (
+    ScheduleBody,
+    ScheduleList,
+    ScheduleOut,
+    SchedulePage,
+    ScheduleRun,
+)
 from dq.server.schemas import decode_value, encode_value
 from dq.storage.errors import InvalidSchedule, StorageError
 from dq.storage.schedules import ScheduleInfo, ScheduleSpec
 
-__all__ = ["router", "schedule_json"]
+__all__ = ["every_queue", "router", "schedule_json"]
 
 router = APIRouter(prefix="/v1/queues/{queue}/schedules", tags=["schedules"], responses=ERRORS)
+#: every queue's schedules, a page at a time (the dashboard's Schedules page)
+every_queue = APIRouter(prefix="/v1/schedules", tags=["schedules"], responses=ERRORS)
 NamePath = Annotated[
     str,
     Path(
@@ -121,6 +129,35 @@ async def list_schedules(queue: QueuePath, request: Request) -> Response:
     infos = await _run(service, "schedule_get", lambda: service.engine.list_schedules(queue))
     return json_response(
         {"schedules": [schedule_json(i, _lateness(request, queue, i.schedule.name)) for i in infos]}
+    )
+
+
+@every_queue.get(
+    "", response_model=SchedulePage, summary="Every queue's schedules, a page at a time"
+)
+async def all_schedules(
+    request: Request,
+    after: Annotated[
+        str | None, Query(description="the next page's cursor: queue/name of the last one")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> Response:
+    service = service_of(request)
+    cursor = None
+    if after:
+        queue, _, name = after.partition("/")
+        cursor = (queue, name)
+    infos, more = await _run(
+        service, "schedule_get", lambda: service.engine.schedules_page(cursor, limit)
+    )
+    return json_response(
+        {
+            "schedules": [
+                schedule_json(i, _lateness(request, i.schedule.queue, i.schedule.name))
+                for i in infos
+            ],
+            "next": None if more is None else f"{more[0]}/{more[1]}",
+        }
     )
 
 

@@ -9,8 +9,9 @@ import * as charts from "./views/charts.js";
 import * as dead from "./views/dead.js";
 import * as find from "./views/find.js";
 import * as server from "./views/server.js";
+import * as schedules from "./views/schedules.js";
 
-const VIEWS = { overview, queue, charts, dead, find, server };
+const VIEWS = { overview, queue, charts, dead, schedules, find, server };
 const params = new URLSearchParams(location.search);
 const REFRESH_MS = Math.max(250, Number(params.get("refresh")) || 3000);
 // A cheap guarded read: does the server let us in (with the stored token, if any), and

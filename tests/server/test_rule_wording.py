@@ -33,6 +33,9 @@ LEASE = "lease_ms must be between 1 and 43200000"
 COUNT = f"count must be between 1 and {MAX_BATCH}"
 WAIT = "wait_ms must be between 0 and 281474976710655"
 RECEIPT = "receipt must be between 1 and 512 characters"
+DEADLINE = "deadline must be between 0 and 281474976710655"
+DELAY = "delay_ms must be between 0 and 281474976710655"
+BOTH = "give deadline or delay_ms, not both (delay_ms is relative to now)"
 
 #: (dequeue arguments, the rule's words)
 CASES: list[tuple[dict[str, int], str]] = [
@@ -104,7 +107,58 @@ def test_batch_fields_name_the_item_and_say_the_rule(server: LiveServer) -> None
     assert r.json()["details"] == [
         {"loc": ["body", "lease_ms"], "msg": LEASE, "type": "greater_than_equal"}
     ]
+    # a rule the server checks itself (the batch limit is a setting) has its details too
+    r = httpx.post(f"{server.url}/v1/queues/rules/dequeue", json={"count": 6}, timeout=10)
+    assert r.json()["details"] == [{"loc": ["body", "count"], "msg": COUNT, "type": "value_error"}]
     with Client(f"shm://{server.data_dir}") as ring:
         with pytest.raises(ServerError) as refused:
             ring.extend("rules", 1, "r", 0)
         assert (refused.value.status, refused.value.message) == (422, LEASE)
+
+
+@pytest.mark.parametrize(
+    ("when", "words"),
+    [
+        ({"deadline": -1}, DEADLINE),
+        ({"deadline": 1 << 48}, DEADLINE),
+        ({"delay_ms": -5}, DELAY),
+        ({"deadline": 5, "delay_ms": 5}, BOTH),
+    ],
+    ids=["deadline<0", "deadline>48 bits", "delay<0", "both"],
+)
+def test_when_an_item_is_due_is_refused_in_the_rules_words_on_every_path(
+    server: LiveServer, when: dict[str, int], words: str
+) -> None:
+    """An enqueue's or a requeue's ``deadline`` and ``delay_ms``: 422, the rule's words
+    (after the item's place in a batch), over HTTP, the ring's own check (a PUT carries
+    any u64, and both fields), and the client's."""
+    assert _http(server, "items", {"items": [{"value": "x", **when}]}) == (
+        422,
+        "validation_error",
+        f"items.0: {words}",
+    )
+    with Client(f"shm://{server.data_dir}") as ring, Client(server.url) as http:
+        (item,) = http.dequeue("rules", lease_ms=60_000)
+        try:
+            for client in (ring, http):
+                for call in (
+                    lambda c: c.enqueue("rules", b"x", **when),
+                    lambda c: c.requeue("rules", item.id, item.receipt, **when),
+                ):
+                    with pytest.raises(ServerError) as refused:
+                        call(client)
+                    got = (refused.value.status, refused.value.code)
+                    assert got == (422, "validation_error")
+                    assert refused.value.message.endswith(words), refused.value.message
+        finally:
+            http.release("rules", item.id, item.receipt)
+            http.enqueue("rules", b"x")
+    if all(v >= 0 for v in when.values()):  # what a ring field can carry
+        attachment = attach(server.data_dir, queue="rules", capacity=4)
+        try:
+            put = ClientRing(attachment.mm, spin_us=0.0).call(
+                Op.PUT, codec.encode_put(when.get("deadline"), when.get("delay_ms")), b"x"
+            )
+            assert (put.status, put.body.decode()) == (Status.VALIDATION_ERROR, words)
+        finally:
+            attachment.close()

@@ -160,3 +160,28 @@ def test_definitions_and_progress_survive_a_restart(tmp_path: Path) -> None:
         assert [t for t in ticks if stopped < t < restarted] == []  # catch_up skip
 
     run(tmp_path, second, schedule_min_every_ms=100)
+
+
+def test_every_queues_schedules_a_page_at_a_time(tmp_path: Path) -> None:
+    async def call(http: httpx.AsyncClient) -> None:
+        made = [(q, f"s{n}") for q in ("b", "a", "c") for n in range(4)]
+        for queue, name in made:
+            r = await http.put(f"/v1/queues/{queue}/schedules/{name}", json={"cron": "0 0 * * *"})
+            assert r.status_code == 200, r.text
+        seen: list[tuple[str, str]] = []
+        after = None
+        for _ in range(10):
+            params: dict[str, Any] = {"limit": 5}
+            if after:
+                params["after"] = after
+            page = (await http.get("/v1/schedules", params=params)).json()
+            seen += [(s["queue"], s["name"]) for s in page["schedules"]]
+            assert len(page["schedules"]) <= 5
+            after = page["next"]
+            if after is None:
+                break
+        assert seen == sorted(made)
+        r = await http.get("/v1/schedules", params={"limit": 0})
+        assert r.status_code == 422
+
+    run(tmp_path, call)

@@ -157,12 +157,12 @@ class AckCheck:
         original = self._original = Queue._submit
         check = self._check
 
-        def _submit(q: Queue, payload: bytes, *args: Any, **kwargs: Any) -> Future[Any]:
-            wal = q.wal
+        def _submit(q: Queue, batch: Any, payload: bytes, *args: Any, **kwargs: Any) -> Future[Any]:
+            wal = q.commit.wal
             st = os.fstat(wal._fd)
             start = wal.size  # the record goes after everything appended so far
             end = start + RECORD_HEADER.size + len(payload)
-            fut: Future[Any] = original(q, payload, *args, **kwargs)
+            fut: Future[Any] = original(q, batch, payload, *args, **kwargs)
             if q.engine.config.fsync == "always":
                 key = (st.st_dev, st.st_ino)
                 fut.add_done_callback(lambda f: check(f, key, start, end, wal.path))

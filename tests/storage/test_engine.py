@@ -22,6 +22,7 @@ from dq.storage.errors import (
     InvalidArgument,
     InvalidDeadline,
     InvalidQueueName,
+    OutOfRange,
     QueueNotFound,
     StorageError,
     ValueTooLarge,
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def state(e: Engine, q: str) -> tuple[int, int, int]:
     queue = e.queue(q)
-    return queue.next_id, queue.wal.size, queue.stats().pending
+    return queue.next_id, queue.commit.wal.size, queue.stats().pending
 
 
 @pytest.mark.parametrize(
@@ -41,8 +42,9 @@ def state(e: Engine, q: str) -> tuple[int, int, int]:
     [
         ([NewItem(b"x" * 1025)], ValueTooLarge),
         ([NewItem(b"ok"), NewItem(b"x" * 2000)], ValueTooLarge),  # one bad item spoils the batch
-        ([NewItem(b"x", deadline=1 << 48)], InvalidDeadline),
-        ([NewItem(b"x", deadline=-1)], InvalidDeadline),
+        ([NewItem(b"x", deadline=1 << 48)], OutOfRange),
+        ([NewItem(b"x", deadline=-1)], OutOfRange),
+        ([NewItem(b"x", delay_ms=(1 << 48) - 1)], InvalidDeadline),  # past the last deadline
         ([NewItem(b"x", delay_ms=-5)], InvalidArgument),
         ([NewItem(b"x", deadline=5, delay_ms=5)], InvalidArgument),
         ([NewItem(b"x")] * 11, BatchTooLarge),
@@ -319,7 +321,7 @@ def test_logs_grow_in_preallocated_steps_and_recover(tmp_path: Path) -> None:
     cfg = EngineConfig(fsync="always", wal_prealloc_bytes=64 * 1024, auto_merge=False)  # opt-in
     with Engine.open(tmp_path / "d", cfg) as e:
         e.enqueue("q", [NewItem(b"v" * 100) for _ in range(10)])
-        wal = e.queue("q").wal
+        wal = e.queue("q").commit.wal
         on_disk = os.path.getsize(wal.path)
         assert on_disk == 64 * 1024 and wal.offset < on_disk  # zeros ahead of the data
         e.enqueue("q", [NewItem(b"w" * 1000) for _ in range(100)])

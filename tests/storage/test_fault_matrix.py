@@ -290,9 +290,9 @@ class Runner:
                 )
             time.sleep(0.05)
         q = self.e.queue(Q)
-        while q.frozen:
+        while q.files.frozen:
             if time.monotonic() > give_up:
-                pytest.fail(f"{len(q.frozen)} frozen log(s) never got their segment file")
+                pytest.fail(f"{len(q.files.frozen)} frozen log(s) never got their segment file")
             time.sleep(0.02)
 
     def crash_and_check(self) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from dq.storage import Engine, EngineConfig, NewItem, Release, fileio, segment_set
+from dq.storage import Engine, EngineConfig, NewItem, Release, fileio
+from dq.storage import queue as queue_module
 from dq.storage.compactor import merge_segments
 from dq.storage.errors import InvalidArgument, QueueDamaged, WriteStall
 from dq.storage.merge_policy import MergePolicy
@@ -67,8 +68,8 @@ def test_a_failed_freeze_is_retried_until_it_succeeds(
     with failing(seg_of(1)) as seen:
         e.freeze("q")
         wait_for(lambda: len(seen) >= 2)  # tried again, still failing
-        assert len(q.frozen) == 1 and q.stats().extra["freeze_failures"] >= 2
-    wait_for(lambda: not q.frozen)  # the fault cleared: the next retry installs it
+        assert len(q.files.frozen) == 1 and q.stats().extra["freeze_failures"] >= 2
+    wait_for(lambda: not q.files.frozen)  # the fault cleared: the next retry installs it
     queue_dir = tmp_path / "data" / "queues" / "q"
     assert (queue_dir / "0000000001-0000000001.seg").exists()
     assert not list(queue_dir.glob("*.log_ro"))
@@ -196,13 +197,13 @@ def test_a_write_stall_behind_a_hung_worker_is_logged(
     """A compaction worker that hangs fails nothing, but writes are refused: the log
     says so (once a minute, not once a refusal) and names the cause."""
     gate = threading.Event()
-    real = segment_set.freeze_log
+    real = queue_module.freeze_log
 
     def hung(*args: object, **kwargs: object) -> object:
         assert gate.wait(30)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(segment_set, "freeze_log", hung)
+    monkeypatch.setattr(queue_module, "freeze_log", hung)
     e = open_engine(memseg_bytes=4096, max_frozen=1, compaction="thread")
     value = os.urandom(500)
     refused = 0

@@ -87,6 +87,6 @@ def test_memseg_bytes_bounds_the_memory_of_small_values(
         stats = e.stats("q")
         assert stats.extra["memory_bytes"] <= 3 * limit + 100 * 300, stats.extra
     q = e.queue("q")
-    assert q.wal.size < limit // 2  # rotations came from memory, long before the log filled
+    assert q.commit.wal.size < limit // 2  # rotations came from memory, long before the log filled
     assert len(q.segments) >= 5
     assert e.stats("q").pending == 4000

@@ -118,7 +118,7 @@ def test_a_failed_next_log_leaves_the_queue_on_its_log(
         for v in more:
             e.enqueue("q", [NewItem(v)])
         e.enqueue("other", [NewItem(b"other-2")])
-        assert len(e.queue("q").segments) + len(e.queue("q").frozen) >= 1  # rotated since
+        assert len(e.queue("q").segments) + len(e.queue("q").files.frozen) >= 1  # rotated since
     finally:
         e.close()
     e = Engine.open(path, cfg, clock=clock)

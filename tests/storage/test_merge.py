@@ -69,7 +69,7 @@ def abandon(engine: Engine) -> None:
     """Drop an engine the way a killed process would: no flush, no cleanup."""
     for q in engine._queues.values():
         q.closed = True
-        os.close(q.wal._fd)
+        os.close(q.commit.wal._fd)
         for r in q.segments:
             r.close()
     engine._stop_maintenance.set()
@@ -206,14 +206,14 @@ def test_closing_during_a_merge_stops_it_quietly(
         e.enqueue("q", [NewItem(b"%d-%d" % (batch, i)) for i in range(10)])
         e.freeze("q")
     started, go_on = threading.Event(), threading.Event()
-    real = compactor.net_entries_grouped
+    real = compactor.net_entries
 
     def held(*args: object, **kwargs: object) -> object:
         started.set()
         assert go_on.wait(20)  # until close has asked the merge to stop
         yield from real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(compactor, "net_entries_grouped", held)
+    monkeypatch.setattr(compactor, "net_entries", held)
     q = e.queue("q")
     q.merge(0, 3, wait=False)
     assert started.wait(20)
@@ -230,7 +230,7 @@ def test_closing_during_a_merge_stops_it_quietly(
     assert not closing.is_alive()
     assert [r.message for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert any("merge stopped" in r.message for r in caplog.records)
-    assert q.merge_error is None
+    assert q.files.merge_error is None
     e = open_engine(path=tmp_path / "data")
     assert len(e.queue("q").segments) == 3
     assert len(drain(e, "q")) == 30

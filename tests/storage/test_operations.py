@@ -20,7 +20,6 @@ from dq.storage import (
     Release,
     Requeue,
     browse,
-    segment_set,
 )
 from dq.storage.errors import (
     BadCursor,
@@ -30,6 +29,7 @@ from dq.storage.errors import (
     NotADeadLetterQueue,
     WriteStall,
 )
+from dq.storage.wal import WalWriter
 from tests.storage.conftest import FakeClock
 
 Open = Callable[..., Engine]
@@ -383,7 +383,7 @@ def test_purge_of_a_stalled_queue_retries_its_failed_rotation(
     for the stall to pass (it looped forever when only a purge was writing)."""
     e = open_engine(fsync="always", memseg_bytes=4096)
     e.enqueue("q", [NewItem(b"a")])
-    create = segment_set.WalWriter.create
+    create = WalWriter.create
     disk_full = [True]
     failures: list[int] = []
 
@@ -393,7 +393,7 @@ def test_purge_of_a_stalled_queue_retries_its_failed_rotation(
             raise OSError(errno.ENOSPC, "no space left on device")
         return create(*args, **kwargs)
 
-    monkeypatch.setattr(segment_set.WalWriter, "create", no_space)
+    monkeypatch.setattr(WalWriter, "create", no_space)
     e.enqueue("q", [NewItem(b"x" * 5000)])  # over the limit: the rotation fails
     e.enqueue("q", [NewItem(b"y" * 5000)])  # twice over: writes stall now
     q = e.queue("q")
@@ -406,6 +406,28 @@ def test_purge_of_a_stalled_queue_retries_its_failed_rotation(
     purging.start()
     purging.join(30)
     assert done == [3] and not q.stalled()
+
+
+def test_a_purge_whose_tombstones_overfill_memory_in_one_sync_round_finishes(
+    open_engine: Open,
+) -> None:
+    """With ``always`` a batch's entries reach the in-memory segment at its sync round,
+    after the check that asks for a rotation: a purge whose tombstones (200 bytes of
+    memory each, 16 in the log) took the segment from under its limit to over twice it
+    in one round stalled writes with no rotation asked for, and the purge waited for
+    the stall to pass forever."""
+    e = open_engine(fsync="always", memseg_bytes=4096)
+    for _ in range(60):
+        e.enqueue("q", [NewItem(b"v", delay_ms=60_000)])
+    q = e.queue("q")
+    assert not q.stalled() and q.stats().pending == 60
+    done: list[int] = []
+    purging = threading.Thread(target=lambda: done.append(e.purge("q")), daemon=True)
+    purging.start()
+    purging.join(30)
+    assert done == [60] and not q.stalled()
+    e.enqueue("q", [NewItem(b"after")])  # writes go on
+    assert [d.value for d in e.dequeue("q", 10)] == [b"after"]
 
 
 @pytest.mark.parametrize("op", ["peek", "delete"])

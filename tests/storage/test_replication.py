@@ -212,7 +212,7 @@ def test_leading_again_after_a_step_down_restores_the_writes_in_doubt(engines: A
     fut = leader.enqueue_nowait("jobs", [NewItem(b"in doubt", 0, key="k")])
     leader.queue("jobs")  # the write reaches the log (fsync) but never the sync set
     deadline = time.monotonic() + 5
-    while leader.queue("jobs")._waiting and not leader.queue("jobs")._waiting[0].synced:
+    while leader.queue("jobs").commit.waiting and not leader.queue("jobs").commit.waiting[0].synced:
         assert time.monotonic() < deadline
         time.sleep(0.01)
     leader.set_replication(None)  # the lease is lost
@@ -314,7 +314,7 @@ def test_a_dead_letter_move_refused_by_a_stall_is_retried(engines: Any, clock: A
         clock.advance(2000)
         leader.expire_leases("jobs")  # delivered once: the next look moves it
         deadline = time.monotonic() + 10
-        while leader.queue("jobs")._waiting:  # the expiry's record commits
+        while leader.queue("jobs").commit.waiting:  # the expiry's record commits
             assert time.monotonic() < deadline
             time.sleep(0.01)
         sink.admitting = False  # the group acknowledges nothing: the move is refused
