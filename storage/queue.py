@@ -17,19 +17,22 @@ entry that is not visible yet.
 
 - ``queue_core.py``: the fields (guarded by ``lock``) and ``QueueHost``, what the
   queue needs from its engine;
-- ``queue_failure.py``: failing after an I/O error, quarantine, reopening from disk,
-  the open check every operation passes;
+- ``health.py``: ``Health``, the part that says why the queue refuses work (an I/O
+  error, damage) and when it next tries to reopen (``health``);
 - ``group_commit.py``: ``GroupCommit``, the part that owns the log, the batches waiting
   to be durable and the barrier of unpublished ones (``commit``);
-- ``segment_set.py``: the logs and segment files (rotation, freezing, installs, merges);
+- ``segment_set.py``: ``SegmentSet``, the part that owns the in-memory segments, the
+  segment files and the merged view, and the state of rotations, freezes and merges
+  (``files``);
 - ``queue_items.py``: release, requeue, extend, lease expiry, tombstones;
-- ``queue_reads.py``: lookup, dequeue, next wake-up, stats;
+- ``queue_reads.py``: dequeue, next wake-up, stats;
 - ``queue_replica.py``: a replica group's follower applying records, copies for followers;
 - ``queue_config.py`` (``queue.json``) and ``validation.py`` (deadlines, leases).
 
-This module opens, loads and closes a queue, places keys after the cursor, and runs
-the write path: enqueue (``dedup.py`` sorts out idempotency keys), appending a batch
-(``_submit``), the sync round, and publishing what is durable (``_publish``).
+This module opens, loads and closes a queue, places keys after the cursor, runs the
+write path (enqueue, with ``dedup.py`` sorting out idempotency keys; appending a batch,
+``_submit``; the sync round; publishing what is durable, ``_publish``), and the jobs
+that span parts: rotating the log, freezing and merging, failing and reopening.
 """
 
 from __future__ import annotations
@@ -62,7 +65,6 @@ from dq.storage.memseg import MemSegment
 from dq.storage.merge_policy import SegmentDesc
 from dq.storage.queue_config import CONFIG_FILE, load_config, save_config
 from dq.storage.queue_core import QueueHost
-from dq.storage.queue_failure import FailureMixin
 from dq.storage.queue_items import ItemsMixin
 from dq.storage.queue_reads import ReadsMixin
 from dq.storage.queue_replica import ReplicaMixin
@@ -77,7 +79,7 @@ __all__ = ["Queue", "QueueHost"]
 log = logging.getLogger("dq.storage.queue")
 
 
-class Queue(FailureMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
+class Queue(ItemsMixin, ReadsMixin, ReplicaMixin):
     """One queue. Its state is declared in ``QueueCore``; its jobs are mixed in from the
     modules named above, whose methods all run with ``self`` a ``Queue``."""
 
@@ -107,7 +109,7 @@ class Queue(FailureMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
             # name the file that could not be read (the operator rewrites or removes
             # it), and where in it the JSON broke off
             q = cls(engine, name, directory, QueueConfig())
-            q._quarantine(
+            q.health.quarantine(
                 CorruptionError(
                     f"unreadable {settings}: {exc}",
                     file=os.path.join(directory, settings),
@@ -120,7 +122,7 @@ class Queue(FailureMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
         try:
             q._load()
         except CorruptionError as exc:
-            q._quarantine(exc)
+            q.health.quarantine(exc)
         except Exception as exc:  # a fault (disk full, descriptors): retried, like a restart
             with q.lock:
                 answer(q._fail_locked(exc, "opening the queue"))
@@ -187,7 +189,7 @@ class Queue(FailureMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
             now = self.engine.now()
         st = encode_stats(*stats) if stats is not None else encode_stats(now, 0, 0)
         with self.lock:
-            if self.failed is not None or self.closed:
+            if self.health.failed is not None or self.closed:
                 self.check_open()
             if self.stalled():
                 self.retry_rotation()
@@ -312,8 +314,8 @@ class Queue(FailureMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
                 answer(self._fail_locked(exc, "writing the log"))
                 if isinstance(exc, StorageError):
                     raise
-                assert self.failed is not None
-                raise self.failed from exc
+                assert self.health.failed is not None
+                raise self.health.failed from exc
             self._publish(batch)
             settle(batch.future, batch.result)
             if mode == "interval" and self.engine.syncer is not None:
@@ -384,7 +386,7 @@ class Queue(FailureMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
         queue, in every mode (``_fail_locked``)."""
         commit = self.commit
         with self.lock:
-            if not self.loaded or self.failed is not None or self.closed:
+            if not self.loaded or self.health.failed is not None or self.closed:
                 return 0.0
             wal, data, seq = commit.take_round()
         started = time.perf_counter()
@@ -395,7 +397,7 @@ class Queue(FailureMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
                 answers = self._fail_locked(error, "syncing the log")
             elif self.engine.config.fsync == "always":
                 answers = self._complete(wal, seq)
-                if self.files.rotate_requested and not self.closed and self.failed is None:
+                if self.files.rotate_requested and not self.closed and self.health.failed is None:
                     answers += self._rotate_locked()
             else:
                 answers = []
@@ -529,7 +531,7 @@ class Queue(FailureMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
                 if self.closed or gen != files.generation:
                     return
                 files.install_frozen(path, mem, result, self.cursor)
-                if files.rotate_requested and self.failed is None:
+                if files.rotate_requested and self.health.failed is None:
                     if self.engine.config.fsync == "always":
                         assert self.engine.syncer is not None
                         self.engine.syncer.mark_dirty(self)
@@ -582,7 +584,7 @@ class Queue(FailureMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
         answers: list[Answer] = []
         files = self.files
         with self.lock:
-            if not self.loaded or self.closed or self.failed is not None:
+            if not self.loaded or self.closed or self.health.failed is not None:
                 return
             if files.frozen or files.rotate_requested:
                 return
@@ -614,7 +616,9 @@ class Queue(FailureMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
             files = self.files
             if files.merge_backing_off():
                 return False
-            return self.loaded and not (self.closed or files.merging or self.failed is not None)
+            return self.loaded and not (
+                self.closed or files.merging or self.health.failed is not None
+            )
 
     def merge(self, start: int, stop: int, *, wait: bool = True) -> Future[Any] | None:
         """Merge ``segments[start:stop]`` (a contiguous range) into one segment file on
@@ -660,6 +664,89 @@ class Queue(FailureMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
                 return
             files.install_merge(inputs, path, self.cursor)
         self.engine.merge_policy_hook(self)
+
+    # ------------------------------------------------------------------ failing and reopening
+
+    @property
+    def failed(self) -> StorageError | None:
+        """Why the queue refuses work, or None (``Health``)."""
+        return self.health.failed
+
+    @property
+    def quarantined(self) -> bool:
+        """Damaged on disk: it refuses work until an operator repairs it and restarts."""
+        return self.health.quarantined
+
+    def check_open(self) -> None:
+        """Raise why the queue refuses work, if it does (a failed queue whose reopening
+        is due is reopened first). Call under the lock."""
+        if self.health.failed is not None:
+            self._recover_locked()
+        if self.health.failed is not None:
+            raise self.health.failed
+        if self.closed:
+            raise EngineUnavailable("queue is closed", queue=self.name)
+
+    def _fail_locked(self, exc: BaseException, what: str) -> list[Answer]:
+        """Fail the queue after a write or sync error (call under the lock).
+
+        After a failed write or fsync the page cache cannot be trusted to say what is
+        on disk, so nothing more is acknowledged: every waiting batch is refused and
+        rolled back, records still buffered are discarded (a refused operation must
+        never happen later), and the queue refuses work until it is reopened from disk.
+        On a replica group's leader a batch already shipped is answered "unknown"
+        (``ReplicationTimeout``), not refused: the followers may hold it, and a member
+        that takes over makes it visible.
+        """
+        health, commit = self.health, self.commit
+        error = health.refusal(exc, what)
+        if health.failed is None and self.engine.replication is not None:
+            # a leader's log may now hold records its followers do not: step down
+            self.engine.replication.local_failure(self.name, error)
+        health.fail(exc, what)
+        if self.loaded:
+            commit.wal.discard_buffer()
+            try:  # before anyone hears "refused": a crash now must not bring it back
+                commit.cut_back()
+            except Exception as cut_exc:  # tried again when the queue reopens
+                log.error("queue %s: cutting the log back failed: %s", self.name, cut_exc)
+        answers: list[Answer] = []
+        in_doubt: BaseException | None = None
+        for batch in reversed(commit.refuse_all()):
+            self._roll_back(batch)
+            if batch.lsn:  # shipped: the followers may hold it, and it may commit there
+                in_doubt = in_doubt or ReplicationTimeout(
+                    f"{what} failed on the leader after the write was sent to the replica "
+                    "group: its outcome is unknown (another member may make it visible)",
+                    queue=self.name,
+                )
+                answers.append((batch.future, None, in_doubt))
+            else:
+                answers.append((batch.future, None, error))
+        return answers
+
+    def recover_if_due(self) -> None:
+        """Reopen a failed queue from disk when its retry is due (the restart path)."""
+        with self.lock:
+            self._recover_locked()
+
+    def _recover_locked(self) -> None:
+        health = self.health
+        if self.closed or not health.recovery_due() or self.files.merging:
+            return
+        try:
+            if self.loaded:
+                self.commit.cut_back()
+            self.files.drop()
+            self.loaded = False
+            self._load()
+        except CorruptionError as exc:
+            health.quarantine(exc)
+            return
+        except Exception as exc:
+            health.reopen_failed(exc)
+            return
+        health.reopened()
 
     # ------------------------------------------------------------------ settings
 
@@ -707,7 +794,7 @@ class Queue(FailureMixin, ItemsMixin, ReadsMixin, ReplicaMixin):
             self.closed = True
             for timer in self._timers:
                 timer.cancel()
-            if self.loaded and self.failed is None:
+            if self.loaded and self.health.failed is None:
                 wal = self.commit.wal
                 try:
                     wal.close(sync=self.engine.config.fsync != "never")

@@ -1,7 +1,7 @@
 """The state of one queue, declared in one place: what ``Queue`` and each of its parts
-(``queue_failure``, ``queue_items``, ``queue_reads``) read and write, always under
+(``queue_items``, ``queue_reads``) read and write, always under
 ``lock``, beside the parts it holds (``commit``: ``storage/group_commit.py``, ``files``:
-``storage/segment_set.py``);
+``storage/segment_set.py``, ``health``: ``storage/health.py``);
 and ``QueueHost``, what a queue needs from the engine that holds it.
 
 Invariant: ``lock`` guards every field here; the engine is reached only through
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from dq.storage.compactor import Compactor
 from dq.storage.config import EngineConfig
-from dq.storage.errors import StorageError
 from dq.storage.group_commit import GroupCommit
+from dq.storage.health import Health
 from dq.storage.itemmeta import ItemMeta
 from dq.storage.leases import Leases
 from dq.storage.queue_state import QueueState
@@ -73,10 +73,8 @@ class QueueCore:
         self.loaded = False
         self.next_id = 1
         self.closed = False
-        #: why the queue refuses work (an I/O error, or damage found when opening it)
-        self.failed: StorageError | None = None
-        #: damaged on disk: stays failed until an operator repairs it and restarts
-        self.quarantined = False
+        #: why the queue refuses work, and when it tries to reopen
+        self.health = Health(name, directory)
         self.watchers: list[Callable[[], None]] = []
         # operator features (storage/queue_state.py, itemmeta.py, rates.py)
         self.state = QueueState()
@@ -87,9 +85,3 @@ class QueueCore:
         self.dead_lettered = 0
         self.lease_expired = 0
         self._timers: set[threading.Timer] = set()
-        self._recover_delay = 0.0
-        self._recover_at = 0.0
-        #: when the queue last reopened after a failure (``time.monotonic``)
-        self._recovered_at = -1e9
-        #: counters shown in ``stats().extra``
-        self.counters = {"io_errors": 0, "recoveries": 0}

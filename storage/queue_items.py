@@ -168,7 +168,7 @@ class ItemsMixin(QueueCore):
     def expire_leases(self: Queue) -> int:
         now = self.engine.now()
         with self.lock:
-            if self.closed or self.failed is not None:
+            if self.closed or self.health.failed is not None:
                 return 0
             n = self.requeue_expired(now)
         return n

@@ -61,7 +61,7 @@ class ReplicaMixin(QueueCore):
         """Copy this queue's files into the empty directory ``dest``; return the lsn of
         the last record the copy holds (0 if none was shipped)."""
         with self.lock:
-            if self.quarantined:
+            if self.health.quarantined:
                 # damaged: copied as it lies on disk, so a follower quarantines it the
                 # same way (its other queues still join) and every member keeps what an
                 # operator may repair; it takes no writes, so the stream has none of it

@@ -24,23 +24,19 @@ import time
 from dq.storage import fileio
 from dq.storage.compactor import FreezeResult
 from dq.storage.errors import InvalidArgument
+from dq.storage.health import backoff
 from dq.storage.memseg import MemSegment
 from dq.storage.merge_policy import SegmentDesc
 from dq.storage.recovery import Recovered
 from dq.storage.segment import SegmentReader, segment_name
 from dq.storage.view import MergedView
 
-__all__ = ["STALL_WARNING_S", "SegmentSet", "backoff"]
+__all__ = ["STALL_WARNING_S", "SegmentSet"]
 
 log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever part logs
 
 #: a stall of writes is logged at most this often per queue
 STALL_WARNING_S = 60.0
-
-
-def backoff(previous: float) -> float:
-    """The next retry delay: 50 ms, doubling, at most 5 s."""
-    return min(max(previous * 2, 0.05), 5.0)
 
 
 class SegmentSet:

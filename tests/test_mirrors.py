@@ -114,7 +114,7 @@ COVERED_ELSEWHERE: dict[str, tuple[str, ...]] = {
     "tests/storage/test_faults_freeze.py": ("storage/segment_set.py",),
     "tests/storage/test_operations.py": ("storage/browse.py", "storage/queue_state.py"),
     "tests/storage/test_sync_order.py": ("storage/group_commit.py",),
-    "tests/storage/test_faults_sync.py": ("storage/queue_failure.py",),
+    "tests/storage/test_faults_sync.py": ("storage/health.py",),
     "tests/storage/test_faults_recovery.py": ("storage/queue_config.py", "storage/recovery.py"),
     "tests/storage/test_state_counts.py": ("storage/segment_counts.py",),
     "tests/storage/test_replication.py": ("storage/queue_replica.py", "storage/replica_engine.py"),
