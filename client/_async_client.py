@@ -1,4 +1,5 @@
-"""``AsyncClient``: the asyncio twin of ``Client``, over one ``AsyncTransport``."""
+"""``AsyncClient``: the asyncio twin of ``Client``: the same calls (``client/_calls.py``),
+awaited from one ``AsyncTransport``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,27 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from dq.client._batches import DEFAULT_MAX_BATCH, Batches
+from dq.client._calls import (
+    Backup,
+    Browse,
+    DeleteItem,
+    DeleteQueue,
+    Dequeue,
+    EnqueueMany,
+    EnqueueOne,
+    ExtendMany,
+    GetQueue,
+    Health,
+    ListQueues,
+    Pause,
+    Peek,
+    Purge,
+    PutQueue,
+    Redrive,
+    ReleaseMany,
+    ReleaseOne,
+    RequeueMany,
+)
 from dq.client._common import as_new_item, as_release, check_outcome
 from dq.client._transport import AsyncTransport, open_async_transport
 from dq.client.types import (
@@ -75,21 +97,16 @@ class AsyncClient:
     ) -> int:
         """Enqueue one item; returns its id once it is durable. With ``key``, a repeat
         within the queue's dedup window returns the first item's id (safe to retry)."""
-        enqueue_one = getattr(self.transport, "enqueue_one", None)
-        if enqueue_one is not None:  # the HTTP transport's shortcut for one item
-            item_id: int = await enqueue_one(queue, value, deadline, delay_ms, key)
-            return item_id
-        item = as_new_item(value, deadline, delay_ms, key)
-        done = await self.transport.enqueue(queue, [item])
-        return done[0].id
+        return await self.transport.call(EnqueueOne(queue, value, deadline, delay_ms, key))
 
     async def enqueue_many(
         self, queue: str, items: Iterable[bytes | str | NewItem]
     ) -> list[Enqueued]:
         """Enqueue every value, in order; a list longer than the server takes in one
         request goes as several (``docs/client.md``, "Long lists")."""
-        send = partial(self.transport.enqueue, queue)
-        return await self.batches.send_async(send, [as_new_item(i) for i in items])
+        return await self.batches.send_async(
+            self.transport.call, partial(EnqueueMany, queue), [as_new_item(i) for i in items]
+        )
 
     async def dequeue(
         self,
@@ -101,22 +118,16 @@ class AsyncClient:
         release: Iterable[Item | Release] = (),
     ) -> Dequeued:
         """As ``Client.dequeue``, ``release`` included."""
-        return await self.transport.dequeue(
-            queue, count, lease_ms, wait_ms, [as_release(i) for i in release]
-        )
+        releases = [as_release(i) for i in release]
+        return await self.transport.call(Dequeue(queue, count, lease_ms, wait_ms, releases))
 
     async def release(self, queue: str, id: int, receipt: str) -> None:
-        release_one = getattr(self.transport, "release_one", None)
-        if release_one is not None:  # the HTTP transport's shortcut for one item
-            failed = await release_one(queue, id, receipt)
-            if failed is not None:
-                check_outcome(failed, queue)
-            return
-        check_outcome((await self.transport.release(queue, [Release(id, receipt)]))[0], queue)
+        await self.transport.call(ReleaseOne(queue, id, receipt))
 
     async def release_many(self, queue: str, items: Iterable[Item | Release]) -> list[Outcome]:
-        send = partial(self.transport.release, queue)
-        return await self.batches.send_async(send, [as_release(i) for i in items])
+        return await self.batches.send_async(
+            self.transport.call, partial(ReleaseMany, queue), [as_release(i) for i in items]
+        )
 
     async def requeue(
         self,
@@ -128,45 +139,51 @@ class AsyncClient:
         delay_ms: int | None = None,
     ) -> int:
         batch = [Requeue(id, receipt, deadline, delay_ms)]
-        outcome = check_outcome((await self.transport.requeue(queue, batch))[0], queue)
+        outcome = check_outcome((await self.transport.call(RequeueMany(queue, batch)))[0], queue)
         return outcome.deadline if outcome.deadline is not None else 0
 
     async def requeue_many(self, queue: str, batch: Iterable[Requeue]) -> list[Outcome]:
-        return await self.batches.send_async(partial(self.transport.requeue, queue), list(batch))
+        return await self.batches.send_async(
+            self.transport.call, partial(RequeueMany, queue), list(batch)
+        )
 
     async def extend(self, queue: str, id: int, receipt: str, lease_ms: int) -> Outcome:
-        outcomes = await self.transport.extend(queue, [Extend(id, receipt, lease_ms)])
+        outcomes = await self.transport.call(ExtendMany(queue, [Extend(id, receipt, lease_ms)]))
         return check_outcome(outcomes[0], queue)
 
     async def extend_many(self, queue: str, batch: Iterable[Extend]) -> list[Outcome]:
-        return await self.batches.send_async(partial(self.transport.extend, queue), list(batch))
+        return await self.batches.send_async(
+            self.transport.call, partial(ExtendMany, queue), list(batch)
+        )
 
     async def queues(self) -> list[QueueInfo]:
-        return await self.transport.list_queues()
+        return await self.transport.call(ListQueues())
 
     async def queue(self, name: str) -> QueueInfo:
-        return await self.transport.get_queue(name)
+        return await self.transport.call(GetQueue(name))
 
     async def put_queue(self, name: str, config: QueueConfig | None = None) -> QueueInfo:
-        return await self.transport.put_queue(name, config if config is not None else QueueConfig())
+        return await self.transport.call(
+            PutQueue(name, config if config is not None else QueueConfig())
+        )
 
     async def delete_queue(self, name: str, *, force: bool = False) -> None:
         """Delete a queue and all its items. A queue other queues name as their
         dead-letter queue is refused (``Conflict``, code ``dead_letter_queue_in_use``)
         unless ``force``."""
-        await self.transport.delete_queue(name, force)
+        await self.transport.call(DeleteQueue(name, force))
 
     async def health(self) -> dict[str, Any]:
-        return await self.transport.health()
+        return await self.transport.call(Health())
 
     # operating a queue -------------------------------------------------------------
     async def pause(self, queue: str) -> QueueInfo:
         """Stop handing out items (durably); enqueue, release, requeue, extend go on."""
-        return await self.transport.pause(queue)
+        return await self.transport.call(Pause(queue))
 
     async def resume(self, queue: str) -> QueueInfo:
         """Hand out items again; waiting long-polls wake at once."""
-        return await self.transport.pause(queue, resume=True)
+        return await self.transport.call(Pause(queue, resume=True))
 
     async def browse(
         self,
@@ -178,19 +195,19 @@ class AsyncClient:
     ) -> BrowsePage:
         """One page of items in (deadline, id) order, without leasing them; ``state``:
         "all", "due", "delayed" or "leased". Pass ``page.next`` as ``after``."""
-        return await self.transport.browse(queue, state, after, limit, values)
+        return await self.transport.call(Browse(queue, state, after, limit, values))
 
     async def peek(self, queue: str, id: int, values: bool = True) -> BrowsedItem:
         """Item ``id`` wherever it is; state "gone" once it left the queue."""
-        return await self.transport.peek(queue, id, values)
+        return await self.transport.call(Peek(queue, id, values))
 
     async def purge(self, queue: str) -> int:
         """Remove every item (leased ones too: their receipts go stale); how many."""
-        return await self.transport.purge(queue)
+        return await self.transport.call(Purge(queue))
 
     async def delete_item(self, queue: str, id: int) -> None:
         """Remove one item without a receipt (``ItemNotFound`` if it is not there)."""
-        await self.transport.delete_item(queue, id)
+        await self.transport.call(DeleteItem(queue, id))
 
     async def redrive(
         self,
@@ -201,12 +218,14 @@ class AsyncClient:
         limit: int | None = None,
     ) -> RedriveResult:
         """Move items of dead-letter queue ``queue`` back where they died (or ``to``)."""
-        return await self.transport.redrive(queue, to, None if ids is None else list(ids), limit)
+        return await self.transport.call(
+            Redrive(queue, to, None if ids is None else list(ids), limit)
+        )
 
     async def backup(self, dest: str) -> BackupResult:
         """A consistent copy of the server's data directory at ``dest`` (a new directory
         inside the server's ``--backup-dir``)."""
-        return await self.transport.backup(dest)
+        return await self.transport.call(Backup(dest))
 
     def consumer(
         self,

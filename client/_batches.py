@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
+from dq.client._calls import Call
 from dq.client.errors import ClientError, TooLarge
 
 __all__ = ["DEFAULT_MAX_BATCH", "Batches"]
@@ -45,14 +46,20 @@ class Batches:
         #: items per request at most; lowered when the server refuses a count
         self.max_batch = max_batch
 
-    def send(self, send: Callable[[Sequence[T]], list[R]], items: Sequence[T]) -> list[R]:
-        """``send`` every item, at most ``max_batch`` a request; the results in order."""
+    def send(
+        self,
+        send: Callable[[Call[list[R]]], list[R]],
+        make: Callable[[Sequence[T]], Call[list[R]]],
+        items: Sequence[T],
+    ) -> list[R]:
+        """Every item, at most ``max_batch`` a request: ``send(make(part))`` (``send``: a
+        transport's ``call``); the results in order."""
         done: list[R] = []
         size, sent = self.max_batch, 0
         while sent < len(items):
             part = items[sent : sent + size]
             try:
-                results = send(part)
+                results = send(make(part))
             except ClientError as exc:
                 size = self._smaller(exc, len(part), done)
                 continue
@@ -61,7 +68,10 @@ class Batches:
         return done
 
     async def send_async(
-        self, send: Callable[[Sequence[T]], Awaitable[list[R]]], items: Sequence[T]
+        self,
+        send: Callable[[Call[list[R]]], Awaitable[list[R]]],
+        make: Callable[[Sequence[T]], Call[list[R]]],
+        items: Sequence[T],
     ) -> list[R]:
         """As ``send``, with an asynchronous ``send``."""
         done: list[R] = []
@@ -69,7 +79,7 @@ class Batches:
         while sent < len(items):
             part = items[sent : sent + size]
             try:
-                results = await send(part)
+                results = await send(make(part))
             except ClientError as exc:
                 size = self._smaller(exc, len(part), done)
                 continue

@@ -1,4 +1,5 @@
-"""``Client``: the blocking client. Every call goes through one ``Transport``.
+"""``Client``: the blocking client. Each method builds one call (``client/_calls.py``)
+and hands it to its ``Transport``'s one method, ``call``.
 
 Single-item ``release``/``requeue``/``extend`` raise the item's error (``StaleReceipt``
 ...); the ``*_many`` forms return one ``Outcome`` per item instead.
@@ -12,6 +13,27 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from dq.client._batches import DEFAULT_MAX_BATCH, Batches
+from dq.client._calls import (
+    Backup,
+    Browse,
+    DeleteItem,
+    DeleteQueue,
+    Dequeue,
+    EnqueueMany,
+    EnqueueOne,
+    ExtendMany,
+    GetQueue,
+    Health,
+    ListQueues,
+    Pause,
+    Peek,
+    Purge,
+    PutQueue,
+    Redrive,
+    ReleaseMany,
+    ReleaseOne,
+    RequeueMany,
+)
 from dq.client._common import as_new_item, as_release, check_outcome
 from dq.client._transport import Transport, open_transport
 from dq.client.types import (
@@ -82,18 +104,14 @@ class Client:
     ) -> int:
         """Enqueue one item; returns its id once it is durable. With ``key``, a repeat
         within the queue's dedup window returns the first item's id (safe to retry)."""
-        enqueue_one = getattr(self.transport, "enqueue_one", None)
-        if enqueue_one is not None:  # the HTTP transport's shortcut for one item
-            item_id: int = enqueue_one(queue, value, deadline, delay_ms, key)
-            return item_id
-        item = as_new_item(value, deadline, delay_ms, key)
-        return self.transport.enqueue(queue, [item])[0].id
+        return self.transport.call(EnqueueOne(queue, value, deadline, delay_ms, key))
 
     def enqueue_many(self, queue: str, items: Iterable[bytes | str | NewItem]) -> list[Enqueued]:
         """Enqueue every value, in order; a list longer than the server takes in one
         request goes as several (``docs/client.md``, "Long lists")."""
-        send = partial(self.transport.enqueue, queue)
-        return self.batches.send(send, [as_new_item(i) for i in items])
+        return self.batches.send(
+            self.transport.call, partial(EnqueueMany, queue), [as_new_item(i) for i in items]
+        )
 
     def dequeue(
         self,
@@ -109,22 +127,16 @@ class Client:
         ``release``: earlier deliveries to release in the same request, first and
         durably; their outcomes come back in ``.released`` (one per item, in order, no
         exception per item), so a worker loop costs one request per item."""
-        return self.transport.dequeue(
-            queue, count, lease_ms, wait_ms, [as_release(i) for i in release]
-        )
+        releases = [as_release(i) for i in release]
+        return self.transport.call(Dequeue(queue, count, lease_ms, wait_ms, releases))
 
     def release(self, queue: str, id: int, receipt: str) -> None:
-        release_one = getattr(self.transport, "release_one", None)
-        if release_one is not None:  # the HTTP transport's shortcut for one item
-            failed = release_one(queue, id, receipt)
-            if failed is not None:
-                check_outcome(failed, queue)
-            return
-        check_outcome(self.transport.release(queue, [Release(id, receipt)])[0], queue)
+        self.transport.call(ReleaseOne(queue, id, receipt))
 
     def release_many(self, queue: str, items: Iterable[Item | Release]) -> list[Outcome]:
-        send = partial(self.transport.release, queue)
-        return self.batches.send(send, [as_release(i) for i in items])
+        return self.batches.send(
+            self.transport.call, partial(ReleaseMany, queue), [as_release(i) for i in items]
+        )
 
     def requeue(
         self,
@@ -137,48 +149,48 @@ class Client:
     ) -> int:
         """Give the item back with a new deadline; returns that deadline."""
         batch = [Requeue(id, receipt, deadline, delay_ms)]
-        outcome = check_outcome(self.transport.requeue(queue, batch)[0], queue)
+        outcome = check_outcome(self.transport.call(RequeueMany(queue, batch))[0], queue)
         return outcome.deadline if outcome.deadline is not None else 0
 
     def requeue_many(self, queue: str, batch: Iterable[Requeue]) -> list[Outcome]:
-        return self.batches.send(partial(self.transport.requeue, queue), list(batch))
+        return self.batches.send(self.transport.call, partial(RequeueMany, queue), list(batch))
 
     def extend(self, queue: str, id: int, receipt: str, lease_ms: int) -> Outcome:
         """Lengthen a lease; the outcome carries the new ``receipt`` and ``lease_expires``."""
         return check_outcome(
-            self.transport.extend(queue, [Extend(id, receipt, lease_ms)])[0], queue
+            self.transport.call(ExtendMany(queue, [Extend(id, receipt, lease_ms)]))[0], queue
         )
 
     def extend_many(self, queue: str, batch: Iterable[Extend]) -> list[Outcome]:
-        return self.batches.send(partial(self.transport.extend, queue), list(batch))
+        return self.batches.send(self.transport.call, partial(ExtendMany, queue), list(batch))
 
     # queues ------------------------------------------------------------------
     def queues(self) -> list[QueueInfo]:
-        return self.transport.list_queues()
+        return self.transport.call(ListQueues())
 
     def queue(self, name: str) -> QueueInfo:
-        return self.transport.get_queue(name)
+        return self.transport.call(GetQueue(name))
 
     def put_queue(self, name: str, config: QueueConfig | None = None) -> QueueInfo:
-        return self.transport.put_queue(name, config if config is not None else QueueConfig())
+        return self.transport.call(PutQueue(name, config if config is not None else QueueConfig()))
 
     def delete_queue(self, name: str, *, force: bool = False) -> None:
         """Delete a queue and all its items. A queue other queues name as their
         dead-letter queue is refused (``Conflict``, code ``dead_letter_queue_in_use``)
         unless ``force``."""
-        self.transport.delete_queue(name, force)
+        self.transport.call(DeleteQueue(name, force))
 
     def health(self) -> dict[str, Any]:
-        return self.transport.health()
+        return self.transport.call(Health())
 
     # operating a queue -------------------------------------------------------------
     def pause(self, queue: str) -> QueueInfo:
         """Stop handing out items (durably); enqueue, release, requeue, extend go on."""
-        return self.transport.pause(queue)
+        return self.transport.call(Pause(queue))
 
     def resume(self, queue: str) -> QueueInfo:
         """Hand out items again; waiting long-polls wake at once."""
-        return self.transport.pause(queue, resume=True)
+        return self.transport.call(Pause(queue, resume=True))
 
     def browse(
         self,
@@ -190,19 +202,19 @@ class Client:
     ) -> BrowsePage:
         """One page of items in (deadline, id) order, without leasing them; ``state``:
         "all", "due", "delayed" or "leased". Pass ``page.next`` as ``after``."""
-        return self.transport.browse(queue, state, after, limit, values)
+        return self.transport.call(Browse(queue, state, after, limit, values))
 
     def peek(self, queue: str, id: int, values: bool = True) -> BrowsedItem:
         """Item ``id`` wherever it is; state "gone" once it left the queue."""
-        return self.transport.peek(queue, id, values)
+        return self.transport.call(Peek(queue, id, values))
 
     def purge(self, queue: str) -> int:
         """Remove every item (leased ones too: their receipts go stale); how many."""
-        return self.transport.purge(queue)
+        return self.transport.call(Purge(queue))
 
     def delete_item(self, queue: str, id: int) -> None:
         """Remove one item without a receipt (``ItemNotFound`` if it is not there)."""
-        self.transport.delete_item(queue, id)
+        self.transport.call(DeleteItem(queue, id))
 
     def redrive(
         self,
@@ -213,12 +225,12 @@ class Client:
         limit: int | None = None,
     ) -> RedriveResult:
         """Move items of dead-letter queue ``queue`` back where they died (or ``to``)."""
-        return self.transport.redrive(queue, to, None if ids is None else list(ids), limit)
+        return self.transport.call(Redrive(queue, to, None if ids is None else list(ids), limit))
 
     def backup(self, dest: str) -> BackupResult:
         """A consistent copy of the server's data directory at ``dest`` (a new directory
         inside the server's ``--backup-dir``)."""
-        return self.transport.backup(dest)
+        return self.transport.call(Backup(dest))
 
     def consumer(
         self,

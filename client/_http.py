@@ -35,13 +35,12 @@ import time
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
-from typing import Any
-from urllib.parse import quote, urlencode
+from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 from dq.client import _wire
-from dq.client._common import as_new_item
+from dq.client._calls import Call, Request
 from dq.client._connection import AsyncConnection, Connection, Lost, NotSent, Response
 from dq.client._routing import (
     DEFAULT_FAILOVER_S,
@@ -51,24 +50,11 @@ from dq.client._routing import (
     Walk,
     split_urls,
 )
-from dq.client.errors import BadRequest, ClientError, NotLeaderError, TransportError, Unavailable
-from dq.client.types import (
-    BackupResult,
-    BrowsedItem,
-    BrowsePage,
-    Dequeued,
-    Enqueued,
-    Extend,
-    NewItem,
-    Outcome,
-    QueueConfig,
-    QueueInfo,
-    RedriveResult,
-    Release,
-    Requeue,
-)
+from dq.client.errors import ClientError, NotLeaderError, TransportError, Unavailable
 
-__all__ = ["AsyncHttpTransport", "Call", "HttpTransport", "RetryPolicy", "queue_path"]
+__all__ = ["AsyncHttpTransport", "HttpTransport", "RetryPolicy"]
+
+R = TypeVar("R")
 
 _DEFAULT_TIMEOUT = 30.0
 _MAX_IDLE = 16  # idle asyncio connections kept for reuse
@@ -89,23 +75,8 @@ class RetryPolicy:
         return float(min(self.max_s, self.base_s * 2**attempt))
 
 
-@dataclass(slots=True)
-class Call:
-    """One API call (not frozen: one is built per request, and a frozen dataclass costs an
-    ``object.__setattr__`` per field). ``body``: a JSON value, or ``bytes`` that already
-    are its compact JSON text (``client/_wire.py`` writes the hot calls' bodies so)."""
-
-    method: str
-    path: str
-    body: Any = None
-    idempotent: bool = False
-    queue: str | None = None
-    timeout: float | None = None
-    params: dict[str, Any] | None = None  # the query string
-
-
 #: the probe a node not confirmed is asked before it gets a call (``client/_routing.py``)
-_PROBE = Call("GET", PROBE_PATH, idempotent=True)
+_PROBE = Request("GET", PROBE_PATH, idempotent=True)
 
 
 #: ``json.dumps(body, separators=(",", ":"))``'s C encoder, made once: ``JSONEncoder``
@@ -131,8 +102,9 @@ _ENCODE = (
 _SCAN = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
-def _json_bytes(body: Any) -> bytes:
-    if type(body) is bytes:
+def _json_bytes(body: Any) -> bytes | None:
+    """A call's body as compact JSON bytes; ``None`` for no body."""
+    if type(body) is bytes or body is None:
         return body
     if _ENCODE is None:  # no C accelerator in this Python
         return json.dumps(body, separators=(",", ":")).encode()
@@ -153,23 +125,6 @@ def _loads(body: bytes) -> Any:
             if end == len(text):
                 return doc
     return json.loads(body)
-
-
-@lru_cache(maxsize=4096)
-def queue_path(queue: str) -> str:
-    """The queue's path, or ``BadRequest`` (``invalid_queue_name``, as the server would
-    answer) for a name a path cannot carry intact: the server decodes ``%2F`` before it
-    routes, so ``a/items`` would name queue ``a``'s items (deleting that "queue" would
-    purge ``a``), and an empty name is the queue list's address. Nothing is sent."""
-    if not queue or "/" in queue:
-        raise BadRequest(
-            400,
-            "invalid_queue_name",
-            f"queue names match [A-Za-z0-9._-]{{1,128}} and do not start with '.' "
-            f"(queue={queue!r})",
-            queue=queue,
-        )
-    return "/v1/queues/" + quote(queue, safe="")
 
 
 def _redirect(response: Response) -> tuple[bool, str | None] | None:
@@ -206,7 +161,7 @@ def _view(response: Response) -> tuple[str | None, str | None]:
     return doc["role"], url if isinstance(url, str) and url else None
 
 
-def _not_leader(call: Call, walk: Walk, leader: str | None) -> ClientError:
+def _not_leader(call: Call[Any], walk: Walk, leader: str | None) -> ClientError:
     message = f"{call.method} {call.path}: no leader answered: {walk.story()}"
     if walk.lost is not None:
         return _in_doubt(call, walk, message)
@@ -215,7 +170,7 @@ def _not_leader(call: Call, walk: Walk, leader: str | None) -> ClientError:
     return error
 
 
-def _in_doubt(call: Call, walk: Walk, why: str) -> TransportError:
+def _in_doubt(call: Call[Any], walk: Walk, why: str) -> TransportError:
     """The call ends on a refusal, but an earlier try's answer was lost: that try may
     have been carried out, so the outcome is unknown (``TransportError``), never a
     refusal that says nothing was done."""
@@ -225,12 +180,7 @@ def _in_doubt(call: Call, walk: Walk, why: str) -> TransportError:
     )
 
 
-def _delete_queue(queue: str, force: bool) -> Call:
-    params = {"force": "true"} if force else None
-    return Call("DELETE", queue_path(queue), queue=queue, params=params)
-
-
-def _result(call: Call, response: Response) -> Any:
+def _result(call: Call[Any], response: Response) -> Any:
     if response.status == 204:
         return None
     try:
@@ -291,14 +241,15 @@ class _Base:
         return status != 421 and status != 503 and status not in self.retry.statuses
 
     @staticmethod
-    def _encode(call: Call, ep: Endpoint) -> bytes:
-        query = "?" + urlencode(call.params) if call.params else ""
+    def _encode(call: Call[Any], ep: Endpoint, body: bytes | None) -> bytes:
+        """The request's bytes for node ``ep``; ``body``: the call's JSON, encoded."""
+        params = call.params
+        query = "?" + urlencode(params) if params else ""
         line = f"{call.method} {ep.base_path}{call.path}{query} HTTP/1.1\r\n".encode()
-        if call.body is None:
+        if body is None:
             if call.method in ("GET", "DELETE"):
                 return line + ep.head + b"\r\n"
             return line + ep.head + b"Content-Length: 0\r\n\r\n"
-        body = _json_bytes(call.body)
         return b"%s%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
             line,
             ep.head,
@@ -306,7 +257,7 @@ class _Base:
             body,
         )
 
-    def _step(self, call: Call, walk: Walk, response: Response) -> tuple[bool, float | None]:
+    def _step(self, call: Call[Any], walk: Walk, response: Response) -> tuple[bool, float | None]:
         """What an answer means for the call: (done, pause before the next try).
         Done: ``_result`` gives the call's result or error. Raises ``NotLeaderError``
         when redirects led nowhere."""
@@ -330,7 +281,9 @@ class _Base:
         return True, None
 
     @staticmethod
-    def _unreachable(call: Call, walk: Walk, exc: NotSent | Lost, probe: bool = False) -> float:
+    def _unreachable(
+        call: Call[Any], walk: Walk, exc: NotSent | Lost, probe: bool = False
+    ) -> float:
         """A try that never reached its node, or a probe without an answer."""
         pause = walk.probe_lost(str(exc)) if probe else walk.unreachable(str(exc))
         if pause is None:
@@ -342,7 +295,7 @@ class _Base:
         return pause
 
     @staticmethod
-    def _lost(call: Call, walk: Walk, exc: Lost) -> float:
+    def _lost(call: Call[Any], walk: Walk, exc: Lost) -> float:
         url = walk.endpoint.url
         pause = walk.lost_answer(str(exc), call.idempotent)
         if pause is None:
@@ -350,10 +303,10 @@ class _Base:
         return pause
 
     def _probe(self, ep: Endpoint) -> bytes:
-        return self._encode(_PROBE, ep)
+        return self._encode(_PROBE, ep, None)
 
     @staticmethod
-    def _probed(call: Call, walk: Walk, response: Response) -> float:
+    def _probed(call: Call[Any], walk: Walk, response: Response) -> float:
         """What a probe's answer means for the call: the pause before the next try.
         Raises when the rounds are over (followers naming each other, or no leader)."""
         role, leader = _view(response)
@@ -370,94 +323,6 @@ class _Base:
             f"{call.method} {call.path}: no node knows a leader: {walk.story()}",
             queue=call.queue,
         )
-
-    @staticmethod
-    def _enqueue(queue: str, items: Sequence[NewItem]) -> Call:
-        keyed = bool(items) and all(i.key is not None for i in items)
-        body: Any = _wire.enqueue_json(items)
-        if body is None:
-            body = _wire.enqueue_body(items)
-        return Call("POST", queue_path(queue) + "/items", body, idempotent=keyed, queue=queue)
-
-    @staticmethod
-    def _enqueue_one(
-        queue: str, value: bytes | str, deadline: Any, delay_ms: Any, key: Any
-    ) -> Call | None:
-        """A one-item enqueue's call straight from ``Client.enqueue``'s arguments (no
-        ``NewItem`` in between); ``None`` when they need ``as_new_item``'s handling."""
-        if type(value) is str:
-            value = value.encode("utf-8")
-        body = _wire.enqueue_one_json(value, deadline, delay_ms, key)  # type: ignore[arg-type]
-        if body is None:
-            return None
-        path = queue_path(queue) + "/items"
-        return Call("POST", path, body, idempotent=key is not None, queue=queue)
-
-    @staticmethod
-    def _release_one(queue: str, item_id: int, receipt: str) -> Call | None:
-        body = _wire.release_one_json(item_id, receipt)
-        return (
-            None
-            if body is None
-            else Call("POST", queue_path(queue) + "/release", body, queue=queue)
-        )
-
-    @staticmethod
-    def _pause(queue: str, resume: bool) -> Call:
-        verb = "/resume" if resume else "/pause"
-        return Call("POST", queue_path(queue) + verb, idempotent=True, queue=queue)
-
-    @staticmethod
-    def _browse(queue: str, state: str, after: str | None, limit: int, values: bool) -> Call:
-        params: dict[str, Any] = {"state": state, "limit": limit}
-        if after is not None:
-            params["after"] = after
-        if values:
-            params["values"] = "true"
-        path = queue_path(queue) + "/items"
-        return Call("GET", path, idempotent=True, queue=queue, params=params)
-
-    @staticmethod
-    def _peek(queue: str, item_id: int, values: bool) -> Call:
-        params = {"values": "true" if values else "false"}
-        path = f"{queue_path(queue)}/items/{int(item_id)}"
-        return Call("GET", path, idempotent=True, queue=queue, params=params)
-
-    @staticmethod
-    def _redrive(queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None) -> Call:
-        body: dict[str, Any] = {}
-        if to is not None:
-            body["to"] = to
-        if ids is not None:
-            body["ids"] = list(ids)
-        if limit is not None:
-            body["limit"] = limit
-        return Call("POST", queue_path(queue) + "/redrive", body, queue=queue)
-
-    def _dequeue(
-        self,
-        queue: str,
-        count: int,
-        lease_ms: int | None,
-        wait_ms: int,
-        release: Sequence[Release],
-    ) -> Call:
-        body: Any = _wire.dequeue_json(count, wait_ms, lease_ms, release)
-        if body is None:
-            body = _wire.dequeue_body(count, wait_ms, lease_ms, release)
-        timeout = self._timeout + wait_ms / 1000.0
-        return Call("POST", queue_path(queue) + "/dequeue", body, queue=queue, timeout=timeout)
-
-    @staticmethod
-    def _release(queue: str, batch: Sequence[Release]) -> Call:
-        body: Any = _wire.release_json(batch)
-        if body is None:
-            body = _wire.release_body(batch)
-        return Call("POST", queue_path(queue) + "/release", body, queue=queue)
-
-    @staticmethod
-    def _batch(queue: str, verb: str, body: dict[str, Any]) -> Call:
-        return Call("POST", f"{queue_path(queue)}/{verb}", body, queue=queue)
 
 
 class HttpTransport(_Base):
@@ -484,10 +349,11 @@ class HttpTransport(_Base):
             self._connections.add(conn)
         return conn
 
-    def call(self, call: Call) -> Any:
+    def call(self, call: Call[R]) -> R:
         """Send ``call`` (retrying and following redirects as the module docstring
-        says); its decoded JSON answer."""
-        timeout = call.timeout if call.timeout is not None else self._timeout
+        says); its result, ``call.decode`` of the answer (or the error it raises)."""
+        timeout = self._timeout + call.wait_ms / 1000.0 if call.wait_ms else self._timeout
+        body = _json_bytes(call.json())  # once for all the tries
         ep = self.cluster.leader
         started = time.monotonic()
         walk: Walk | None = None if ep.confirmed else self._walk(None, started)
@@ -505,7 +371,9 @@ class HttpTransport(_Base):
                 ep = walk.endpoint
                 continue
             try:
-                response = self._connection(ep, timeout).request(self._encode(call, ep), timeout)
+                response = self._connection(ep, timeout).request(
+                    self._encode(call, ep, body), timeout
+                )
             except NotSent as exc:
                 walk = walk or self._walk(ep, started)
                 pause = self._unreachable(call, walk, exc)
@@ -515,111 +383,16 @@ class HttpTransport(_Base):
             else:
                 if walk is None and self._plain(response):
                     self.cluster.answered_by(ep)
-                    return _result(call, response)
+                    return call.decode(_result(call, response))
                 walk = walk or self._walk(ep, started)
                 done, next_pause = self._step(call, walk, response)
                 if done:
-                    return _result(call, response)
+                    return call.decode(_result(call, response))
                 assert next_pause is not None
                 pause = next_pause
             if pause > 0:
                 time.sleep(pause)
             ep = walk.endpoint
-
-    def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]:
-        return _wire.parse_enqueued(self.call(self._enqueue(queue, items)))
-
-    def dequeue(
-        self,
-        queue: str,
-        count: int,
-        lease_ms: int | None,
-        wait_ms: int,
-        release: Sequence[Release] = (),
-    ) -> Dequeued:
-        call = self._dequeue(queue, count, lease_ms, wait_ms, release)
-        return _wire.parse_dequeued(self.call(call))
-
-    def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]:
-        return _wire.parse_outcomes(self.call(self._release(queue, batch)))
-
-    def enqueue_one(
-        self,
-        queue: str,
-        value: bytes | str,
-        deadline: int | None = None,
-        delay_ms: int | None = None,
-        key: str | None = None,
-    ) -> int:
-        """``Client.enqueue``'s call: the new item's id."""
-        call = self._enqueue_one(queue, value, deadline, delay_ms, key)
-        if call is None:
-            item = as_new_item(value, deadline, delay_ms, key)
-            return self.enqueue(queue, [item])[0].id
-        item_id: int = self.call(call)["items"][0]["id"]
-        return item_id
-
-    def release_one(self, queue: str, item_id: int, receipt: str) -> Outcome | None:
-        """``Client.release``'s call: ``None`` once released, else the failed outcome."""
-        call = self._release_one(queue, item_id, receipt)
-        if call is None:
-            return self.release(queue, [Release(item_id, receipt)])[0]
-        return _wire.failed_outcome(self.call(call))
-
-    def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]:
-        call = self._batch(queue, "requeue", _wire.requeue_body(batch))
-        return _wire.parse_outcomes(self.call(call))
-
-    def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]:
-        call = self._batch(queue, "extend", _wire.extend_body(batch))
-        return _wire.parse_outcomes(self.call(call))
-
-    def list_queues(self) -> list[QueueInfo]:
-        doc = self.call(Call("GET", "/v1/queues", idempotent=True))
-        return [_wire.parse_queue(q) for q in doc["queues"]]
-
-    def get_queue(self, queue: str) -> QueueInfo:
-        doc = self.call(Call("GET", queue_path(queue), idempotent=True, queue=queue))
-        return _wire.parse_queue(doc)
-
-    def put_queue(self, queue: str, config: QueueConfig) -> QueueInfo:
-        body = _wire.config_body(config)
-        doc = self.call(Call("PUT", queue_path(queue), body, idempotent=True, queue=queue))
-        return _wire.parse_queue(doc)
-
-    def delete_queue(self, queue: str, force: bool = False) -> None:
-        self.call(_delete_queue(queue, force))
-
-    def health(self) -> dict[str, Any]:
-        doc: dict[str, Any] = self.call(Call("GET", "/healthz", idempotent=True))
-        return doc
-
-    # operator calls ----------------------------------------------------------------
-    def pause(self, queue: str, resume: bool = False) -> QueueInfo:
-        return _wire.parse_queue(self.call(self._pause(queue, resume)))
-
-    def browse(
-        self, queue: str, state: str, after: str | None, limit: int, values: bool
-    ) -> BrowsePage:
-        return _wire.parse_page(self.call(self._browse(queue, state, after, limit, values)))
-
-    def peek(self, queue: str, item_id: int, values: bool) -> BrowsedItem:
-        return _wire.parse_browsed(self.call(self._peek(queue, item_id, values)))
-
-    def purge(self, queue: str) -> int:
-        doc = self.call(Call("DELETE", queue_path(queue) + "/items", queue=queue))
-        return int(doc["purged"])
-
-    def delete_item(self, queue: str, item_id: int) -> None:
-        self.call(Call("DELETE", f"{queue_path(queue)}/items/{int(item_id)}", queue=queue))
-
-    def redrive(
-        self, queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None
-    ) -> RedriveResult:
-        return _wire.parse_redrive(self.call(self._redrive(queue, to, ids, limit)))
-
-    def backup(self, dest: str) -> BackupResult:
-        return _wire.parse_backup(self.call(Call("POST", "/v1/backup", {"dest": dest})))
 
     def close(self) -> None:
         """Close every thread's connection."""
@@ -707,8 +480,10 @@ class AsyncHttpTransport(_Base):
         finally:
             slots.give()
 
-    async def call(self, call: Call) -> Any:
-        timeout = call.timeout if call.timeout is not None else self._timeout
+    async def call(self, call: Call[R]) -> R:
+        """As ``HttpTransport.call``."""
+        timeout = self._timeout + call.wait_ms / 1000.0 if call.wait_ms else self._timeout
+        body = _json_bytes(call.json())  # once for all the tries
         ep = self.cluster.leader
         started = time.monotonic()
         walk: Walk | None = None if ep.confirmed else self._walk(None, started)
@@ -726,7 +501,7 @@ class AsyncHttpTransport(_Base):
                 ep = walk.endpoint
                 continue
             try:
-                response = await self._request(ep, self._encode(call, ep), timeout)
+                response = await self._request(ep, self._encode(call, ep, body), timeout)
             except NotSent as exc:
                 walk = walk or self._walk(ep, started)
                 pause = self._unreachable(call, walk, exc)
@@ -736,114 +511,16 @@ class AsyncHttpTransport(_Base):
             else:
                 if walk is None and self._plain(response):
                     self.cluster.answered_by(ep)
-                    return _result(call, response)
+                    return call.decode(_result(call, response))
                 walk = walk or self._walk(ep, started)
                 done, next_pause = self._step(call, walk, response)
                 if done:
-                    return _result(call, response)
+                    return call.decode(_result(call, response))
                 assert next_pause is not None
                 pause = next_pause
             if pause > 0:
                 await asyncio.sleep(pause)
             ep = walk.endpoint
-
-    async def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]:
-        return _wire.parse_enqueued(await self.call(self._enqueue(queue, items)))
-
-    async def dequeue(
-        self,
-        queue: str,
-        count: int,
-        lease_ms: int | None,
-        wait_ms: int,
-        release: Sequence[Release] = (),
-    ) -> Dequeued:
-        call = self._dequeue(queue, count, lease_ms, wait_ms, release)
-        return _wire.parse_dequeued(await self.call(call))
-
-    async def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]:
-        return _wire.parse_outcomes(await self.call(self._release(queue, batch)))
-
-    async def enqueue_one(
-        self,
-        queue: str,
-        value: bytes | str,
-        deadline: int | None = None,
-        delay_ms: int | None = None,
-        key: str | None = None,
-    ) -> int:
-        """``AsyncClient.enqueue``'s call: the new item's id."""
-        call = self._enqueue_one(queue, value, deadline, delay_ms, key)
-        if call is None:
-            item = as_new_item(value, deadline, delay_ms, key)
-            return (await self.enqueue(queue, [item]))[0].id
-        item_id: int = (await self.call(call))["items"][0]["id"]
-        return item_id
-
-    async def release_one(self, queue: str, item_id: int, receipt: str) -> Outcome | None:
-        """``AsyncClient.release``'s call: ``None`` once released, else the failed outcome."""
-        call = self._release_one(queue, item_id, receipt)
-        if call is None:
-            return (await self.release(queue, [Release(item_id, receipt)]))[0]
-        return _wire.failed_outcome(await self.call(call))
-
-    async def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]:
-        call = self._batch(queue, "requeue", _wire.requeue_body(batch))
-        return _wire.parse_outcomes(await self.call(call))
-
-    async def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]:
-        call = self._batch(queue, "extend", _wire.extend_body(batch))
-        return _wire.parse_outcomes(await self.call(call))
-
-    async def list_queues(self) -> list[QueueInfo]:
-        doc = await self.call(Call("GET", "/v1/queues", idempotent=True))
-        return [_wire.parse_queue(q) for q in doc["queues"]]
-
-    async def get_queue(self, queue: str) -> QueueInfo:
-        doc = await self.call(Call("GET", queue_path(queue), idempotent=True, queue=queue))
-        return _wire.parse_queue(doc)
-
-    async def put_queue(self, queue: str, config: QueueConfig) -> QueueInfo:
-        body = _wire.config_body(config)
-        doc = await self.call(Call("PUT", queue_path(queue), body, idempotent=True, queue=queue))
-        return _wire.parse_queue(doc)
-
-    async def delete_queue(self, queue: str, force: bool = False) -> None:
-        await self.call(_delete_queue(queue, force))
-
-    async def health(self) -> dict[str, Any]:
-        doc: dict[str, Any] = await self.call(Call("GET", "/healthz", idempotent=True))
-        return doc
-
-    # operator calls ----------------------------------------------------------------
-    async def pause(self, queue: str, resume: bool = False) -> QueueInfo:
-        return _wire.parse_queue(await self.call(self._pause(queue, resume)))
-
-    async def browse(
-        self, queue: str, state: str, after: str | None, limit: int, values: bool
-    ) -> BrowsePage:
-        doc = await self.call(self._browse(queue, state, after, limit, values))
-        return _wire.parse_page(doc)
-
-    async def peek(self, queue: str, item_id: int, values: bool) -> BrowsedItem:
-        return _wire.parse_browsed(await self.call(self._peek(queue, item_id, values)))
-
-    async def purge(self, queue: str) -> int:
-        doc = await self.call(Call("DELETE", queue_path(queue) + "/items", queue=queue))
-        return int(doc["purged"])
-
-    async def delete_item(self, queue: str, item_id: int) -> None:
-        path = f"{queue_path(queue)}/items/{int(item_id)}"
-        await self.call(Call("DELETE", path, queue=queue))
-
-    async def redrive(
-        self, queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None
-    ) -> RedriveResult:
-        return _wire.parse_redrive(await self.call(self._redrive(queue, to, ids, limit)))
-
-    async def backup(self, dest: str) -> BackupResult:
-        doc = await self.call(Call("POST", "/v1/backup", {"dest": dest}))
-        return _wire.parse_backup(doc)
 
     async def close(self) -> None:
         """Close every connection and wait (at most ``_CLOSE_WAIT_S``) until their sockets

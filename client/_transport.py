@@ -1,106 +1,51 @@
-"""The transport seam: one protocol whose methods are queue operations, not HTTP verbs.
+"""The transport seam: one method, ``call``, that carries any operation.
 
-``Client`` and ``AsyncClient`` only call these methods, so a transport over shared
-memory (``client/shm_transport.py``: ``ShmTransport``/``AsyncShmTransport``) plugs in
-without touching them. ``open_transport(url)`` picks one by the URL's scheme:
-``http(s)://`` → HTTP, ``shm://`` → shared memory. Several comma-separated URLs (or a
-list) are the nodes of one replicated deployment: the HTTP transport follows its leader
-among them; after a ``shm://`` address they are where the shared-memory transport's
-HTTP calls may go when the local server is not the leader. Invariant: transports raise only
-``ClientError``s, and batch methods return one ``Outcome`` per input, in order (so does
-``dequeue`` for the releases it carries, in ``Dequeued.released``).
+``Client`` and ``AsyncClient`` build each operation as a ``Call`` (``client/_calls.py``:
+its path, its body, how its answer decodes) and hand it to ``transport.call(call)``, as
+httpx hands a request to a transport's ``handle_request``; the call's result comes back,
+or its error is raised. So a transport over shared memory (``client/shm_transport.py``:
+``ShmTransport``/``AsyncShmTransport``) plugs in without touching the clients, and one
+that wraps another (a test counting calls, say) is a few lines. ``open_transport(url)``
+picks one by the URL's scheme: ``http(s)://`` → HTTP, ``shm://`` → shared memory. Several
+comma-separated URLs (or a list) are the nodes of one replicated deployment: the HTTP
+transport follows its leader among them; after a ``shm://`` address they are where the
+shared-memory transport's HTTP calls may go when the local server is not the leader.
+Invariant: transports raise only ``ClientError``s (and the ``TypeError`` of a value JSON
+cannot hold), and batch calls give one ``Outcome`` per input, in order (so does a
+dequeue for the releases it carries, in ``Dequeued.released``).
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from dq.client._calls import Call
 from dq.client._routing import split_urls
 from dq.client.errors import UnsupportedAddress
-from dq.client.types import (
-    BackupResult,
-    BrowsedItem,
-    BrowsePage,
-    Dequeued,
-    Enqueued,
-    Extend,
-    NewItem,
-    Outcome,
-    QueueConfig,
-    QueueInfo,
-    RedriveResult,
-    Release,
-    Requeue,
-)
 
 __all__ = ["AsyncTransport", "Transport", "open_async_transport", "open_transport"]
 
 
+R = TypeVar("R")
+
+
 @runtime_checkable
 class Transport(Protocol):
-    def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]: ...
-    def dequeue(
-        self,
-        queue: str,
-        count: int,
-        lease_ms: int | None,
-        wait_ms: int,
-        release: Sequence[Release] = (),
-    ) -> Dequeued: ...
-    def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]: ...
-    def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]: ...
-    def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]: ...
-    def list_queues(self) -> list[QueueInfo]: ...
-    def get_queue(self, queue: str) -> QueueInfo: ...
-    def put_queue(self, queue: str, config: QueueConfig) -> QueueInfo: ...
-    def delete_queue(self, queue: str, force: bool = False) -> None: ...
-    def health(self) -> dict[str, Any]: ...
-    def pause(self, queue: str, resume: bool = False) -> QueueInfo: ...
-    def browse(
-        self, queue: str, state: str, after: str | None, limit: int, values: bool
-    ) -> BrowsePage: ...
-    def peek(self, queue: str, item_id: int, values: bool) -> BrowsedItem: ...
-    def purge(self, queue: str) -> int: ...
-    def delete_item(self, queue: str, item_id: int) -> None: ...
-    def redrive(
-        self, queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None
-    ) -> RedriveResult: ...
-    def backup(self, dest: str) -> BackupResult: ...
+    def call(self, call: Call[R]) -> R:
+        """Carry out ``call``: its result, or the ``ClientError`` it ends in."""
+        ...
+
     def close(self) -> None: ...
 
 
 @runtime_checkable
 class AsyncTransport(Protocol):
-    async def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]: ...
-    async def dequeue(
-        self,
-        queue: str,
-        count: int,
-        lease_ms: int | None,
-        wait_ms: int,
-        release: Sequence[Release] = (),
-    ) -> Dequeued: ...
-    async def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]: ...
-    async def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]: ...
-    async def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]: ...
-    async def list_queues(self) -> list[QueueInfo]: ...
-    async def get_queue(self, queue: str) -> QueueInfo: ...
-    async def put_queue(self, queue: str, config: QueueConfig) -> QueueInfo: ...
-    async def delete_queue(self, queue: str, force: bool = False) -> None: ...
-    async def health(self) -> dict[str, Any]: ...
-    async def pause(self, queue: str, resume: bool = False) -> QueueInfo: ...
-    async def browse(
-        self, queue: str, state: str, after: str | None, limit: int, values: bool
-    ) -> BrowsePage: ...
-    async def peek(self, queue: str, item_id: int, values: bool) -> BrowsedItem: ...
-    async def purge(self, queue: str) -> int: ...
-    async def delete_item(self, queue: str, item_id: int) -> None: ...
-    async def redrive(
-        self, queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None
-    ) -> RedriveResult: ...
-    async def backup(self, dest: str) -> BackupResult: ...
+    async def call(self, call: Call[R]) -> R:
+        """As ``Transport.call``, awaited."""
+        ...
+
     async def close(self) -> None: ...
 
 

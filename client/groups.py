@@ -21,7 +21,8 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import quote
 
-from dq.client._http import Call, HttpTransport, RetryPolicy, queue_path
+from dq.client._calls import Request, queue_path
+from dq.client._http import HttpTransport, RetryPolicy
 from dq.client.errors import ServerError
 
 __all__ = [
@@ -145,7 +146,7 @@ class _Caller:
         self._http.close()
 
     def call(self, method: str, path: str, body: Any = None) -> Any:
-        return self._http.call(Call(method, path, body, idempotent=True))
+        return self._http.call(Request(method, path, body, idempotent=True))
 
 
 class ConsumerClient:

@@ -1,23 +1,29 @@
 """The shared-memory transport: ``Client("shm:///path/to/data-dir")``.
 
-Speaks the command ring of ``docs/shm.md`` to a server on the same host and gives the same
-API as the HTTP transport. Invariants kept:
+Speaks the command ring of ``docs/shm.md`` to a server on the same host. Its one method,
+``call``, serves the calls the ring carries (``client/_calls.py``: enqueue, dequeue,
+release, requeue, extend, a queue's stats, health), each mapped onto its ring commands
+here, and hands every other call whole to an ``HttpTransport``, in one place
+(``_hand_on``). Invariants kept:
   - the same answers and errors as over HTTP: ring status codes become the same
-    ``ClientError`` classes, per-item release/requeue/extend problems the same ``Outcome``s;
+    ``ClientError`` classes, per-item release/requeue/extend problems the same
+    ``Outcome``s, and arguments a ring field would misread are refused as the HTTP API
+    refuses them, before anything is sent;
   - a batch is one command: PUT_MANY / DELETE_MANY, their body spread over PART slots,
     answered in the same slots (one engine call, one wake-up each way); a dequeue of
     many sends empty PARTs before its FIND so that the answer has room; single items
     keep the one-slot PUT / DELETE / FIND;
   - what a ring cannot carry goes over HTTP (the URL comes from the attach handshake),
-    transparently: an enqueue batch too big for one command (more than ``capacity - 1``
-    slots; sent whole, so it keeps its all-or-nothing validation and id order), and
-    queue administration;
+    transparently: queue administration and the operator calls, and an enqueue batch
+    too big for one command (more than ``capacity - 1`` slots; sent whole, so it keeps
+    its all-or-nothing validation and id order);
   - one ring per transport, used under its lock; commands are pipelined (up to
     ``capacity - 1`` slots in flight) so their durable writes share a group commit;
   - on a follower of a replicated deployment the ring refuses writes and dequeues
     (``not_leader``, body: the leader's URL; ``no_leader``) before doing anything: the
     refused commands are sent again over HTTP, which follows the leader, and so is every
-    call for ``HTTP_SPELL_S``; then the ring is tried again (the local server may lead).
+    such call for ``HTTP_SPELL_S``; then the ring is tried again (the local server may
+    lead). A queue's stats and health are any server's: they stay on the ring.
 """
 
 from __future__ import annotations
@@ -29,15 +35,25 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from functools import partial
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from dq.client import _wire
+from dq.client._calls import (
+    Call,
+    Dequeue,
+    EnqueueMany,
+    EnqueueOne,
+    ExtendMany,
+    GetQueue,
+    Health,
+    ItemBatch,
+    ReleaseMany,
+    ReleaseOne,
+    RequeueMany,
+)
+from dq.client._common import check_outcome
 from dq.client.errors import ClientError, TransportError, error_for
 from dq.client.types import (
-    BackupResult,
-    BrowsedItem,
-    BrowsePage,
     Dequeued,
     Enqueued,
     Extend,
@@ -45,9 +61,7 @@ from dq.client.types import (
     ItemStats,
     NewItem,
     Outcome,
-    QueueConfig,
     QueueInfo,
-    RedriveResult,
     Release,
     Requeue,
 )
@@ -77,6 +91,9 @@ from dq.storage.validation import (
     count_range,
 )
 
+if TYPE_CHECKING:
+    from dq.client._http import HttpTransport
+
 __all__ = ["HTTP_SPELL_S", "LONG_POLL_SLICE_MS", "AsyncShmTransport", "ShmTransport"]
 
 #: how long a transport whose ring said "not the leader" sends its calls over HTTP
@@ -91,7 +108,10 @@ _RING_COUNT = count_range(0xFFFFFFFF)
 _ITEM_ERRORS = frozenset({"stale_receipt", "item_not_found", "invalid_receipt"})
 _ZERO_KEY = bytes(KEY_SIZE)
 _DELIVERY_GUESS = 330  # bytes per delivery in a FIND answer before one was seen
+R = TypeVar("R")
 Command = tuple[int, bytes, bytes]
+#: a successful item's outcome from its answer's body
+OkOutcome = Callable[[int, bytes], Outcome]
 Span = list[Command]  # one command: its PART slots, then the op's own slot
 _RELEASED = Response(Status.OK, 0, b"")
 # Plain ints for the per-call tests: an IntEnum member's lookup costs several times an
@@ -123,13 +143,15 @@ def _raise(response: Response, queue: str | None, item_id: int | None = None) ->
     raise error_for(status.http_status, status.code, message, queue=queue, id=item_id)
 
 
-def _check_item(item: NewItem) -> None:
-    """The checks the server applies to a whole batch before writing any of it, in its
-    words (``storage/validation.py``)."""
-    if item.deadline is not None and item.delay_ms is not None:
-        raise error_for(422, "validation_error", NOT_BOTH)
-    _check(DEADLINE, item.deadline)
-    _check(DELAY_MS, item.delay_ms)
+def _check_when(deadline: int | None, delay_ms: int | None) -> None:
+    """The checks the server applies to a new item's time, for a whole batch before
+    writing any of it, in its words (``storage/validation.py``)."""
+    if deadline is not None:
+        if delay_ms is not None:
+            raise error_for(422, "validation_error", NOT_BOTH)
+        _check(DEADLINE, deadline)
+    elif delay_ms is not None:
+        _check(DELAY_MS, delay_ms)
 
 
 def _check(rule: Range, value: int | None) -> None:
@@ -155,6 +177,23 @@ def _ascii(receipt: str) -> bool:
 
 def _released_ok(item_id: int, body: bytes) -> Outcome:
     return Outcome(item_id, True)
+
+
+def _requeue_command(b: Requeue) -> Command:
+    return (Op.REQUEUE, *codec.encode_requeue(b.id, b.receipt, b.deadline, b.delay_ms))
+
+
+def _requeued_ok(item_id: int, body: bytes) -> Outcome:
+    return Outcome(item_id, True, deadline=codec.decode_u64(body))
+
+
+def _extend_command(b: Extend) -> Command:
+    return (Op.EXTEND, *codec.encode_extend(b.id, b.receipt, b.lease_ms))
+
+
+def _extended_ok(item_id: int, body: bytes) -> Outcome:
+    expires, receipt = codec.decode_extend_ok(body)
+    return Outcome(item_id, True, receipt=receipt, lease_expires=expires)
 
 
 #: Bumped in a child after ``fork()`` (a ``getpid()`` per call was a syscall per call).
@@ -203,7 +242,7 @@ class ShmTransport:
             self._http_options["token"] = token
         if failover_s is not None:
             self._http_options["failover_s"] = failover_s
-        self._http: Any = None
+        self._http: HttpTransport | None = None
         self._http_until = 0.0  # calls go over HTTP until then (the ring said: not the leader)
         self._bound: str | None = None
         self._generation = _generation
@@ -249,7 +288,7 @@ class ShmTransport:
                 self._retired.append((ring, old))
             return self._ring
 
-    def _http_transport(self) -> Any:
+    def _http_transport(self) -> HttpTransport:
         if self._http is None:
             urls = [u for u in (self.http_url, *self.http_urls) if u]
             if not urls:
@@ -352,40 +391,34 @@ class ShmTransport:
         ]
 
     def _outcomes(
-        self,
-        queue: str,
-        ids: Sequence[int],
-        receipts: Sequence[str],
-        commands: Callable[[int], Command],
-        ok: Callable[[int, bytes], Outcome],
-        over_http: Callable[[list[int]], list[Outcome]],
-        releases: Sequence[Release] | None = None,
+        self, call: ItemBatch[Any], command: Callable[[Any], Command] | None, ok: OkOutcome
     ) -> list[Outcome]:
-        """One outcome per item; ``over_http(indexes)``: those items' outcomes over HTTP.
-        ``releases``: the items are releases (sent as one DELETE_MANY)."""
-        if self._over_http():
-            return over_http(list(range(len(ids))))
-        _check_receipts(receipts)
-        sendable = [i for i, r in enumerate(receipts) if _ascii(r)]
-        if releases is not None:
-            spans, many = self._deletes([releases[i] for i in sendable])
+        """One outcome per item of ``call``, in order: a command each (``command(item)``),
+        or for releases one DELETE_MANY; the items a follower refused go over HTTP as a
+        call of their own."""
+        queue, batch = call.queue, call.batch
+        _check_receipts([b.receipt for b in batch])
+        sendable = [i for i, b in enumerate(batch) if _ascii(b.receipt)]
+        if command is None:
+            spans, many = self._deletes([batch[i] for i in sendable])
             answers = self._run(queue, spans)
             if many:
                 answers = self._per_item(answers[0], len(sendable))
         else:
-            answers = self._run(queue, [[commands(i)] for i in sendable])
+            answers = self._run(queue, [[command(batch[i])] for i in sendable])
         refused = [sendable[i] for i in self._refused(answers)]
-        again = dict(zip(refused, over_http(refused), strict=True)) if refused else {}
+        again: dict[int, Outcome] = {}
+        if refused:
+            resent = self._hand_on(call.part([batch[i] for i in refused]))
+            again = dict(zip(refused, resent, strict=True))
         responses = dict(zip(sendable, answers, strict=True))
         return [
-            again[i] if i in again else self._outcome(queue, item_id, responses.get(i), ok)
-            for i, item_id in enumerate(ids)
+            again[i] if i in again else self._outcome(queue, b.id, responses.get(i), ok)
+            for i, b in enumerate(batch)
         ]
 
     @staticmethod
-    def _outcome(
-        queue: str, item_id: int, r: Response | None, ok: Callable[[int, bytes], Outcome]
-    ) -> Outcome:
+    def _outcome(queue: str, item_id: int, r: Response | None, ok: OkOutcome) -> Outcome:
         """One item's outcome; ``None``: its receipt could not be sent (not ASCII)."""
         if r is None:
             return Outcome(item_id, False, "invalid_receipt", "receipt is not ASCII")
@@ -395,21 +428,57 @@ class ShmTransport:
             return Outcome(item_id, False, _code(r.status), r.body.decode("utf-8", "replace"))
         _raise(r, queue, item_id)
 
-    # ---- the Transport protocol ---------------------------------------------------------------
+    # ---- the one method --------------------------------------------------------------------
 
-    def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]:
-        """One item: a PUT; a batch (or an item with a key or a value over a slot): one
-        PUT_MANY. What does not fit one command, or is refused by a follower, goes over
-        HTTP whole, and so does a batch with a deadline of 0, which a ring field cannot
-        tell from "not given" (an item due at the epoch sorts first; one due now, last)."""
-        span = None if self._over_http() or not items else self._put_span(items)
+    def call(self, call: Call[R]) -> R:
+        """Serve ``call`` over the ring when the ring carries it; hand it to the HTTP
+        transport otherwise (queue administration, operator calls), and, for a spell
+        after a follower's ring refused, the calls a follower refuses."""
+        kind = type(call)
+        serve = _LEADER_CALLS.get(kind)
+        if serve is None:
+            serve = _ANY_SERVER_CALLS.get(kind)
+        elif self._http_until and self._over_http():
+            serve = None
+        if serve is None:
+            return self._hand_on(call)
+        result: R = serve(self, call)
+        return result
+
+    def _hand_on(self, call: Call[R]) -> R:
+        """``call`` over HTTP: the calls the ring does not carry, and those it could not
+        (too big for one command, refused by a follower)."""
+        return self._http_transport().call(call)
+
+    # ---- the calls the ring carries ------------------------------------------------------
+
+    def _enqueue_one(self, call: EnqueueOne) -> int:
+        """A PUT; an item with a key or a value over a slot goes as ``enqueue_many`` of
+        one would (a PUT_MANY)."""
+        if call.key is not None or len(call.value) > VALUE_MAX or call.deadline == 0:
+            return self._enqueue_many(EnqueueMany(call.queue, [call.item()]))[0].id
+        _check_when(call.deadline, call.delay_ms)
+        put: Command = (_PUT, codec.encode_put(call.deadline, call.delay_ms), call.value)
+        (r,) = self._run(call.queue, [[put]])
+        if r.status != _OK:
+            if self._refused([r]):
+                return self._hand_on(call)
+            _raise(r, call.queue)
+        item_id: int = codec.decode_put_ok(r.body)[0]
+        return item_id
+
+    def _enqueue_many(self, call: EnqueueMany) -> list[Enqueued]:
+        """One PUT_MANY (one PUT for an item the ring's PUT holds). Over HTTP whole: what
+        does not fit one command, what a follower refused, and a batch with a deadline
+        of 0, which a ring field cannot tell from "not given" (an item due at the epoch
+        sorts first; one due now, last)."""
+        queue, items = call.queue, call.items
+        span = self._put_span(items) if items else None
         if span is None:
-            result: list[Enqueued] = self._http_transport().enqueue(queue, items)
-            return result
+            return self._hand_on(call)
         (r,) = self._run(queue, [span])
         if self._refused([r]):
-            again: list[Enqueued] = self._http_transport().enqueue(queue, items)
-            return again
+            return self._hand_on(call)
         if r.status != _OK:
             _raise(r, queue)
         if span[-1][0] == _PUT:
@@ -418,7 +487,7 @@ class ShmTransport:
 
     def _put_span(self, items: Sequence[NewItem]) -> Span | None:
         for item in items:
-            _check_item(item)
+            _check_when(item.deadline, item.delay_ms)
             if item.deadline == 0:  # "not given" (now) on the ring; the epoch over HTTP
                 return None
         one = items[0]
@@ -451,32 +520,23 @@ class ShmTransport:
             self._delivery_bytes = max(64, (len(body) - 4) // len(got) + 1)
         return got
 
-    def dequeue(
-        self,
-        queue: str,
-        count: int,
-        lease_ms: int | None,
-        wait_ms: int,
-        release: Sequence[Release] = (),
-        *,
-        cancelled: threading.Event | None = None,
-    ) -> Dequeued:
+    def _dequeue(self, call: Dequeue, cancelled: threading.Event | None = None) -> Dequeued:
         """A long-poll goes as FINDs of at most ``LONG_POLL_SLICE_MS``, the ring free
         between them. The server answers a ring's commands in order, so one FIND waiting
         20 s held up every call of the client's other threads for those 20 s (over HTTP
         each thread has its own connection); now they wait one slice at most. And a
         ``cancelled`` call (an ``AsyncShmTransport``'s) stops within one slice, leasing
         nothing for nobody, as the HTTP server ends the long-poll of a client gone away."""
-        if self._over_http():
-            got: Dequeued = self._http_transport().dequeue(queue, count, lease_ms, wait_ms, release)
-            return got
+        if self._http_until and self._over_http():  # (AsyncShmTransport comes straight here)
+            return self._hand_on(call)
+        queue, count, lease_ms, wait_ms = call.queue, call.count, call.lease_ms, call.wait_ms
         limit = self._attachment.max_batch
         _check(_RING_COUNT if limit is None else count_range(limit), count)
         _check(LEASE_MS, lease_ms)
         _check(WAIT_MS, wait_ms)
         end = time.monotonic() + wait_ms / 1000
         first, flags = self._dequeue_once(
-            queue, count, lease_ms, min(wait_ms, LONG_POLL_SLICE_MS), release
+            queue, count, lease_ms, min(wait_ms, LONG_POLL_SLICE_MS), call.release
         )
         items: list[Item] = first
         while not items and not (cancelled is not None and cancelled.is_set()):
@@ -498,9 +558,8 @@ class ShmTransport:
     ) -> tuple[Dequeued, int]:
         """One FIND, and the flags of its answer (0 over HTTP). The releases go first,
         pipelined with it in one burst: one wake-up."""
-        if self._over_http():
-            got: Dequeued = self._http_transport().dequeue(queue, count, lease_ms, wait_ms, release)
-            return got, 0
+        if self._http_until and self._over_http():
+            return self._hand_on(Dequeue(queue, count, lease_ms, wait_ms, release)), 0
         timeout = self._timeout + wait_ms / 1000
         if not release:  # the common call: a FIND alone, without the releases' bookkeeping
             find = self._find_span(count, wait_ms, lease_ms, self._ring.capacity - 1)
@@ -551,17 +610,16 @@ class ShmTransport:
     ) -> Dequeued:
         """The follower refused part of a dequeue: the refused releases, and the FIND if
         it was refused, go over HTTP; each release keeps one outcome, in order."""
-        http = self._http_transport()
         *released, find = responses
         resend = [sendable[i] for i in refused if i < len(sendable)]
         if find.status in _FOLLOWER:
-            got: Dequeued = http.dequeue(queue, count, lease_ms, wait_ms, resend)
+            got = self._hand_on(Dequeue(queue, count, lease_ms, wait_ms, resend))
             items, again, exists = list(got), got.released, got.queue_exists
         else:
             if find.status != _OK:
                 _raise(find, queue)
             items = self._deliveries(find.body)
-            again = http.release(queue, resend) if resend else []
+            again = self._hand_on(ReleaseMany(queue, resend)) if resend else []
             exists = not find.flags & FLAG_NO_QUEUE
         by_release = dict(zip([id(x) for x in resend], again, strict=True))
         answers = dict(zip([id(x) for x in sendable], released, strict=True))
@@ -573,98 +631,44 @@ class ShmTransport:
         ]
         return Dequeued(items, outcomes, exists)
 
-    def release_one(self, queue: str, item_id: int, receipt: str) -> Outcome | None:
-        """``Client.release``'s call: ``None`` once released, else the failed outcome; the
-        one DELETE ``release`` would send, without its per-batch bookkeeping."""
-        if self._over_http() or not _ascii(receipt) or len(receipt) > RECEIPT.high:
-            outcome = self.release(queue, [Release(item_id, receipt)])[0]
-            return None if outcome.ok else outcome
+    def _release_one(self, call: ReleaseOne) -> None:
+        """The one DELETE ``_release_many`` would send, without its per-batch bookkeeping;
+        the item's error raised, as ``ReleaseOne`` over HTTP raises it."""
+        queue, item_id, receipt = call.queue, call.id, call.receipt
+        if len(receipt) > RECEIPT.high or not receipt or not receipt.isascii():
+            _check_receipts([receipt])  # too long: 422, as the server refuses it
+            # not ASCII: no ring slot holds it, and no server would know it (raises)
+            check_outcome(self._outcome(queue, item_id, None, _released_ok), queue)
         command: Command = (_DELETE, *codec.encode_item(item_id, receipt))
         (r,) = self._run(queue, [[command]])
         if r.status == _OK:
-            return None
+            return
         if self._refused([r]):
-            again: Outcome = self._http_transport().release(queue, [Release(item_id, receipt)])[0]
-            return None if again.ok else again
-        return self._outcome(queue, item_id, r, _released_ok)
+            self._hand_on(call)
+            return
+        check_outcome(self._outcome(queue, item_id, r, _released_ok), queue)
 
-    def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]:
-        def command(i: int) -> Command:
-            return (Op.DELETE, *codec.encode_item(batch[i].id, batch[i].receipt))
+    def _release_many(self, call: ReleaseMany) -> list[Outcome]:
+        return self._outcomes(call, None, _released_ok)
 
-        def over_http(indexes: list[int]) -> list[Outcome]:
-            got: list[Outcome] = self._http_transport().release(queue, [batch[i] for i in indexes])
-            return got
-
-        return self._outcomes(
-            queue,
-            [b.id for b in batch],
-            [b.receipt for b in batch],
-            command,
-            _released_ok,
-            over_http,
-            releases=batch,
-        )
-
-    def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]:
-        for b in batch:
+    def _requeue_many(self, call: RequeueMany) -> list[Outcome]:
+        for b in call.batch:
             _check(DEADLINE, b.deadline)
             _check(DELAY_MS, b.delay_ms)
+        return self._outcomes(call, _requeue_command, _requeued_ok)
 
-        def command(i: int) -> Command:
-            b = batch[i]
-            return (Op.REQUEUE, *codec.encode_requeue(b.id, b.receipt, b.deadline, b.delay_ms))
-
-        def over_http(indexes: list[int]) -> list[Outcome]:
-            got: list[Outcome] = self._http_transport().requeue(queue, [batch[i] for i in indexes])
-            return got
-
-        return self._outcomes(
-            queue,
-            [b.id for b in batch],
-            [b.receipt for b in batch],
-            command,
-            lambda item_id, body: Outcome(item_id, True, deadline=codec.decode_u64(body)),
-            over_http,
-        )
-
-    def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]:
-        for b in batch:
+    def _extend_many(self, call: ExtendMany) -> list[Outcome]:
+        for b in call.batch:
             _check(LEASE_MS, b.lease_ms)
+        return self._outcomes(call, _extend_command, _extended_ok)
 
-        def command(i: int) -> Command:
-            b = batch[i]
-            return (Op.EXTEND, *codec.encode_extend(b.id, b.receipt, b.lease_ms))
-
-        def ok(item_id: int, body: bytes) -> Outcome:
-            expires, receipt = codec.decode_extend_ok(body)
-            return Outcome(item_id, True, receipt=receipt, lease_expires=expires)
-
-        def over_http(indexes: list[int]) -> list[Outcome]:
-            got: list[Outcome] = self._http_transport().extend(queue, [batch[i] for i in indexes])
-            return got
-
-        ids, receipts = [b.id for b in batch], [b.receipt for b in batch]
-        return self._outcomes(queue, ids, receipts, command, ok, over_http)
-
-    def get_queue(self, queue: str) -> QueueInfo:
-        (r,) = self._run(queue, [[(Op.STATS, _ZERO_KEY, b"")]])
+    def _get_queue(self, call: GetQueue) -> QueueInfo:
+        (r,) = self._run(call.queue, [[(Op.STATS, _ZERO_KEY, b"")]])
         if r.status != _OK:
-            _raise(r, queue)
+            _raise(r, call.queue)
         return _wire.queue_from_stats(json.loads(r.body))
 
-    def list_queues(self) -> list[QueueInfo]:
-        result: list[QueueInfo] = self._http_transport().list_queues()
-        return result
-
-    def put_queue(self, queue: str, config: QueueConfig) -> QueueInfo:
-        result: QueueInfo = self._http_transport().put_queue(queue, config)
-        return result
-
-    def delete_queue(self, queue: str, force: bool = False) -> None:
-        self._http_transport().delete_queue(queue, force)
-
-    def health(self) -> dict[str, Any]:
+    def _health(self, call: Health) -> dict[str, Any]:
         """The ring answers (a CONTINUE with nothing to continue is a no-op round trip)."""
         try:
             r = self._live_ring().call(Op.CONTINUE, _ZERO_KEY, b"", self._timeout)
@@ -674,37 +678,6 @@ class ShmTransport:
             _raise(r, None)
         return {"status": "ok", "transport": "shm", "ring": self._attachment.name}
 
-    # operator calls go over HTTP (the ring carries the hot path only)
-    def pause(self, queue: str, resume: bool = False) -> QueueInfo:
-        result: QueueInfo = self._http_transport().pause(queue, resume)
-        return result
-
-    def browse(
-        self, queue: str, state: str, after: str | None, limit: int, values: bool
-    ) -> BrowsePage:
-        result: BrowsePage = self._http_transport().browse(queue, state, after, limit, values)
-        return result
-
-    def peek(self, queue: str, item_id: int, values: bool) -> BrowsedItem:
-        result: BrowsedItem = self._http_transport().peek(queue, item_id, values)
-        return result
-
-    def purge(self, queue: str) -> int:
-        return int(self._http_transport().purge(queue))
-
-    def delete_item(self, queue: str, item_id: int) -> None:
-        self._http_transport().delete_item(queue, item_id)
-
-    def redrive(
-        self, queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None
-    ) -> RedriveResult:
-        result: RedriveResult = self._http_transport().redrive(queue, to, ids, limit)
-        return result
-
-    def backup(self, dest: str) -> BackupResult:
-        result: BackupResult = self._http_transport().backup(dest)
-        return result
-
     def close(self) -> None:
         for ring, attachment in [*self._retired, (self._ring, self._attachment)]:
             ring.close()
@@ -713,86 +686,49 @@ class ShmTransport:
             self._http.close()
 
 
+Serve = Callable[[ShmTransport, Any], Any]
+
+#: The calls the ring carries that a follower's ring refuses (writes, dequeues): within a
+#: spell of HTTP calls (``ShmTransport._refused``) they go over HTTP.
+_LEADER_CALLS: dict[type[Call[Any]], Serve] = {
+    EnqueueOne: ShmTransport._enqueue_one,
+    EnqueueMany: ShmTransport._enqueue_many,
+    Dequeue: ShmTransport._dequeue,
+    ReleaseOne: ShmTransport._release_one,
+    ReleaseMany: ShmTransport._release_many,
+    RequeueMany: ShmTransport._requeue_many,
+    ExtendMany: ShmTransport._extend_many,
+}
+#: The calls the ring carries that any server answers, leader or not.
+_ANY_SERVER_CALLS: dict[type[Call[Any]], Serve] = {
+    GetQueue: ShmTransport._get_queue,
+    Health: ShmTransport._health,
+}
+
+
 class AsyncShmTransport:
-    """The same transport for ``AsyncClient``: ring calls run in a worker thread (the wait
-    itself releases the GIL), so the event loop never blocks on the ring."""
+    """The same transport for ``AsyncClient``: calls run in a worker thread (the ring's
+    wait releases the GIL), so the event loop never blocks on the ring."""
 
     def __init__(self, url: str, **options: Any) -> None:
         self._sync = ShmTransport(url, **options)
 
-    async def enqueue(self, queue: str, items: Sequence[NewItem]) -> list[Enqueued]:
-        return await asyncio.to_thread(self._sync.enqueue, queue, items)
-
-    async def dequeue(
-        self,
-        queue: str,
-        count: int,
-        lease_ms: int | None,
-        wait_ms: int,
-        release: Sequence[Release] = (),
-    ) -> Dequeued:
-        """A call cancelled meanwhile (``asyncio.wait_for``, a task stopped at shutdown)
-        stops its long-poll within one slice (``ShmTransport.dequeue``): run whole, the
-        FIND went on in the worker thread and leased, up to ``wait_ms`` later, items
-        nobody would receive (they came back only when their lease ran out)."""
+    async def call(self, call: Call[R]) -> R:
+        """As ``ShmTransport.call``. A dequeue cancelled meanwhile (``asyncio.wait_for``,
+        a task stopped at shutdown) stops its long-poll within one slice
+        (``ShmTransport._dequeue``): run whole, the FIND went on in the worker thread
+        and leased, up to ``wait_ms`` later, items nobody would receive (they came back
+        only when their lease ran out)."""
+        if not isinstance(call, Dequeue):
+            return await asyncio.to_thread(self._sync.call, call)
         cancelled = threading.Event()
-        poll = partial(
-            self._sync.dequeue, queue, count, lease_ms, wait_ms, release, cancelled=cancelled
-        )
         try:
-            return await asyncio.to_thread(poll)
+            got: Any = await asyncio.to_thread(self._sync._dequeue, call, cancelled)
         except asyncio.CancelledError:
             cancelled.set()
             raise
-
-    async def release(self, queue: str, batch: Sequence[Release]) -> list[Outcome]:
-        return await asyncio.to_thread(self._sync.release, queue, batch)
-
-    async def requeue(self, queue: str, batch: Sequence[Requeue]) -> list[Outcome]:
-        return await asyncio.to_thread(self._sync.requeue, queue, batch)
-
-    async def extend(self, queue: str, batch: Sequence[Extend]) -> list[Outcome]:
-        return await asyncio.to_thread(self._sync.extend, queue, batch)
-
-    async def list_queues(self) -> list[QueueInfo]:
-        return await asyncio.to_thread(self._sync.list_queues)
-
-    async def get_queue(self, queue: str) -> QueueInfo:
-        return await asyncio.to_thread(self._sync.get_queue, queue)
-
-    async def put_queue(self, queue: str, config: QueueConfig) -> QueueInfo:
-        return await asyncio.to_thread(self._sync.put_queue, queue, config)
-
-    async def delete_queue(self, queue: str, force: bool = False) -> None:
-        await asyncio.to_thread(self._sync.delete_queue, queue, force)
-
-    async def health(self) -> dict[str, Any]:
-        return await asyncio.to_thread(self._sync.health)
-
-    async def pause(self, queue: str, resume: bool = False) -> QueueInfo:
-        return await asyncio.to_thread(self._sync.pause, queue, resume)
-
-    async def browse(
-        self, queue: str, state: str, after: str | None, limit: int, values: bool
-    ) -> BrowsePage:
-        return await asyncio.to_thread(self._sync.browse, queue, state, after, limit, values)
-
-    async def peek(self, queue: str, item_id: int, values: bool) -> BrowsedItem:
-        return await asyncio.to_thread(self._sync.peek, queue, item_id, values)
-
-    async def purge(self, queue: str) -> int:
-        return await asyncio.to_thread(self._sync.purge, queue)
-
-    async def delete_item(self, queue: str, item_id: int) -> None:
-        await asyncio.to_thread(self._sync.delete_item, queue, item_id)
-
-    async def redrive(
-        self, queue: str, to: str | None, ids: Sequence[int] | None, limit: int | None
-    ) -> RedriveResult:
-        return await asyncio.to_thread(self._sync.redrive, queue, to, ids, limit)
-
-    async def backup(self, dest: str) -> BackupResult:
-        return await asyncio.to_thread(self._sync.backup, dest)
+        result: R = got  # a Dequeued: call is a Dequeue
+        return result
 
     async def close(self) -> None:
         await asyncio.to_thread(self._sync.close)

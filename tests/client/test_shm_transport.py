@@ -15,12 +15,23 @@ import pytest
 
 from dq.client import (
     AsyncClient,
+    BadRequest,
     Client,
+    ItemNotFound,
     NewItem,
     QueueConfig,
     QueueNotFound,
     Release,
     StaleReceipt,
+)
+from dq.client._calls import (
+    Dequeue,
+    EnqueueMany,
+    EnqueueOne,
+    ExtendMany,
+    ReleaseMany,
+    ReleaseOne,
+    RequeueMany,
 )
 from dq.client.errors import ServerError, TransportError, ValidationError
 from dq.client.shm_transport import LONG_POLL_SLICE_MS, ShmTransport
@@ -34,9 +45,14 @@ ENV = {"DQ_SHM": "1", "DQ_EXPIRE_INTERVAL_MS": "50"}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def backups(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("backups")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, backups: Path) -> Iterator[LiveServer]:
     data = tmp_path_factory.mktemp("dq") / "data"
-    with live_server(data, env=ENV) as s:
+    with live_server(data, env={**ENV, "DQ_BACKUP_DIR": str(backups)}) as s:
         yield s
     assert list(SHM_DIR.glob(f"{shm_prefix(data)}*")) == []  # stopping unlinked every ring
 
@@ -107,6 +123,91 @@ def test_queue_administration_goes_over_http(shm_url: str) -> None:
         dq.delete_queue("admin")
         with pytest.raises(QueueNotFound):
             dq.queue("admin")
+
+
+def test_the_calls_the_ring_does_not_carry_go_over_http(
+    server: LiveServer, shm_url: str, backups: Path
+) -> None:
+    """Operating a queue from a shm:// client: each call is handed whole to HTTP and
+    answers as there, errors too."""
+    with Client(shm_url) as dq:
+        transport = dq.transport
+        assert isinstance(transport, ShmTransport)
+        a, b, c = (e.id for e in dq.enqueue_many("operate", [b"a", b"b", b"c"]))
+        assert dq.pause("operate").stats.paused
+        assert dq.dequeue("operate") == []
+        assert not dq.resume("operate").stats.paused
+        page = dq.browse("operate", limit=2, values=True)
+        assert [(i.id, i.value) for i in page.items] == [(a, b"a"), (b, b"b")]
+        assert [i.id for i in dq.browse("operate", after=page.next).items] == [c]
+        assert dq.peek("operate", c).state == "due"
+        dq.delete_item("operate", b)
+        with pytest.raises(ItemNotFound):
+            dq.delete_item("operate", b)
+        with pytest.raises(BadRequest) as err:
+            dq.redrive("operate")
+        assert err.value.code == "not_a_dead_letter_queue"
+        assert dq.redrive("operate", to="operate-elsewhere", limit=1).moved == 1
+        assert dq.purge("operate") == 1
+        done = dq.backup("from-ring")
+        assert done.path == str(backups / "from-ring") and done.bytes > 0
+        with pytest.raises(BadRequest):
+            dq.backup("from-ring")  # it exists
+        assert transport._http is not None  # they went over HTTP ...
+        transport.http_url = None
+        transport._http.close()
+        transport._http = None
+        with pytest.raises(TransportError, match="needs HTTP"):
+            dq.purge("operate")  # ... and only there
+
+    async def run() -> None:
+        async with AsyncClient(shm_url) as dq:
+            item_id = await dq.enqueue("operate-async", b"x")
+            assert (await dq.pause("operate-async")).stats.paused
+            assert (await dq.peek("operate-async", item_id)).value == b"x"
+            assert [i.id for i in (await dq.browse("operate-async")).items] == [item_id]
+            assert (await dq.backup("from-async-ring")).bytes > 0
+            assert await dq.purge("operate-async") == 1
+            assert "operate-async" in [q.name for q in await dq.queues()]
+            await dq.delete_queue("operate-async")
+
+    asyncio.run(run())
+
+
+def test_the_calls_the_ring_carries_build_no_json(
+    shm_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over the ring a call is its arguments: its HTTP body is never made."""
+
+    def no_json(call: object) -> object:
+        raise AssertionError(f"{call!r} made its HTTP body")
+
+    ring_calls = (
+        EnqueueOne,
+        EnqueueMany,
+        Dequeue,
+        ReleaseOne,
+        ReleaseMany,
+        RequeueMany,
+        ExtendMany,
+    )
+    for kind in ring_calls:
+        monkeypatch.setattr(kind, "json", no_json)
+    with Client(shm_url) as dq:
+        transport = dq.transport
+        assert isinstance(transport, ShmTransport)
+        transport.http_url = None  # and nothing goes over HTTP
+        dq.enqueue("no-json", b"one")
+        dq.enqueue_many("no-json", [b"two", NewItem(b"three", key="k")])
+        one, two, three = dq.dequeue("no-json", count=3, lease_ms=60_000)
+        dq.release("no-json", one.id, one.receipt)
+        assert dq.extend("no-json", two.id, two.receipt, 60_000).ok
+        assert dq.requeue("no-json", three.id, three.receipt) > 0
+        again = dq.dequeue("no-json", release=[two])
+        assert [i.id for i in again] == [three.id] and again.released[0].ok
+        assert dq.release_many("no-json", again)[0].ok
+        assert dq.queue("no-json").stats.pending == 0
+        assert dq.health()["transport"] == "shm"
 
 
 def test_long_poll_and_the_async_client(shm_url: str) -> None:

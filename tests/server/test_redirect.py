@@ -248,6 +248,36 @@ def test_shm_falls_back_to_http_at_the_leader(
     assert pending(leader, queue) == 2 and pending(follower, queue) == 0
 
 
+def test_shm_on_a_follower_sends_its_writes_over_http_for_a_spell(
+    leader: ThreadedServer, follower: ThreadedServer, queue: str
+) -> None:
+    """Once the follower's ring refused, the next writes and dequeues go straight over
+    HTTP (the ring's head stays where it was); health, any server's, stays on the ring."""
+    from dq.client.shm_transport import ShmTransport
+    from dq.shm import _atomics
+
+    with Client(f"shm://{follower.settings.data_dir}") as dq:
+        transport = dq.transport
+        assert isinstance(transport, ShmTransport)
+
+        def head() -> int:
+            return int(_atomics.load_u64(transport._ring._mm, 0))
+
+        before = head()
+        dq.enqueue(queue, b"refused, then over http")
+        assert head() > before  # tried on the ring first
+        before = head()
+        second = dq.enqueue(queue, b"straight over http")
+        assert [e.id for e in dq.enqueue_many(queue, [b"a"])] == [second + 1]
+        first, *rest = dq.dequeue(queue, count=5)
+        dq.release(queue, first.id, first.receipt)
+        assert dq.release_many(queue, rest[:1])[0].ok
+        assert head() == before
+        assert dq.health()["transport"] == "shm"
+        assert head() > before
+    assert pending(leader, queue) == 1 and pending(follower, queue) == 0
+
+
 def test_shm_batches_refused_by_a_follower_go_to_the_leader(
     leader: ThreadedServer,
     follower: ThreadedServer,
