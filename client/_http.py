@@ -34,7 +34,6 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, TypeVar
 from urllib.parse import urlencode
@@ -47,32 +46,19 @@ from dq.client._routing import (
     PROBE_PATH,
     Cluster,
     Endpoint,
+    RetryPolicy,
     Walk,
     split_urls,
 )
 from dq.client.errors import ClientError, NotLeaderError, TransportError, Unavailable
 
-__all__ = ["AsyncHttpTransport", "HttpTransport", "RetryPolicy"]
+__all__ = ["AsyncHttpTransport", "HttpTransport"]
 
 R = TypeVar("R")
 
 _DEFAULT_TIMEOUT = 30.0
 _MAX_IDLE = 16  # idle asyncio connections kept for reuse
 _CLOSE_WAIT_S = 1.0  # how long closing waits for TLS connections' shutdown
-
-
-@dataclass(frozen=True, slots=True)
-class RetryPolicy:
-    """How often and how soon a retryable request is sent again:
-    ``base_s * 2**attempt`` (attempt 1, 2, ...), at most ``max_s``."""
-
-    retries: int = 3
-    base_s: float = 0.05
-    max_s: float = 5.0
-    statuses: frozenset[int] = frozenset({503})
-
-    def delay_s(self, attempt: int) -> float:
-        return float(min(self.max_s, self.base_s * 2**attempt))
 
 
 #: the probe a node not confirmed is asked before it gets a call (``client/_routing.py``)

@@ -47,13 +47,10 @@ import ssl
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from dq.client.errors import TransportError
-
-if TYPE_CHECKING:
-    from dq.client._http import RetryPolicy
 
 __all__ = [
     "DEFAULT_FAILOVER_S",
@@ -63,6 +60,7 @@ __all__ = [
     "PROBE_TIMEOUT_S",
     "Cluster",
     "Endpoint",
+    "RetryPolicy",
     "Walk",
     "split_urls",
 ]
@@ -77,6 +75,20 @@ PROBE_PATH = "/v1/cluster"
 PROBE_TIMEOUT_S = 2.0
 _TRAIL = 8  # steps of a call kept for the error message
 _REMEMBERED = 64  # URL lists whose last leader the process remembers
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How often and how soon a retryable request is sent again:
+    ``base_s * 2**attempt`` (attempt 1, 2, ...), at most ``max_s``."""
+
+    retries: int = 3
+    base_s: float = 0.05
+    max_s: float = 5.0
+    statuses: frozenset[int] = frozenset({503})
+
+    def delay_s(self, attempt: int) -> float:
+        return float(min(self.max_s, self.base_s * 2**attempt))
 
 
 class _Seen:

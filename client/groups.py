@@ -22,7 +22,8 @@ from typing import Any
 from urllib.parse import quote
 
 from dq.client._calls import Request, queue_path
-from dq.client._http import HttpTransport, RetryPolicy
+from dq.client._http import HttpTransport
+from dq.client._routing import RetryPolicy
 from dq.client.errors import ServerError
 
 __all__ = [

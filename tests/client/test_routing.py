@@ -9,8 +9,7 @@ import itertools
 
 import pytest
 
-from dq.client._http import RetryPolicy
-from dq.client._routing import PROBE_TIMEOUT_S, Cluster, Endpoint, Walk
+from dq.client._routing import PROBE_TIMEOUT_S, Cluster, Endpoint, RetryPolicy, Walk
 
 _ports = itertools.count(20_001)
 POLICY = RetryPolicy(retries=3, base_s=0.05)
