@@ -210,7 +210,7 @@ def browse(
     if state == "leased":
         return _browse_leased(q, after, limit, with_values)
     now_key = encode_key(now, MAX_ID, TOMBSTONE)
-    cursor = q.cursor
+    cursor = q.deliveries.cursor
     start, upto = after, None
     if state == "due":
         start, upto = max(after, cursor), now_key
@@ -221,7 +221,7 @@ def browse(
         item_id = key_id(pkey)
         deadline = key_deadline(pkey)
         if pkey <= cursor:
-            lease = q.leases.get(item_id)
+            lease = q.deliveries.leases.get(item_id)
             if lease is not None and lease.key == pkey and state == "all":
                 items.append(_leased_item(q, item_id, lease, with_values))
         elif len(pend) > tombs:
@@ -240,7 +240,7 @@ def waiting_keys(q: Queue, after: bytes, limit: int) -> list[tuple[bytes, tuple[
     """Up to ``limit`` live, unleased items after ``after`` (and after the dequeue
     cursor) as (pending key, (stats, value)); call under the queue lock."""
     out: list[tuple[bytes, tuple[bytes, bytes]]] = []
-    for pkey, pend, tombs in _groups(q, max(after, q.cursor), None):
+    for pkey, pend, tombs in _groups(q, max(after, q.deliveries.cursor), None):
         if len(pend) > tombs:
             out.append((pkey, _newest(pend)))
             if len(out) >= limit:
@@ -250,7 +250,11 @@ def waiting_keys(q: Queue, after: bytes, limit: int) -> list[tuple[bytes, tuple[
 
 def _browse_leased(q: Queue, after: bytes, limit: int, with_values: bool) -> BrowsePage:
     leases = sorted(
-        ((lease.key, item_id, lease) for item_id, lease in q.leases.values() if lease.key > after),
+        (
+            (lease.key, item_id, lease)
+            for item_id, lease in q.deliveries.leases.values()
+            if lease.key > after
+        ),
         key=lambda t: t[0],
     )
     page = leases[:limit]
@@ -351,7 +355,7 @@ def _net(q: Queue, pkey: bytes) -> tuple[int, tuple[bytes, bytes] | None]:
 
 def resolve(q: Queue, item_id: int, candidates: set[bytes]) -> Found | None:
     """The live copy of item ``item_id`` (call under the queue lock), or None if gone."""
-    lease = q.leases.get(item_id)
+    lease = q.deliveries.leases.get(item_id)
     if lease is not None:
         found = q.files.lookup(lease.key, lease.source)
         stats = ItemStats(lease.enqueue_time, lease.requeue_time, lease.dequeue_count)
@@ -360,7 +364,7 @@ def resolve(q: Queue, item_id: int, candidates: set[bytes]) -> Found | None:
     keys = set(candidates)
     for mem in q.files.memsegs():
         keys.update(k for k in mem.entries if _has_id(k, low, high))
-    cursor = q.cursor
+    cursor = q.deliveries.cursor
     for pkey in sorted(keys, reverse=True):
         if pkey <= cursor:
             continue  # behind the cursor only a leased entry is live

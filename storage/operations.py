@@ -262,7 +262,7 @@ class Operations:
         with q.lock:
             q.check_open()
             q.requeue_expired(self.now())
-            leased = [item_id for item_id, _lease in q.leases.values()]
+            leased = [item_id for item_id, _lease in q.deliveries.leases.values()]
             futures = [q.cancel_leased(leased)] if leased else []
             removed += len(leased)
         after = b""
@@ -490,7 +490,7 @@ class Operations:
     def operator_stats(self, q: Queue, s: QueueStats) -> QueueStats:
         now = self.now()
         with q.lock:
-            since = q.leases.oldest_since()
+            since = q.deliveries.leases.oldest_since()
             rates = q.rates
             return dataclasses.replace(
                 s,

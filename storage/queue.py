@@ -1,38 +1,42 @@
-"""One queue: its log, in-memory segments, segment files, cursor and leases.
+"""One queue, as the parts it holds and the class that composes them.
 
-The invariant this module keeps: every pending entry whose key is at or below the
-cursor (the last dequeued key) is either leased, or cancelled by a tombstone that
-has been (or is being) written. So dequeue never looks behind the cursor, and any
-new entry is placed strictly after it (its deadline advanced if needed; docs/storage.md:
-"deadline can never be before the oldest dequeued item").
+The invariant the queue keeps: every pending entry whose key is at or below the cursor
+(the last dequeued key) is either leased, or cancelled by a tombstone that has been (or
+is being) written. So dequeue never looks behind the cursor, and any new entry is placed
+strictly after it (its deadline advanced if needed; docs/storage.md: "deadline can
+never be before the oldest dequeued item").
 
-Write path (see ``docs/storage.md``): validate → under the queue lock assign ids and
-keys, frame one log record for the whole batch → durable per the fsync mode (the
-syncer's group commit in ``always``) → only then publish the entries into the
-in-memory segment and resolve the caller's future. Until published, a batch's
-smallest key is a barrier dequeue does not pass, so the cursor can never overtake an
-entry that is not visible yet.
+Write path (``docs/architecture.md``, "One enqueue"): ``enqueue`` validates nothing
+(the engine did), takes the lock, gives the items ids and keys after the cursor and
+frames one log record for the batch (``_write_pending``) → ``_submit`` appends it to
+the log (``GroupCommit.append``, a memory buffer) and, with ``always``, notes the queue
+for a sync round → the round (``sync_round``) writes and fsyncs the buffer
+(``GroupCommit.write_round``) → only then are the batches it covered published into
+the in-memory segment (``_publish``) and their futures resolved. Until published, a
+batch's smallest key is a barrier dequeue does not pass (``GroupCommit.hold``), so the
+cursor can never overtake an entry that is not visible yet.
 
-``Queue`` is assembled from one module per job; each keeps its part of the invariant:
+The parts, each owning its own state (every one guarded by the queue's ``lock``):
 
-- ``queue_core.py``: the fields (guarded by ``lock``) and ``QueueHost``, what the
-  queue needs from its engine;
-- ``health.py``: ``Health``, the part that says why the queue refuses work (an I/O
-  error, damage) and when it next tries to reopen (``health``);
-- ``group_commit.py``: ``GroupCommit``, the part that owns the log, the batches waiting
-  to be durable and the barrier of unpublished ones (``commit``);
-- ``segment_set.py``: ``SegmentSet``, the part that owns the in-memory segments, the
-  segment files and the merged view, and the state of rotations, freezes and merges
-  (``files``);
-- ``queue_items.py``: release, requeue, extend, lease expiry, tombstones;
-- ``queue_reads.py``: dequeue, next wake-up, stats;
-- ``queue_replica.py``: a replica group's follower applying records, copies for followers;
-- ``queue_config.py`` (``queue.json``) and ``validation.py`` (deadlines, leases).
+- ``commit``, ``GroupCommit`` (``group_commit.py``): the log writer, the batches
+  waiting to be durable, the sync round's write and fsync, the barrier of unpublished
+  batches, cutting the log back after a failure;
+- ``files``, ``SegmentSet`` (``segment_set.py``): the in-memory segments, the segment
+  files, the merged view dequeue reads, and the state of rotations, freezes and merges;
+- ``deliveries``, ``Deliveries`` (``deliveries.py``): the cursor and the leases, and
+  dequeue's walk of the view;
+- ``health``, ``Health`` (``health.py``): why the queue refuses work (an I/O error,
+  damage) and when it next tries to reopen;
+- beside them the operator's state (``queue_state.py``, ``state.json``), item metadata
+  (``itemmeta.py``: idempotency keys, dead-letter origins; ``dedup.py`` sorts a keyed
+  batch), rates (``rates.py``), due/delayed counts (``state_counts.py``), the config
+  (``queue_config.py``, ``queue.json``).
 
-This module opens, loads and closes a queue, places keys after the cursor, runs the
-write path (enqueue, with ``dedup.py`` sorting out idempotency keys; appending a batch,
-``_submit``; the sync round; publishing what is durable, ``_publish``), and the jobs
-that span parts: rotating the log, freezing and merging, failing and reopening.
+``Queue`` is the only place where parts meet: every public method is one operation,
+and the steps that span parts (publishing a batch, rotating the log, installing a
+segment file, failing and reopening) are its own. No part knows another or the queue;
+none runs a closure of another. That makes this the longest module of the engine
+(LevelDB's ``DBImpl`` plays the same role): read it by its sections.
 """
 
 from __future__ import annotations
@@ -43,12 +47,29 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dq.storage import fileio
-from dq.storage.codec import PENDING_HEADER, encode_key, encode_stats, key_deadline, key_id
-from dq.storage.compactor import CompactionCancelled, FreezeResult, freeze_log, merge_segments
+from dq.storage.codec import (
+    MAX_ID,
+    PENDING_HEADER,
+    TOMBSTONE,
+    encode_key,
+    encode_stats,
+    iter_entries,
+    key_id,
+    tombstone_of,
+)
+from dq.storage.compactor import (
+    CompactionCancelled,
+    Compactor,
+    FreezeResult,
+    freeze_log,
+    merge_segments,
+)
+from dq.storage.config import EngineConfig
 from dq.storage.dedup import KeyedBatch, split_keyed
+from dq.storage.deliveries import Deliveries
 from dq.storage.errors import (
     CorruptionError,
     EngineUnavailable,
@@ -58,30 +79,93 @@ from dq.storage.errors import (
     WriteStall,
 )
 from dq.storage.futures import Answer, answer, settle
-from dq.storage.group_commit import PendingBatch
+from dq.storage.group_commit import GroupCommit, PendingBatch
+from dq.storage.health import Health
 from dq.storage.itemmeta import ItemMeta, encode_origin_entry
-from dq.storage.leases import Leases
+from dq.storage.leases import Lease
 from dq.storage.memseg import MemSegment
 from dq.storage.merge_policy import SegmentDesc
 from dq.storage.queue_config import CONFIG_FILE, load_config, save_config
-from dq.storage.queue_core import QueueHost
-from dq.storage.queue_items import ItemsMixin
-from dq.storage.queue_reads import ReadsMixin
-from dq.storage.queue_replica import ReplicaMixin
 from dq.storage.queue_state import STATE_FILE, QueueState, load_state, save_state
+from dq.storage.rates import Rates
 from dq.storage.recovery import recover_directory
+from dq.storage.replication import KIND_RECORD_WITH_META
 from dq.storage.segment import SegmentReader
-from dq.storage.types import Enqueued, QueueConfig
-from dq.storage.wal import WalWriter
+from dq.storage.segment_set import SegmentSet
+from dq.storage.state_counts import StateCounter
+from dq.storage.syncer import FsyncStats, Syncer
+from dq.storage.types import (
+    Delivery,
+    Enqueued,
+    Extend,
+    ItemOutcome,
+    QueueConfig,
+    QueueStats,
+    Release,
+    Requeue,
+)
+from dq.storage.validation import check_lease_ms, resolve_deadline
+from dq.storage.wal import WalWriter, split_meta
+from dq.storage.write_future import resolved
+
+if TYPE_CHECKING:
+    from dq.storage.replication import ReplicationSink
 
 __all__ = ["Queue", "QueueHost"]
 
-log = logging.getLogger("dq.storage.queue")
+log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever part logs
 
 
-class Queue(ItemsMixin, ReadsMixin, ReplicaMixin):
-    """One queue. Its state is declared in ``QueueCore``; its jobs are mixed in from the
-    modules named above, whose methods all run with ``self`` a ``Queue``."""
+class QueueHost(Protocol):
+    """What a queue needs from the engine that holds it (and nothing more)."""
+
+    config: EngineConfig
+    syncer: Syncer | None
+    compactor: Compactor
+    fsync_stats: FsyncStats
+    now: Callable[[], int]
+    #: a replica group leader's replicator (None: not replicating)
+    replication: ReplicationSink | None
+    #: the highest lsn the sync set holds (``docs/replication.md``)
+    commit_lsn: int
+
+    def emit(self, kind: str, queue: str, ids: Sequence[int]) -> None: ...
+
+    def merge_policy_hook(self, q: Queue) -> None: ...
+
+    def dead_letter(self, source: Queue, entries: list[tuple[bytes, bytes, bytes]]) -> None: ...
+
+
+class Queue:
+    """One queue: the parts it holds, and its operations (see the module docstring)."""
+
+    def __init__(self, engine: QueueHost, name: str, directory: str, config: QueueConfig) -> None:
+        self.engine = engine
+        self.name = name
+        self.directory = directory
+        self.config = config
+        #: guards every field here and every part's state
+        self.lock = threading.RLock()
+        self.commit = GroupCommit(name, engine)
+        self.files = SegmentSet(name, directory)
+        self.deliveries = Deliveries()
+        self.health = Health(name, directory)
+        #: a log is open and the in-memory state mirrors the directory
+        self.loaded = False
+        self.closed = False
+        self.next_id = 1
+        #: called whenever entries are published (``Engine.watch``)
+        self.watchers: list[Callable[[], None]] = []
+        # operator features (storage/queue_state.py, itemmeta.py, rates.py, state_counts.py)
+        self.state = QueueState()
+        self.meta = ItemMeta()
+        self.rates = Rates()
+        #: counts due and delayed items for stats; remembers the oldest due deadline
+        self.state_counter = StateCounter()
+        self.dead_lettered = 0
+        self.lease_expired = 0
+        #: timers of ``call_later``, cancelled when the queue closes
+        self._timers: set[threading.Timer] = set()
 
     # ------------------------------------------------------------------ opening
 
@@ -153,21 +237,10 @@ class Queue(ItemsMixin, ReadsMixin, ReplicaMixin):
         self.files.load(rec)
         self.meta = meta
         self.next_id = max(rec.next_id, self.next_id)  # ids of refused batches stay unused
-        self.leases = Leases()
-        self.cursor = b""
+        self.deliveries.reset()
         self.loaded = True
         for path, mem in list(self.files.frozen):
             self._schedule_freeze(path, mem)
-
-    def _place(self, deadline: int, item_id: int) -> tuple[int, bytes]:
-        """Key for (deadline, id), deadline advanced so the key sorts after the cursor."""
-        key = encode_key(deadline, item_id)
-        cursor = self.cursor
-        if key <= cursor:
-            cd = key_deadline(cursor)
-            deadline = cd if item_id > key_id(cursor) else cd + 1
-            key = encode_key(deadline, item_id)
-        return deadline, key
 
     # ------------------------------------------------------------------ enqueue
 
@@ -249,12 +322,12 @@ class Queue(ItemsMixin, ReadsMixin, ReplicaMixin):
         pairs: list[tuple[bytes, bytes]] = []
         results: list[Enqueued] = []
         meta: list[bytes] = []
-        cursor = self.cursor
+        cursor = self.deliveries.cursor
         item_id = first
         for deadline, value in prepared:
             key = ((deadline << 66) | (item_id << 2)).to_bytes(16, "big")  # encode_key
-            if key <= cursor:  # placed after the cursor (``Queue._place``)
-                deadline, key = self._place(deadline, item_id)
+            if key <= cursor:  # placed after the cursor
+                deadline, key = self.deliveries.place(deadline, item_id)
             parts += (pack(key, st, len(value)), value)
             pairs.append((key, value))
             results.append(Enqueued(item_id, deadline))
@@ -276,6 +349,254 @@ class Queue(ItemsMixin, ReadsMixin, ReplicaMixin):
             wakes=True,
         )
         return self._submit(batch, b"".join(parts), b"".join(meta) + extra_meta)
+
+    # ------------------------------------------------------------------ release, requeue, extend
+
+    def release(self, items: Sequence[Release]) -> Future[list[ItemOutcome]]:
+        now = self.engine.now()
+        with self.lock:
+            self.check_open()
+            taken, outcomes = self.deliveries.end(items, self.next_id, now)
+            if not taken:
+                return resolved(outcomes)
+            self.rates.add("release", len(taken), now)
+            fut = self._write_tombstones(
+                [tombstone_of(lease.key) for _, lease in taken], outcomes, taken
+            )
+        self.engine.emit("released", self.name, [i for i, _ in taken])
+        return fut
+
+    def requeue(self, items: Sequence[Requeue]) -> Future[list[ItemOutcome]]:
+        now = self.engine.now()
+        results: dict[int, ItemOutcome] = {}
+        order: list[int] = []
+        with self.lock:
+            self.check_open()
+            leases = self.deliveries.leases
+            moves: list[tuple[int, Lease, int]] = []
+            taken: list[tuple[int, Lease]] = []
+            for r in items:
+                order.append(r.id)
+                try:
+                    deadline = resolve_deadline(r.deadline, r.delay_ms, now)
+                    lease = leases.check(r.id, r.receipt, self.next_id, now)
+                except StorageError as exc:
+                    results[r.id] = ItemOutcome(r.id, exc.code, exc.message)
+                    continue
+                leases.pop(r.id)
+                taken.append((r.id, lease))
+                moves.append((r.id, lease, deadline))
+            moved: list[ItemOutcome] = []
+            built = self._frame_moves(moves, now, moved)
+            for o in moved:
+                results[o.id] = o
+            outcomes = [
+                results.get(i, ItemOutcome(i, "item_not_found", "value not found")) for i in order
+            ]
+            if built is None:
+                return resolved(outcomes)
+            fut = self._write_moves(built, outcomes, taken)
+        self.engine.emit("requeued", self.name, [o.id for o in moved])
+        return fut
+
+    def extend(self, items: Sequence[Extend]) -> list[ItemOutcome]:
+        now = self.engine.now()
+        with self.lock:
+            self.check_open()
+            return self.deliveries.extend(items, self.next_id, now)
+
+    def expire_leases(self) -> int:
+        now = self.engine.now()
+        with self.lock:
+            if self.closed or self.health.failed is not None:
+                return 0
+            n = self.requeue_expired(now)
+        return n
+
+    def requeue_expired(self, now: int) -> int:
+        """Move every item whose lease ran out by ``now`` back, due now, its delivery
+        count kept (call under the lock). How many leases ran out."""
+        expired = self.deliveries.leases.pop_expired(now)
+        if not expired:
+            return 0
+        self.lease_expired += len(expired)
+        moved: list[ItemOutcome] = []
+        built = self._frame_moves([(i, lease, now) for i, lease in expired], now, moved)
+        if built is not None:
+            try:
+                self._write_moves(built, moved, expired)
+            except ReplicationStalled:
+                # a stalled replica group takes no write: the leases are put back as
+                # they were (expired), and a later look moves their items again
+                self.lease_expired -= len(expired)
+                return 0
+            self.engine.emit("lease_expired", self.name, [o.id for o in moved])
+        return len(expired)
+
+    def _frame_moves(
+        self, moves: list[tuple[int, Lease, int]], now: int, outcomes: list[ItemOutcome]
+    ) -> tuple[bytes, list[tuple[bytes, bytes, bytes]], list[bytes]] | None:
+        """Frame a record moving leased items to new deadlines (pending + tombstone)."""
+        parts: list[bytes] = []
+        pend: list[tuple[bytes, bytes, bytes]] = []
+        tombs: list[bytes] = []
+        pack = PENDING_HEADER.pack
+        lookup, place = self.files.lookup, self.deliveries.place
+        for item_id, lease, deadline in moves:
+            found = lookup(lease.key, lease.source)
+            if found is None:
+                log.error("queue %s: value of item %d not found; left pending", self.name, item_id)
+                continue
+            deadline, key = place(deadline, item_id)
+            st = encode_stats(lease.enqueue_time, now, lease.dequeue_count)
+            value = found[1]
+            parts.append(pack(key, st, len(value)))
+            parts.append(value)
+            tomb = tombstone_of(lease.key)
+            parts.append(tomb)
+            pend.append((key, st, value))
+            tombs.append(tomb)
+            outcomes.append(ItemOutcome(item_id, deadline=deadline))
+        if not parts:
+            return None
+        return b"".join(parts), pend, tombs
+
+    def _write_moves(
+        self,
+        built: tuple[bytes, list[tuple[bytes, bytes, bytes]], list[bytes]],
+        result: Any,
+        restore: list[tuple[int, Lease]],
+    ) -> Future[Any]:
+        """Submit a record of moves (``_frame_moves``); a refusal gives back ``restore``."""
+        payload, pend, tombs = built
+        token = self.commit.hold(min(k for k, _, _ in pend))
+        batch = PendingBatch(
+            self.files.memseg,
+            result,
+            entries=pend,
+            behind=len(tombs),
+            token=token,
+            restore=restore,
+            wakes=True,
+        )
+        return self._submit(batch, payload)
+
+    # ------------------------------------------------------------------ tombstones
+
+    def tombstone_keys(self, keys: list[bytes]) -> Future[Any]:
+        """Cancel delivered pending entries (a move to a dead-letter queue)."""
+        with self.lock:
+            self.check_open()
+            return self._write_tombstones([tombstone_of(k) for k in keys], None, None)
+
+    def cancel_leased(self, item_ids: Sequence[int]) -> Future[Any]:
+        """Cancel leased items without their receipts (an operator's delete or purge):
+        their leases end (receipts go stale) and their entries get tombstones. A refused
+        write (a stalled replica group) gives the leases back. Call under the lock, the
+        queue checked open."""
+        leases = self.deliveries.leases
+        taken = [(i, leases.pop(i)) for i in item_ids]
+        tombs = [tombstone_of(lease.key) for _, lease in taken]
+        return self._write_tombstones(tombs, None, taken)
+
+    def cancel_ahead(self, pkeys: list[bytes], result: Any = None) -> Future[Any]:
+        """Cancel live, unleased items (ahead of the dequeue cursor: an operator's delete,
+        purge or redrive). Their tombstones are kept in the in-memory segment (the view
+        must see them to skip the items), and until their record is published the first
+        key is a barrier dequeue does not pass, so no consumer leases an item whose
+        removal is in flight. Call under the lock, the queue checked open."""
+        tombs = [tombstone_of(k) for k in pkeys]
+        token = self.commit.hold(min(pkeys))
+        batch = PendingBatch(
+            self.files.memseg, result, entries=[(t, None, None) for t in tombs], token=token
+        )
+        return self._submit(batch, b"".join(tombs))
+
+    def _write_tombstones(
+        self, tombs: list[bytes], result: Any, restore: list[tuple[int, Lease]] | None
+    ) -> Future[Any]:
+        """Append the record of ``tombs`` (under the lock, the queue checked open); a
+        refusal gives back ``restore``."""
+        batch = PendingBatch(self.files.memseg, result, behind=len(tombs), restore=restore)
+        return self._submit(batch, b"".join(tombs))
+
+    # ------------------------------------------------------------------ reads
+
+    def dequeue(self, count: int, lease_ms: int | None) -> list[Delivery]:
+        """Lease up to ``count`` due items in key order (``Deliveries.take``); items
+        delivered ``max_deliveries`` times go to the dead-letter queue instead."""
+        now = self.engine.now()
+        lease_ms = self.config.default_lease_ms if lease_ms is None else lease_ms
+        check_lease_ms(lease_ms)
+        with self.lock:
+            self.check_open()
+            self.requeue_expired(now)
+            if self.state.paused:
+                return []  # a paused queue hands out nothing; lease expiry still runs
+            out, dead = self.deliveries.take(
+                self.files.view,
+                encode_key(now, MAX_ID, TOMBSTONE),
+                self.commit.barrier(),
+                count,
+                now + lease_ms,
+                now,
+                self.config.max_deliveries,
+            )
+            if out:
+                self.rates.add("dequeue", len(out), now)
+        if dead:
+            self.engine.dead_letter(self, dead)
+        return out
+
+    def next_wakeup(self) -> int | None:
+        with self.lock:
+            return self.deliveries.next_wakeup(self.files.view, self.state.paused)
+
+    def stats(self) -> QueueStats:
+        now = self.engine.now()
+        with self.lock:
+            files = self.files
+            mems = files.memsegs()
+            cursor = self.deliveries.cursor
+            head = files.view.peek(cursor)
+            counted = self.state_counter.count(
+                [*mems, *(r.counts for r in files.segments)],
+                cursor,
+                now,
+                None if head is None else head[0],
+            )
+            leased = len(self.deliveries.leases)
+            oldest = None if counted.oldest_due is None else now - counted.oldest_due
+            disk = sum(r.file_size for r in files.segments)
+            disk += self.commit.wal.size if self.loaded else 0
+            for path, _m in files.frozen:
+                try:
+                    disk += os.path.getsize(path)
+                except OSError:
+                    pass
+            return QueueStats(
+                name=self.name,
+                config=self.config,
+                pending=counted.pending,
+                due=counted.due,
+                delayed=counted.delayed,
+                leased=leased,
+                segments=len(files.segments),
+                bytes_on_disk=disk,
+                oldest_due_age_ms=oldest,
+                next_id=self.next_id,
+                extra={
+                    "frozen": len(files.frozen),
+                    "memseg_entries": len(files.memseg),
+                    "memory_bytes": sum(m.bytes for m in mems),
+                    "failed": int(self.health.failed is not None),
+                    "damaged": int(self.health.quarantined),
+                    "io_errors": self.health.io_errors,
+                    "freeze_failures": files.freeze_failures,
+                    "rotation_failures": files.rotation_failures,
+                    "recoveries": self.health.recoveries,
+                },
+            )
 
     # ------------------------------------------------------------------ the write path
 
@@ -353,10 +674,7 @@ class Queue(ItemsMixin, ReadsMixin, ReplicaMixin):
         if batch.token:
             self.commit.unhold(batch.token)
         if batch.restore is not None:
-            leases = self.leases
-            for item_id, lease in batch.restore:
-                if item_id not in leases:
-                    leases.restore(item_id, lease)
+            self.deliveries.give_back(batch.restore)
 
     def _published(self, batches: list[PendingBatch]) -> list[Answer]:
         """Publish ready batches in order; their answers (settle them outside the lock)."""
@@ -441,6 +759,46 @@ class Queue(ItemsMixin, ReadsMixin, ReplicaMixin):
             self._roll_back(batch)
             out.append((batch.future, None, error))
         return out
+
+    # ------------------------------------------------------------------ a replica group's follower
+
+    def apply_record(self, kind: int, body: bytes) -> Future[Any]:
+        """Append one of the leader's records exactly as the leader framed it, through
+        the same group commit as any write; resolved (None) once it is durable. Its
+        entries publish as recovery would load them (tombstones kept: a follower has no
+        cursor), and the id counter follows the highest id seen, so after a failover
+        ids keep rising."""
+        meta, entries = split_meta(body) if kind == KIND_RECORD_WITH_META else (b"", body)
+        where = f"replicated record of queue {self.name}"
+        parsed = [(k, s, v) for k, s, v, _off in iter_entries(entries, where=where)]
+        with self.lock:
+            self.check_open()
+            if self.stalled():  # never refused (the stream must go on): just press on
+                self.retry_rotation()
+            if parsed:
+                self.next_id = max(self.next_id, max(key_id(k) for k, _, _ in parsed) + 1)
+            batch = PendingBatch(
+                self.files.memseg, None, entries=parsed, load_meta=meta, wakes=True
+            )
+            return self._submit(batch, entries, meta)
+
+    def snapshot_into(self, dest: str) -> int:
+        """Copy this queue's files into the empty directory ``dest`` for a follower that
+        (re)joins; return the lsn of the last record the copy holds (0 if none was
+        shipped). Under the lock and the log's ``io_lock`` the files are a
+        crash-consistent state with every shipped record in it."""
+        with self.lock:
+            if self.health.quarantined:
+                # damaged: copied as it lies on disk, so a follower quarantines it the
+                # same way (its other queues still join) and every member keeps what an
+                # operator may repair; it takes no writes, so the stream has none of it
+                self.files.copy_into(dest, None)
+                return self.last_lsn
+            self.check_open()
+            wal = self.commit.wal
+            with wal.io_lock:
+                self.files.copy_into(dest, wal)
+            return self.last_lsn
 
     # ------------------------------------------------------------------ the log's size
 
@@ -530,7 +888,7 @@ class Queue(ItemsMixin, ReadsMixin, ReplicaMixin):
             with self.lock:
                 if self.closed or gen != files.generation:
                     return
-                files.install_frozen(path, mem, result, self.cursor)
+                files.install_frozen(path, mem, result, self.deliveries.cursor)
                 if files.rotate_requested and self.health.failed is None:
                     if self.engine.config.fsync == "always":
                         assert self.engine.syncer is not None
@@ -662,7 +1020,7 @@ class Queue(ItemsMixin, ReadsMixin, ReplicaMixin):
             files.merge_finished()
             if self.closed:
                 return
-            files.install_merge(inputs, path, self.cursor)
+            files.install_merge(inputs, path, self.deliveries.cursor)
         self.engine.merge_policy_hook(self)
 
     # ------------------------------------------------------------------ failing and reopening

@@ -42,7 +42,7 @@ from dq.storage.types import QueueConfig
 
 if TYPE_CHECKING:
     from dq.storage.config import EngineConfig
-    from dq.storage.queue_core import QueueHost
+    from dq.storage.queue import QueueHost
 
 __all__ = ["SCRATCH_PREFIX", "ReplicaEngine", "restore_replaced_queues"]
 

@@ -30,15 +30,38 @@ from __future__ import annotations
 
 import bisect
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dq.storage.codec import KEY_SIZE, TOMBSTONE
 from dq.storage.errors import CorruptionError
 
-if TYPE_CHECKING:
-    from dq.storage.segment import SegmentReader
+__all__ = ["CountedFile", "SegmentCounts"]
 
-__all__ = ["SegmentCounts"]
+
+class _Footer(Protocol):
+    @property
+    def last_key(self) -> bytes: ...
+    @property
+    def pending_count(self) -> int: ...
+    @property
+    def tombstone_count(self) -> int: ...
+
+
+class CountedFile(Protocol):
+    """What the counts read of a segment file: a ``SegmentReader`` (which makes its
+    counts, so this module names only what it reads of it)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def info(self) -> _Footer: ...
+    @property
+    def first_keys(self) -> list[bytes]: ...
+    @property
+    def block_entries(self) -> list[int]: ...
+    def block_for(self, key: bytes) -> int: ...
+    def read_raw(self, i: int) -> bytes: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +130,7 @@ class SegmentCounts:
         "net_total",
     )
 
-    def __init__(self, reader: SegmentReader) -> None:
+    def __init__(self, reader: CountedFile) -> None:
         self._reader = reader
         info = reader.info
         before = [0]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 
 from dq.storage import fileio
@@ -30,6 +31,7 @@ from dq.storage.merge_policy import SegmentDesc
 from dq.storage.recovery import Recovered
 from dq.storage.segment import SegmentReader, segment_name
 from dq.storage.view import MergedView
+from dq.storage.wal import WalWriter
 
 __all__ = ["STALL_WARNING_S", "SegmentSet"]
 
@@ -37,6 +39,8 @@ log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever
 
 #: a stall of writes is logged at most this often per queue
 STALL_WARNING_S = 60.0
+#: files a copy leaves out: half-written outputs, merge-cancel markers
+_SKIPPED_SUFFIXES = (".tmp", ".cancel")
 
 
 class SegmentSet:
@@ -313,3 +317,24 @@ class SegmentSet:
                 fileio.remove(r.path)
             r.close()
         fileio.fsync_dir(self.directory)
+
+    # ------------------------------------------------------------------ copies
+
+    def copy_into(self, dest: str, live: WalWriter | None) -> None:
+        """Copy the queue's directory into ``dest`` (a follower's copy): hard-link the
+        immutable files, copy the rest, the live log ``live`` as appended so far (with
+        its buffer; call under its ``io_lock``). Torn tails are left out."""
+        live_log = None if live is None else live.path
+        for name in sorted(os.listdir(self.directory)):
+            if name.endswith(_SKIPPED_SUFFIXES) or ".torn-" in name:
+                continue
+            src = os.path.join(self.directory, name)
+            if not os.path.isfile(src):
+                continue
+            target = os.path.join(dest, name)
+            if live is not None and src == live_log:
+                live.copy_to(target)
+            elif name.endswith((".json", ".log")):
+                shutil.copyfile(src, target)  # rewritten in place, or by rename: copy
+            else:
+                os.link(src, target)  # segment files, closed logs, sidecars: immutable

@@ -121,13 +121,11 @@ CLIENT_NEVER_REACHES = (
 )
 
 #: Packages whose modules still import each other in a circle through imports deferred
-#: into functions or ``if TYPE_CHECKING`` (none does at module level): storage/queue.py
-#: with its parts (queue_*.py and segment_set.py type ``self`` as ``Queue``) and dedup.py;
-#: client/_client.py and _async_client.py build jobs.Consumer, which takes a client. Each
-#: closes only through an
-#: ``if TYPE_CHECKING`` import (``test_no_import_circles_at_run_time`` holds them to that).
-#: Strict: the test fails once a package is clean, so it leaves the list.
-DEFERRED_CIRCLES = {"storage", "client"}
+#: into functions or ``if TYPE_CHECKING`` (none does at module level): client/_client.py
+#: and _async_client.py build jobs.Consumer, which takes a client. Each closes only
+#: through an ``if TYPE_CHECKING`` import (``test_no_import_circles_at_run_time`` holds
+#: them to that). Strict: the test fails once a package is clean, so it leaves the list.
+DEFERRED_CIRCLES = {"client"}
 
 
 def _module_name(path: Path) -> str:
@@ -314,9 +312,8 @@ def test_no_import_circles() -> None:
 
 def test_no_import_circles_at_run_time() -> None:
     """Among every import that can run, deferred ones in functions included: what is left
-    in ``DEFERRED_CIRCLES`` below is type-only (``if TYPE_CHECKING``: the queue's parts
-    annotate ``self: Queue``, the client's helpers name ``Client``), never an import that
-    executes in a circle."""
+    in ``DEFERRED_CIRCLES`` below is type-only (``if TYPE_CHECKING``: the client's helpers
+    name ``Client``), never an import that executes in a circle."""
     graph = _graph(module_level=False, runtime=True)
     assert "dq.client.jobs" in graph["dq.client._client"]  # deferred imports are seen
     circles = [" <-> ".join(c) for c in _circles(graph)]

@@ -368,7 +368,7 @@ def test_released_leases_do_not_pile_up_in_the_expiry_heap(
         e.enqueue("q", [NewItem(b"x") for _ in range(1000)])
         got = e.dequeue("q", 1000, lease_ms=600_000)  # long leases: nothing expires
         e.release("q", [Release(d.id, d.receipt) for d in got])
-    leases = e.queue("q").leases
+    leases = e.queue("q").deliveries.leases
     assert len(leases) == 0
     assert len(leases._heap) <= 2 * len(leases) + 1024 + 1
 

@@ -20,7 +20,7 @@ Open = Callable[..., Engine]
 
 def walked(e: Engine, queue: str) -> int | None:
     """The figure as a walk over every live lease computes it."""
-    since = [lease.since for _, lease in e.queue(queue).leases.values()]
+    since = [lease.since for _, lease in e.queue(queue).deliveries.leases.values()]
     return max(0, e.now() - min(since)) if since else None
 
 
@@ -88,7 +88,7 @@ def test_stats_with_many_leases_do_not_walk_them(open_engine: Open, clock: FakeC
     clock.advance(5)
     rest = [d for _ in range(n // 1000) for d in e.dequeue("q", 1000, 600_000)]
     clock.advance(5)
-    leases = e.queue("q").leases
+    leases = e.queue("q").deliveries.leases
     monkey = pytest.MonkeyPatch()
     monkey.setattr(leases, "_by_id", NoWalk(leases._by_id))
     monkey.setattr(Leases, "values", NoWalk._walk)

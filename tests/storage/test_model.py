@@ -105,7 +105,7 @@ class EngineVsModel(RuleBasedStateMachine):
 
     def place(self, queue: str, deadline: int, item_id: int) -> int:
         """The engine's rule: a key at or below the cursor moves just past it."""
-        cursor = self.engine.queue(queue).cursor
+        cursor = self.engine.queue(queue).deliveries.cursor
         if cursor and encode_key(deadline, item_id) <= cursor:
             cd = key_deadline(cursor)
             return cd if item_id > key_id(cursor) else cd + 1
