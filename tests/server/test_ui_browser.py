@@ -235,7 +235,7 @@ def test_a_refused_save_says_so_beside_the_form(
     expect()(page.locator("#saved")).to_have_text("saved")
     page.fill("#s-lease", "99999999999")  # longer than the longest lease the server allows
     page.click("#settings button[type=submit]")
-    expect()(page.locator("#saved")).to_contain_text("not saved: lease_ms must be between")
+    expect()(page.locator("#saved")).to_contain_text("not saved: default_lease_ms must be between")
     expect()(page.locator("#status")).to_contain_text("updated")  # a refresh came since
     expect()(page.locator("#saved")).to_contain_text("not saved")
     assert queue_info(api, "refused-save")["config"]["default_lease_ms"] == 45000
