@@ -220,7 +220,7 @@ def test_members_of_a_replica_group_give_the_same_counts(group: Cluster) -> None
             merged = [[f for f in names if f[:10] != f[11:21]] for names in files]
             return True if all(merged) else None
 
-        eventually("a merged segment file on every member", merged_everywhere, timeout=60)
+        eventually("a merged segment file on every member", merged_everywhere, timeout=120)
         seen = {name: member_figures(server) for name, server in group.servers.items()}
         leader_seen = seen[lead]
         assert leader_seen["api"][0] == 1 + 12 * 100 - released and leader_seen["api"][3] == 0
