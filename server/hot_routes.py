@@ -47,7 +47,7 @@ from dq.storage.validation import batch_too_large_message
 if TYPE_CHECKING:
     from dq.server.dependencies import Service
 
-__all__ = ["HOT_ROUTES", "PULL_ROUTE", "HotRoutes", "Responder"]
+__all__ = ["HOT_ROUTES", "PULL_ROUTE", "FastPathSlot", "HotRoutes", "Responder"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,18 @@ _DEQUEUES_KEPT = 64
 _DEQUEUE_KEEP_BYTES = 256
 
 
+class FastPathSlot:
+    """Where the HTTP protocol finds the running service's ``HotRoutes``: set by the
+    lifespan while it runs (``None`` while starting or stopping: the app answers), kept
+    on the app's state. A plain attribute read per request, where reading the state of
+    a Starlette app costs a Python-level ``__getattr__``."""
+
+    __slots__ = ("hot",)
+
+    def __init__(self) -> None:
+        self.hot: HotRoutes | None = None
+
+
 class HotRoutes:
     """Serves the hot routes of one running service."""
 
@@ -100,9 +112,9 @@ class HotRoutes:
         self.max_batch = service.settings.max_batch
         self._too_large = error_json("batch_too_large", batch_too_large_message(self.max_batch))
         self._internal_error = error_json(*INTERNAL_ERROR)
-        #: Dequeue bodies without releases, validated: a worker sends the same one
-        #: (``{"count": 1}``) request after request, and validation is most of what the
-        #: fast path spends on it beside the engine.
+        #: Dequeue bodies without releases, validated and within the rules: a worker
+        #: sends the same one (``{"count": 1}``) request after request, and validation
+        #: is most of what the fast path spends on it beside the engine.
         self._dequeues: dict[bytes, DequeueRequest] = {}
 
     def serve(
@@ -198,18 +210,19 @@ class HotRoutes:
                 request = _DEQUEUE.validate_json(body)
             except ValidationError:
                 raise _FallBack from None
+            try:  # a refused dequeue releases nothing: its own fields are checked first
+                self.ops.check_dequeue(
+                    request.count, request.lease_ms, request.wait_ms, len(request.release or ())
+                )
+            except StorageError as exc:
+                status, payload, headers = storage_error_reply(exc, f"POST /v1/queues/{queue}")
+                reply(status, payload, header_lines(headers))
+                return
             if request.release is None and len(body) <= _DEQUEUE_KEEP_BYTES:
                 if len(self._dequeues) >= _DEQUEUES_KEPT:
                     self._dequeues.clear()
-                self._dequeues[body] = request  # read, never changed, by what follows
-        try:  # a refused dequeue releases nothing: its own fields are checked first
-            self.ops.check_dequeue(
-                request.count, request.lease_ms, request.wait_ms, len(request.release or ())
-            )
-        except StorageError as exc:
-            status, payload, headers = storage_error_reply(exc, f"POST /v1/queues/{queue}")
-            reply(status, payload, header_lines(headers))
-            return
+                # read, never changed, by what follows; kept once the rules passed it
+                self._dequeues[body] = request
         if not request.release:
             self._lease(queue, request, None, reply, gone)
             return

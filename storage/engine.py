@@ -448,7 +448,8 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
     # ------------------------------------------------------------------ validation
 
     def _check_batch(self, n: int) -> None:
-        check_batch(n, self.config.max_batch)
+        if n > self.config.max_batch:
+            check_batch(n, self.config.max_batch)  # raises, in the rule's words
 
     def _prepare(
         self, items: Sequence[NewItem], now: int
@@ -516,7 +517,9 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
                 time.sleep(0.005)
 
     def dequeue(self, name: str, count: int = 1, lease_ms: int | None = None) -> list[Delivery]:
-        count_range(self.config.max_batch).check(count)
+        limit = self.config.max_batch
+        if type(count) is not int or not 1 <= count <= limit:
+            count_range(limit).check(count)  # raises, in the rule's words
         self._check_writable()
         return self._queue(name).dequeue(count, lease_ms)
 

@@ -16,13 +16,14 @@ A long-poll waits on ``storage/waits.py``; the HTTP server awaits it on its loop
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+from dq.storage.errors import QueueNotFound
 from dq.storage.types import Enqueued, Extend, ItemOutcome, NewItem, Release, Requeue
-from dq.storage.validation import LEASE_MS, WAIT_MS, check_batch, count_range
-from dq.storage.waits import Leased, Waits
+from dq.storage.validation import LEASE_MS, MAX_LEASE_MS, WAIT_MS, check_batch, count_range
+from dq.storage.waits import Leased, Waits, leased
 
 if TYPE_CHECKING:
     from dq.storage.engine import Engine
@@ -31,7 +32,23 @@ __all__ = ["ItemOps"]
 
 
 class ItemOps:
-    """The item operations of one engine, for every front end of one server."""
+    """The item operations of one engine, for every front end of one server.
+
+    The writes are the engine's own calls, taken as they are (nothing is added per
+    request: the engine checks each batch and item before it writes anything, and the
+    futures resolve once the write is durable under the server's fsync mode):
+
+    - ``start_enqueue(queue, items)``: enqueue a batch, creating the queue if needed;
+    - ``start_release(queue, items)``: release a batch, one outcome per item (a stale
+      receipt is an outcome, not an error);
+    - ``start_requeue(queue, items)``: requeue a batch with new deadlines;
+    - ``extend(queue, items)``: extend a batch of leases (in memory: nothing to wait for).
+    """
+
+    start_enqueue: Callable[[str, Sequence[NewItem]], Future[list[Enqueued]]]
+    start_release: Callable[[str, Sequence[Release]], Future[list[ItemOutcome]]]
+    start_requeue: Callable[[str, Sequence[Requeue]], Future[list[ItemOutcome]]]
+    extend: Callable[[str, Sequence[Extend]], list[ItemOutcome]]
 
     def __init__(
         self, engine: Engine, *, max_wait_ms: int = 20_000, waits: Waits | None = None
@@ -40,6 +57,11 @@ class ItemOps:
         #: a long-poll waits at most this long (``DQ_MAX_WAIT_MS``), on every transport
         self.max_wait_ms = max_wait_ms
         self.waits = waits if waits is not None else Waits(engine)
+        self.max_batch = engine.config.max_batch
+        self.start_enqueue = engine.enqueue_nowait
+        self.start_release = engine.release_nowait
+        self.start_requeue = engine.requeue_nowait
+        self.extend = engine.extend
 
     # ------------------------------------------------------------------ dequeue
 
@@ -49,22 +71,34 @@ class ItemOps:
         """Refuse a dequeue that breaks a rule — ``count`` within the batch limit, the
         lease within 12 h, a wait not negative, at most a batch of releases carried —
         before anything it carries is released: a refused dequeue changes nothing."""
-        limit = self.engine.config.max_batch
-        count_range(limit).check(count)
-        if lease_ms is not None:
-            LEASE_MS.check(lease_ms)
-        WAIT_MS.check(wait_ms)
-        check_batch(releases, limit)
+        limit = self.max_batch
+        if (
+            type(count) is not int
+            or not 1 <= count <= limit
+            or (
+                lease_ms is not None
+                and (type(lease_ms) is not int or not 1 <= lease_ms <= MAX_LEASE_MS)
+            )
+            or type(wait_ms) is not int
+            or wait_ms < 0
+            or releases > limit
+        ):  # the rules themselves say which, in their words
+            count_range(limit).check(count)
+            if lease_ms is not None:
+                LEASE_MS.check(lease_ms)
+            WAIT_MS.check(wait_ms)
+            check_batch(releases, limit)
 
     def wait_ms(self, asked: int) -> int:
         """How long a long-poll asking ``asked`` ms waits: at most the server's maximum."""
-        return min(asked, self.max_wait_ms)
+        return asked if asked <= self.max_wait_ms else self.max_wait_ms
 
     def lease(self, queue: str, count: int, lease_ms: int | None) -> Leased:
         """Lease what is due now (a queue that does not exist yet has nothing due)."""
-        poll = self.waits.poll(queue, count, lease_ms, 0)
-        poll.lease()
-        return poll.result()
+        try:
+            return Leased(self.engine.dequeue(queue, count, lease_ms))
+        except QueueNotFound:
+            return leased([], False, self.waits.draining)
 
     def lease_waiting(
         self,
@@ -79,23 +113,3 @@ class ItemOps:
         session: ``woken`` is what it sleeps on, set too when ``stop`` is)."""
         self.check_dequeue(count, lease_ms, wait_ms)
         return self.waits.wait_blocking(queue, count, lease_ms, self.wait_ms(wait_ms), woken, stop)
-
-    # ------------------------------------------------------------------ writes
-    # The engine checks each batch's size and every item before it writes anything; the
-    # futures resolve once the write is durable (under the server's fsync mode).
-
-    def start_enqueue(self, queue: str, items: Sequence[NewItem]) -> Future[list[Enqueued]]:
-        """Enqueue a batch (creating the queue if it does not exist)."""
-        return self.engine.enqueue_nowait(queue, items)
-
-    def start_release(self, queue: str, items: Sequence[Release]) -> Future[list[ItemOutcome]]:
-        """Release a batch: one outcome per item (a stale receipt is an outcome)."""
-        return self.engine.release_nowait(queue, items)
-
-    def start_requeue(self, queue: str, items: Sequence[Requeue]) -> Future[list[ItemOutcome]]:
-        """Requeue a batch with new deadlines: one outcome per item."""
-        return self.engine.requeue_nowait(queue, items)
-
-    def extend(self, queue: str, items: Sequence[Extend]) -> list[ItemOutcome]:
-        """Extend a batch of leases (in memory: nothing durable to wait for)."""
-        return self.engine.extend(queue, items)

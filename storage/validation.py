@@ -98,7 +98,8 @@ def check_batch(n: int, limit: int) -> None:
 
 
 def check_lease_ms(lease_ms: int, rule: Range = LEASE_MS) -> None:
-    rule.check(lease_ms)
+    if type(lease_ms) is not int or not 1 <= lease_ms <= MAX_LEASE_MS:
+        rule.check(lease_ms)  # raises, in the rule's words
 
 
 def resolve_deadline(deadline: int | None, delay_ms: int | None, now: int) -> int:

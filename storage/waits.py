@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from dq.storage.engine import Engine
     from dq.storage.events import Event
 
-__all__ = ["Leased", "Poll", "Waiter", "Waits"]
+__all__ = ["Leased", "Poll", "Waiter", "Waits", "leased"]
 
 #: Sleep at most this long without looking again: a safety net for a missed signal.
 MAX_NAP_S = 1.0
@@ -52,16 +52,21 @@ class Leased(list[Delivery]):
     """What a dequeue leased (it is the list of deliveries), and what the answer says
     beside them: whether the queue exists (a worker of a queue nobody created yet —
     or a misspelled one — hears so), and whether the server is shutting down (a
-    transport that repeats short waits stops repeating them)."""
+    transport that repeats short waits stops repeating them). Built as a list is
+    (``Leased(items)``, no Python call); the two flags are set only when they differ
+    from their defaults."""
 
-    __slots__ = ("draining", "queue_exists")
+    queue_exists = True
+    draining = False
 
-    def __init__(
-        self, items: list[Delivery], queue_exists: bool = True, draining: bool = False
-    ) -> None:
-        super().__init__(items)
-        self.queue_exists = queue_exists
-        self.draining = draining
+
+def leased(items: list[Delivery], queue_exists: bool, draining: bool) -> Leased:
+    got = Leased(items)
+    if not queue_exists:
+        got.queue_exists = False
+    if draining:
+        got.draining = True
+    return got
 
 
 class Waiter:
@@ -263,11 +268,11 @@ class Poll:
         return self._items
 
     def result(self) -> Leased:
-        return Leased(self._items, self._exists, self._waits.draining)
+        return leased(self._items, self._exists, self._waits._draining)
 
     def abandon(self) -> Leased:
         """The waiter stops without looking again (its client went away)."""
-        return Leased([], self._exists, self._waits.draining)
+        return leased([], self._exists, self._waits._draining)
 
     def naps(self, waiter: Waiter) -> Iterator[float]:
         """Look at the queue again after each sleep; yields how long to sleep next (s).
