@@ -43,6 +43,11 @@ def register(subparsers: Any) -> None:
         help="idempotency key, one per VALUE in order (a repeat within the queue's "
         "dedup window answers the first item and writes nothing)",
     )
+    p.add_argument(
+        "--group",
+        help="the items' group (1-128 printable ASCII characters), which the queue's "
+        "delivery rules go by: group_limit, fair, rate_limit (docs/delivery.md)",
+    )
     add_common(p)
     p.set_defaults(func=put)
 
@@ -120,6 +125,7 @@ def put(args: argparse.Namespace) -> int:
             deadline,
             delay_ms,
             keys[n] if keys else None,
+            args.group,
         )
         for n, v in enumerate(raw)
     ]
@@ -162,7 +168,9 @@ def get(args: argparse.Namespace) -> int:
         else:
             from rich.table import Table
 
-            table = Table("id", "receipt", "deadline", "deliveries", "value")
+            grouped = any(i.group is not None for i in items)
+            columns = ("id", "receipt", "deadline", "deliveries", "value")
+            table = Table(*columns, *(("group",) if grouped else ()))
             for i in items:
                 table.add_row(
                     str(i.id),
@@ -170,6 +178,7 @@ def get(args: argparse.Namespace) -> int:
                     when(i.deadline),
                     str(i.stats.dequeue_count),
                     value_text(i.value),
+                    *((i.group or "-",) if grouped else ()),
                 )
             console().print(table)
         # --ack releases only what was printed (written out: a closed pipe fails first)

@@ -94,10 +94,17 @@ class AsyncClient:
         deadline: int | None = None,
         delay_ms: int | None = None,
         key: str | None = None,
+        group: str | None = None,
     ) -> int:
         """Enqueue one item; returns its id once it is durable. With ``key``, a repeat
-        within the queue's dedup window returns the first item's id (safe to retry)."""
-        return await self.transport.call(EnqueueOne(queue, value, deadline, delay_ms, key))
+        within the queue's dedup window returns the first item's id (safe to retry);
+        ``group`` is the item's group, which the queue's delivery rules go by
+        (``docs/delivery.md``)."""
+        if group is None:
+            return await self.transport.call(EnqueueOne(queue, value, deadline, delay_ms, key))
+        item = as_new_item(value, deadline, delay_ms, key, group)
+        done = await self.transport.call(EnqueueMany(queue, [item]))
+        return done[0].id
 
     async def enqueue_many(
         self, queue: str, items: Iterable[bytes | str | NewItem]

@@ -74,9 +74,11 @@ def _when(d: dict[str, Any], deadline: int | None, delay_ms: int | None) -> dict
     return d
 
 
-def _keyed(d: dict[str, Any], key: str | None) -> dict[str, Any]:
+def _keyed(d: dict[str, Any], key: str | None, group: str | None = None) -> dict[str, Any]:
     if key is not None:
         d["key"] = key
+    if group is not None:
+        d["group"] = group
     return d
 
 
@@ -86,7 +88,9 @@ def _keyed(d: dict[str, Any], key: str | None) -> dict[str, Any]:
 # subclass, say): then the dict goes through the encoder as before.
 
 
-def _item_json(value: bytes, deadline: Any, delay_ms: Any, key: Any) -> str | None:
+def _item_json(
+    value: bytes, deadline: Any, delay_ms: Any, key: Any, group: Any = None
+) -> str | None:
     if type(value) is not bytes:
         return None
     try:
@@ -107,6 +111,10 @@ def _item_json(value: bytes, deadline: Any, delay_ms: Any, key: Any) -> str | No
         if type(key) is not str:
             return None
         out += ',"key":' + _quote(key)
+    if group is not None:
+        if type(group) is not str:
+            return None
+        out += ',"group":' + _quote(group)
     return out + "}"
 
 
@@ -120,7 +128,7 @@ def enqueue_json(items: Sequence[NewItem]) -> bytes | None:
     """``enqueue_body(items)`` as JSON bytes."""
     parts = []
     for i in items:
-        item = _item_json(i.value, i.deadline, i.delay_ms, i.key)
+        item = _item_json(i.value, i.deadline, i.delay_ms, i.key, i.group)
         if item is None:
             return None
         parts.append(item)
@@ -180,7 +188,11 @@ def dequeue_body(
 
 
 def enqueue_body(items: Sequence[NewItem]) -> dict[str, Any]:
-    return {"items": [_keyed(_when(_value(i.value), i.deadline, i.delay_ms), i.key) for i in items]}
+    return {
+        "items": [
+            _keyed(_when(_value(i.value), i.deadline, i.delay_ms), i.key, i.group) for i in items
+        ]
+    }
 
 
 def release_body(batch: Sequence[Release]) -> dict[str, Any]:
@@ -226,6 +238,7 @@ def parse_items(doc: Any) -> list[Item]:
                 d["deadline"],
                 ItemStats(s["enqueue_time"], s["requeue_time"], s["dequeue_count"]),
                 d["lease_expires"],
+                d.get("group"),
             )
         )
     return out
@@ -320,6 +333,7 @@ def parse_browsed(d: Any) -> BrowsedItem:
         d.get("lease_expires"),
         d.get("dead_lettered_from"),
         None if moved is None else MovedTo(moved["queue"], moved["id"]),
+        d.get("group"),
     )
 
 

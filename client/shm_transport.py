@@ -490,6 +490,8 @@ class ShmTransport:
             _check_when(item.deadline, item.delay_ms)
             if item.deadline == 0:  # "not given" (now) on the ring; the epoch over HTTP
                 return None
+            if item.group is not None:  # the ring's PUT carries no group: HTTP does
+                return None
         one = items[0]
         if len(items) == 1 and one.key is None and len(one.value) <= VALUE_MAX:
             return [(_PUT, codec.encode_put(one.deadline, one.delay_ms), one.value)]

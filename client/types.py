@@ -37,12 +37,15 @@ class NewItem:
     ``key`` (1-128 bytes of text) makes the enqueue idempotent: within the queue's
     ``dedup_window_ms`` a repeat answers the first item (``Enqueued.duplicate``) and
     writes nothing, so a batch whose items all have keys is retried after a lost answer.
+    ``group`` (1-128 printable ASCII characters) is the item's group, which the queue's
+    delivery rules go by (``docs/delivery.md``).
     """
 
     value: bytes
     deadline: int | None = None
     delay_ms: int | None = None
     key: str | None = None
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,8 @@ class Item:
     deadline: int
     stats: ItemStats
     lease_expires: int
+    #: the item's group (``docs/delivery.md``); None: it has none
+    group: str | None = None
 
 
 class Dequeued(list[Item]):
@@ -181,6 +186,8 @@ class BrowsedItem:
     dead_lettered_from: str | None = None
     #: a gone item that was dead-lettered or redriven, while the server remembers the move
     moved_to: MovedTo | None = None
+    #: the item's group (``docs/delivery.md``); None: it has none
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,8 @@ _quoted = encode_basestring_ascii
 #: One delivered item (``ItemOut``).
 _ITEM_JSON = (
     '{"id":%d,"receipt":%s,"value":%s,"encoding":"%s","deadline":%d,'
-    '"stats":{"enqueue_time":%d,"requeue_time":%d,"dequeue_count":%d},"lease_expires":%d}'
+    '"stats":{"enqueue_time":%d,"requeue_time":%d,"dequeue_count":%d},"lease_expires":%d,'
+    '"group":%s}'
 )
 
 
@@ -61,6 +62,7 @@ def dequeued_json(
             % (
                 d.id, dumps(d.receipt), dumps(text), enc, d.deadline,
                 s.enqueue_time, s.requeue_time, s.dequeue_count, d.lease_expires,
+                "null" if d.group is None else dumps(d.group),
             )
         )  # fmt: skip
     if released is not None:

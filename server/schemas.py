@@ -146,6 +146,15 @@ class NewItemIn(TypedDict):
             ),
         ]
     ]
+    group: NotRequired[
+        Annotated[
+            str | None,
+            Field(
+                description="the item's group (1-128 printable ASCII characters), which "
+                "the queue's delivery rules go by (docs/delivery.md)"
+            ),
+        ]
+    ]
 
 
 class InvalidItem(ValueError):
@@ -168,7 +177,7 @@ class InvalidItem(ValueError):
 #: item of every enqueue and release. ``_new_item`` and ``new_release`` write the slots
 #: (the same objects, compared equal and hashed alike); the assertions keep them in step
 #: with the fields.
-assert [f.name for f in fields(NewItem)] == ["value", "deadline", "delay_ms", "key"]
+assert [f.name for f in fields(NewItem)] == ["value", "deadline", "delay_ms", "key", "group"]
 assert [f.name for f in fields(Release)] == ["id", "receipt"]
 _make = object.__new__
 _item_slots = NewItem.__dict__  # the slots' member descriptors
@@ -176,16 +185,24 @@ _set_value = _item_slots["value"].__set__
 _set_deadline = _item_slots["deadline"].__set__
 _set_delay = _item_slots["delay_ms"].__set__
 _set_key = _item_slots["key"].__set__
+_set_group = _item_slots["group"].__set__
 _set_id = Release.__dict__["id"].__set__
 _set_receipt = Release.__dict__["receipt"].__set__
 
 
-def _new_item(value: bytes, deadline: int | None, delay_ms: int | None, key: str | None) -> NewItem:
+def _new_item(
+    value: bytes,
+    deadline: int | None,
+    delay_ms: int | None,
+    key: str | None,
+    group: str | None = None,
+) -> NewItem:
     item: NewItem = _make(NewItem)
     _set_value(item, value)
     _set_deadline(item, deadline)
     _set_delay(item, delay_ms)
     _set_key(item, key)
+    _set_group(item, group)
     return item
 
 
@@ -220,7 +237,7 @@ def to_new_items(items: list[NewItemIn]) -> list[NewItem]:
             raise InvalidItem(n, "value is not valid UTF-8 text; send it as base64") from None
         except ValueError as exc:  # bad base64: decode_value says how
             raise InvalidItem(n, str(exc)) from None
-        append(new_item(data, deadline, delay, i.get("key")))
+        append(new_item(data, deadline, delay, i.get("key"), i.get("group")))
     return out
 
 
@@ -255,6 +272,7 @@ class ItemOut(BaseModel):
     deadline: int
     stats: ItemStatsOut
     lease_expires: int
+    group: str | None = Field(None, description="the item's group; null: none")
 
 
 class DequeueResponse(BaseModel):
@@ -428,6 +446,7 @@ class BrowsedItemOut(BaseModel):
     encoding: Encoding | None = None
     lease_expires: int | None = None
     dead_lettered_from: str | None = None
+    group: str | None = Field(None, description="the item's group; absent: none")
     moved_to: MovedToOut | None = Field(
         default=None,
         description="a gone item that was dead-lettered or redriven: where it went, while "

@@ -160,6 +160,10 @@ def _item(
     with_values: bool,
     lease: Lease | None,
 ) -> BrowsedItem:
+    # a leased item's group is its lease's; another's is read where its entry lives
+    group = (
+        lease.group if lease is not None else q.files.group_of(encode_key(deadline, item_id), None)
+    )
     return BrowsedItem(
         id=item_id,
         deadline=deadline,
@@ -169,6 +173,7 @@ def _item(
         value=value if with_values else None,
         lease_expires=lease.expires if lease is not None else None,
         dead_lettered_from=q.meta.origins.get(item_id),
+        group=group,
     )
 
 

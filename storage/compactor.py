@@ -26,8 +26,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from dq.storage.codec import TOMBSTONE, decode_stats, key_id, tombstone_of
-from dq.storage.itemmeta import write_sidecar
-from dq.storage.segment import SegmentReader, iter_entries_keys, segment_name, write_segment
+from dq.storage.itemmeta import groups_of, without_groups, write_sidecar
+from dq.storage.segment import (
+    SegmentReader,
+    iter_entries_keys,
+    segment_name,
+    write_segment_grouped,
+)
 from dq.storage.wal import RECORD_HEADER, read_wal
 from dq.storage.worker_wire import read_message, write_message
 
@@ -56,8 +61,13 @@ class FreezeResult:
 def freeze_log(log_path: str, directory: str) -> FreezeResult:
     """Write the sorted segment file for a ``*.log_ro``; cancel pairs inside it."""
     contents = read_wal(log_path)
-    if contents.meta:  # item metadata outlives the log in a sidecar (storage/itemmeta.py)
-        write_sidecar(directory, contents.segment_no, b"".join(m for _, m in contents.meta))
+    meta = b"".join(m for _, m in contents.meta)
+    # item metadata outlives the log in a sidecar (storage/itemmeta.py); groups go into
+    # the segment file's group column instead, with their entries
+    kept = without_groups(meta, log_path)
+    if kept:
+        write_sidecar(directory, contents.segment_no, kept)
+    groups = {} if not meta else groups_of(meta, log_path)
     entries: dict[bytes, bytes] = {}
     for offset, payload in contents.records:
         base = offset + RECORD_HEADER.size
@@ -68,21 +78,22 @@ def freeze_log(log_path: str, directory: str) -> FreezeResult:
     keys = sorted(entries)
     max_id = contents.id_floor - 1
 
-    def survivors() -> Iterator[tuple[bytes, bytes]]:
+    def survivors() -> Iterator[tuple[bytes, bytes, str | None]]:
         i, n = 0, len(keys)
         while i < n:
             k = keys[i]
             if k[15] & 0b11 != TOMBSTONE and i + 1 < n and keys[i + 1] == tombstone_of(k):
                 i += 2
                 continue
-            yield k, entries[k]
+            group = groups.get(key_id(k)) if groups and k[15] & 0b11 != TOMBSTONE else None
+            yield k, entries[k], group
             i += 1
 
     if keys:
         max_id = max(max_id, max(key_id(k) for k in keys))
     no = contents.segment_no
     path = os.path.join(directory, segment_name(no, no))
-    info = write_segment(path, survivors(), seg_lo=no, seg_hi=no, max_id=max(max_id, 0))
+    info = write_segment_grouped(path, survivors(), seg_lo=no, seg_hi=no, max_id=max(max_id, 0))
     return FreezeResult(no, path if info is not None else None)
 
 
@@ -95,33 +106,44 @@ def net_entries(
     outnumber tombstones the newest pending (by requeue time) is emitted that many
     times; if tombstones outnumber pendings they are emitted (unless ``drop_rogue``).
     """
-    group: bytes | None = None  # key[:15] plus the upper bits of the last byte
-    pendings: list[bytes] = []
+    for key, encoded, _g in net_entries_grouped(
+        ((k, e, None) for k, e in stream), drop_rogue=drop_rogue
+    ):
+        yield key, encoded
+
+
+def net_entries_grouped(
+    stream: Iterable[tuple[bytes, bytes, str | None]], *, drop_rogue: bool
+) -> Iterator[tuple[bytes, bytes, str | None]]:
+    """``net_entries`` of (key, entry, item group) triples: a surviving pending entry
+    keeps its item's group (``docs/delivery.md``)."""
+    run: bytes | None = None  # key[:15] plus the upper bits of the last byte
+    pendings: list[tuple[bytes, str | None]] = []
     tombs = 0
     tomb_key = b""
 
-    def flush() -> Iterator[tuple[bytes, bytes]]:
+    def flush() -> Iterator[tuple[bytes, bytes, str | None]]:
         net = len(pendings) - tombs
         if net > 0:
-            newest = max(pendings, key=lambda e: decode_stats(e[16:32])[1])
+            newest, group = max(pendings, key=lambda e: decode_stats(e[0][16:32])[1])
             for _ in range(net):
-                yield newest[:16], newest
+                yield newest[:16], newest, group
         elif net < 0 and not drop_rogue:
             for _ in range(-net):
-                yield tomb_key, tomb_key
+                yield tomb_key, tomb_key, None
 
-    for key, encoded in stream:
+    for key, encoded, item_group in stream:
         g = key[:15] + bytes((key[15] & 0b11111100,))
-        if g != group:
-            if group is not None:
+        if g != run:
+            if run is not None:
                 yield from flush()
-            group, pendings, tombs = g, [], 0
+            run, pendings, tombs = g, [], 0
         if key[15] & 0b11 == TOMBSTONE:
             tombs += 1
             tomb_key = key
         else:
-            pendings.append(encoded)
-    if group is not None:
+            pendings.append((encoded, item_group))
+    if run is not None:
         yield from flush()
 
 
@@ -138,20 +160,25 @@ def merge_segments(
         lo = min(r.seg_lo for r in readers)
         hi = max(r.seg_hi for r in readers)
         max_id = max(r.info.max_id for r in readers)
-        stream = heapq.merge(*(r.scan() for r in readers))
+        stream = heapq.merge(*(r.scan_grouped() for r in readers), key=_by_key)
         out = os.path.join(directory, segment_name(lo, hi))
 
-        def checked() -> Iterator[tuple[bytes, bytes]]:
-            for n, item in enumerate(net_entries(stream, drop_rogue=drop_rogue)):
+        def checked() -> Iterator[tuple[bytes, bytes, str | None]]:
+            for n, item in enumerate(net_entries_grouped(stream, drop_rogue=drop_rogue)):
                 if cancel_marker and n % 4096 == 0 and os.path.exists(cancel_marker):
                     raise CompactionCancelled(out)
                 yield item
 
-        info = write_segment(out, checked(), seg_lo=lo, seg_hi=hi, max_id=max_id)
+        info = write_segment_grouped(out, checked(), seg_lo=lo, seg_hi=hi, max_id=max_id)
         return out if info is not None else None
     finally:
         for r in readers:
             r.close()
+
+
+def _by_key(entry: tuple[bytes, bytes, str | None]) -> tuple[bytes, bytes]:
+    """Merge order: by key, then the entry's bytes (as the pairs merged before groups)."""
+    return entry[0], entry[1]
 
 
 def _discard(proc: subprocess.Popen[bytes]) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dq.storage.codec import MAX_DEADLINE, MAX_ID, decode_stats, encode_key, key_deadline, key_id
 from dq.storage.errors import StorageError
 from dq.storage.leases import Lease, Leases
-from dq.storage.types import Delivery, Extend, ItemOutcome, ItemStats, Release
+from dq.storage.types import DeadEntry, Delivery, Extend, ItemOutcome, ItemStats, Release
 from dq.storage.validation import check_lease_ms
 from dq.storage.view import MergedView
 
@@ -56,13 +56,13 @@ class Deliveries:
         expires: int,
         now: int,
         max_deliveries: int | None,
-    ) -> tuple[list[Delivery], list[tuple[bytes, bytes, bytes]]]:
+    ) -> tuple[list[Delivery], list[DeadEntry]]:
         """Lease up to ``count`` live entries of ``view`` after the cursor, up to the key
         ``limit`` and short of ``barrier``, and move the cursor past them. Entries
         delivered ``max_deliveries`` times already are passed over and returned apart
-        (key, stats, value), for the dead-letter queue."""
+        (key, stats, value, group), for the dead-letter queue."""
         out: list[Delivery] = []
-        dead: list[tuple[bytes, bytes, bytes]] = []
+        dead: list[DeadEntry] = []
         leases = self.leases
         after = self.cursor
         from_bytes = int.from_bytes
@@ -70,16 +70,16 @@ class Deliveries:
             after, hit = view.next_live(after, limit, barrier)
             if hit is None:
                 break
-            key, stats, value, source = hit
+            key, stats, value, source, group = hit
             enq, req, cnt = decode_stats(stats)
             # ``key_id`` and ``key_deadline`` of the key, read once (``docs/format.md``)
             k = from_bytes(key, "big")
             item_id = (k >> 2) & MAX_ID
             if max_deliveries is not None and cnt >= max_deliveries:
-                dead.append((key, stats, value))
+                dead.append((key, stats, value, group))
                 continue
             cnt += 1
-            receipt = leases.add(item_id, key, (enq, req, cnt), expires, source, now)
+            receipt = leases.add(item_id, key, (enq, req, cnt), expires, source, now, group)
             out.append(
                 Delivery(
                     item_id,
@@ -88,6 +88,7 @@ class Deliveries:
                     (k >> 66) & MAX_DEADLINE,
                     ItemStats(enq, req, cnt),
                     expires,
+                    group,
                 )
             )
         self.cursor = after

@@ -49,7 +49,7 @@ from dq.storage.errors import (
     WriteStall,
 )
 from dq.storage.events import Event
-from dq.storage.itemmeta import check_key
+from dq.storage.itemmeta import check_group, check_key
 from dq.storage.merge_policy import MergePolicy
 from dq.storage.moved import MovedItems
 from dq.storage.operations import MAX_DEDUP_WINDOW_MS, Operations, effective_dead_letter_queue
@@ -58,6 +58,7 @@ from dq.storage.replica_engine import SCRATCH_PREFIX, ReplicaEngine, restore_rep
 from dq.storage.schedules import ScheduleOps
 from dq.storage.syncer import FsyncStats, Syncer
 from dq.storage.types import (
+    DeadEntry,
     Delivery,
     Enqueued,
     Extend,
@@ -500,7 +501,10 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
         prepared, keys = self._prepare(items, now)
         if not prepared:
             return resolved([])
-        return self._queue_for_write(name).enqueue(prepared, keys=keys, now=now, extra_meta=meta)
+        groups = _groups(items)
+        return self._queue_for_write(name).enqueue(
+            prepared, keys=keys, now=now, extra_meta=meta, groups=groups
+        )
 
     def enqueue(
         self, name: str, items: Sequence[NewItem], timeout: float | None = None
@@ -604,7 +608,7 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
     def _retry_dead_letter(
         self,
         source: Queue,
-        entries: list[tuple[bytes, bytes, bytes]],
+        entries: list[DeadEntry],
         target: str,
         error: StorageError,
     ) -> None:
@@ -629,11 +633,12 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
 
         source.call_later(1.0, again)
 
-    def dead_letter(self, source: Queue, entries: list[tuple[bytes, bytes, bytes]]) -> None:
+    def dead_letter(self, source: Queue, entries: list[DeadEntry]) -> None:
         """Move entries to ``source``'s dead-letter queue, then cancel them at the source.
 
         The dead-letter copy is made durable first, so a crash in between leaves the
-        item in both queues (delivered at least once), never in neither.
+        item in both queues (delivered at least once), never in neither. The item keeps
+        its group there (``docs/delivery.md``).
         """
         target_name = effective_dead_letter_queue(source.name, source.config)
         assert target_name is not None
@@ -643,10 +648,15 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
         except StorageError as exc:
             self._retry_dead_letter(source, entries, target_name, exc)
             return
-        for i, (key, stats, value) in enumerate(entries):
+        for i, (key, stats, value, group) in enumerate(entries):
             enq, _req, cnt = decode_stats(stats)
             try:
-                fut = target.enqueue([(now, value)], stats=(enq, now, cnt), origin=source.name)
+                fut = target.enqueue(
+                    [(now, value)],
+                    stats=(enq, now, cnt),
+                    origin=source.name,
+                    groups=None if group is None else [group],
+                )
             except StorageError as exc:  # a passing refusal (a stall): try again shortly
                 self._retry_dead_letter(source, entries[i:], target_name, exc)
                 return
@@ -669,13 +679,26 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
             len(entries),
             source.config.max_deliveries,
             target_name,
-            [key_id(k) for k, _, _ in entries][:20],
+            [key_id(e[0]) for e in entries][:20],
         )
         self.emit(
             "dead_lettered",
             source.name,
-            [key_id(k) for k, _, _ in entries],
+            [key_id(e[0]) for e in entries],
         )
+
+
+def _groups(items: Sequence[NewItem]) -> list[str | None] | None:
+    """Each item's group, checked (``InvalidGroup`` naming the first bad one), or None
+    when no item of the batch has one (the common case costs one pass)."""
+    groups: list[str | None] | None = None
+    for i, item in enumerate(items):
+        group = getattr(item, "group", None)
+        if group is not None:
+            if groups is None:
+                groups = [None] * len(items)
+            groups[i] = check_group(group, i)
+    return groups
 
 
 def _holds_data(path: str) -> bool:

@@ -48,6 +48,7 @@ __all__ = [
     "EngineUnavailable",
     "InvalidArgument",
     "InvalidDeadline",
+    "InvalidGroup",
     "InvalidKey",
     "InvalidQueueName",
     "InvalidReceipt",
@@ -135,6 +136,10 @@ class InvalidReceipt(InvalidArgument):
 
 class InvalidKey(InvalidArgument):
     code = "invalid_key"
+
+
+class InvalidGroup(InvalidArgument):
+    code = "invalid_group"
 
 
 class BadCursor(InvalidArgument):

@@ -56,7 +56,8 @@ class PendingBatch:
     (key, stats, value), stats and value None for a tombstone kept in memory; ``behind``
     tombstones of delivered entries (counted, not kept); ``remembered`` idempotency keys
     that stop waiting once published; ``load_meta`` item metadata to load (a
-    replicated record's); ``token`` the barrier it holds; ``restore`` the leases a refusal gives back;
+    replicated record's); ``groups`` the groups of its grouped pending entries (key ->
+    group, ``docs/delivery.md``); ``token`` the barrier it holds; ``restore`` the leases a refusal gives back;
     ``wakes``: publishing it makes entries due (watchers are told).
     """
 
@@ -65,6 +66,7 @@ class PendingBatch:
         "deadline",
         "entries",
         "future",
+        "groups",
         "keyed",
         "load_meta",
         "lsn",
@@ -94,8 +96,10 @@ class PendingBatch:
         remembered: list[Remembered] | None = None,
         load_meta: bytes = b"",
         wakes: bool = False,
+        groups: dict[bytes, str] | None = None,
     ) -> None:
         self.mem = mem
+        self.groups = groups
         self.result = result
         self.keyed = keyed
         self.stats = stats

@@ -1,5 +1,5 @@
-"""Item metadata: idempotency keys, the queue a dead letter came from, and the ticks
-schedules fired.
+"""Item metadata: idempotency keys, the queue a dead letter came from, the ticks
+schedules fired, and items' groups.
 
 Both travel in the same log record as their items (a type-2 record: metadata, then the
 entries; ``docs/format.md``), so a key is exactly as durable as its item: a crash keeps
@@ -23,6 +23,14 @@ holds one (a later durable tick in a later log supersedes it).
     meta entry, key:      01 | id u64 | deadline u64 | time u64 | key_length u8 | key (UTF-8)
     meta entry, origin:   02 | id u64 | name_length u8 | queue name (ASCII)
     meta entry, schedule: 03 | schedule id u64 | tick u64 | count u64 | name_length u8 | name
+    meta entry, group:    04 | id u64 | group_length u8 | group (printable ASCII)
+
+A group (``docs/delivery.md``) is written in every record that writes a pending entry of
+a grouped item (enqueue, requeue, lease expiry, a dead letter's enqueue), so the entry
+and its group are durable together. It is not kept here: the in-memory segment holds the
+groups of its entries, and freezing moves them into the segment file's group column
+(``storage/segment.py``), not into the sidecar — a group lives exactly as long as its
+entry, and costs no memory while its item waits in a segment file.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+import sys
 import zlib
 from collections import deque
 from collections.abc import Iterator
@@ -38,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dq.storage import fileio
-from dq.storage.errors import CorruptionError, InvalidKey, ReplicationTimeout
+from dq.storage.errors import CorruptionError, InvalidGroup, InvalidKey, ReplicationTimeout
 
 __all__ = [
     "MAX_KEY_BYTES",
@@ -46,13 +55,17 @@ __all__ = [
     "Fired",
     "ItemMeta",
     "Remembered",
+    "check_group",
     "check_key",
     "decode_meta",
+    "encode_group_entry",
     "encode_key_entry",
     "encode_origin_entry",
     "encode_schedule_entry",
+    "groups_of",
     "read_sidecar",
     "sidecar_name",
+    "without_groups",
     "write_sidecar",
 ]
 
@@ -60,12 +73,16 @@ MAX_KEY_BYTES = 128
 TAG_KEY = 1
 TAG_ORIGIN = 2
 TAG_SCHEDULE = 3
+TAG_GROUP = 4
+MAX_GROUP_BYTES = 128
 KEY_ENTRY = struct.Struct(">BQQQB")  # tag, id, deadline, time, key length
 assert KEY_ENTRY.size == 26
 ORIGIN_ENTRY = struct.Struct(">BQB")  # tag, id, name length
 assert ORIGIN_ENTRY.size == 10
 SCHEDULE_ENTRY = struct.Struct(">BQQQB")  # tag, schedule id, tick, count, name length
 assert SCHEDULE_ENTRY.size == 26
+GROUP_ENTRY = struct.Struct(">BQB")  # tag, id, group length
+assert GROUP_ENTRY.size == 10
 SIDECAR_MAGIC = b"DQMT"
 SIDECAR_VERSION = 1
 #: magic, version, reserved, log number, metadata length, crc32 of the metadata
@@ -88,6 +105,54 @@ def check_key(key: object, index: int | None = None) -> bytes:
     return raw
 
 
+def check_group(group: object, index: int | None = None) -> str:
+    """The group, interned, or ``InvalidGroup`` saying what to fix: 1 to 128 printable
+    ASCII characters (space to ``~``), so that it reads the same in a log, a URL, a
+    metric label and an SQS ``MessageGroupId``."""
+    where = {} if index is None else {"index": index}
+    if not isinstance(group, str):
+        raise InvalidGroup("group must be a string", **where)
+    if not 1 <= len(group) <= MAX_GROUP_BYTES:
+        raise InvalidGroup(
+            f"group is {len(group)} characters; give 1 to {MAX_GROUP_BYTES}", **where
+        )
+    if not (group.isascii() and group.isprintable()):
+        raise InvalidGroup("group must be printable ASCII (space to ~)", **where)
+    return intern_group(group)
+
+
+def encode_group_entry(item_id: int, group: str) -> bytes:
+    raw = group.encode("ascii")
+    return GROUP_ENTRY.pack(TAG_GROUP, item_id, len(raw)) + raw
+
+
+def groups_of(buf: bytes, where: str = "<metadata>") -> dict[int, str]:
+    """id -> group of the group entries in one record's (or log's) metadata."""
+    out: dict[int, str] = {}
+    if buf.find(b"\x04") < 0:  # no group entry can be in it (the common case)
+        return out
+    for kind, item_id, _d, _t, text in decode_meta(buf, where):
+        if kind == "group":
+            out[item_id] = intern_group(text)
+    return out
+
+
+def without_groups(buf: bytes, where: str = "<metadata>") -> bytes:
+    """The metadata less its group entries (what a sidecar keeps: the segment file has
+    the groups)."""
+    if buf.find(b"\x04") < 0:
+        return buf
+    out: list[bytes] = []
+    for kind, item_id, deadline, time, text in decode_meta(buf, where):
+        if kind == "key":
+            out.append(encode_key_entry(item_id, deadline, time, text.encode("utf-8")))
+        elif kind == "origin":
+            out.append(encode_origin_entry(item_id, text))
+        elif kind == "schedule":
+            out.append(encode_schedule_entry(item_id, deadline, time, text))
+    return b"".join(out)
+
+
 def encode_key_entry(item_id: int, deadline: int, time: int, key: bytes) -> bytes:
     return KEY_ENTRY.pack(TAG_KEY, item_id, deadline, time, len(key)) + key
 
@@ -103,7 +168,7 @@ def encode_schedule_entry(schedule_id: int, tick: int, count: int, name: str) ->
 
 
 #: ("key", id, deadline, time, key) / ("origin", id, 0, 0, queue) /
-#: ("schedule", schedule id, tick, count, schedule name)
+#: ("schedule", schedule id, tick, count, schedule name) / ("group", id, 0, 0, group)
 Decoded = tuple[str, int, int, int, str]
 
 
@@ -131,6 +196,13 @@ def decode_meta(buf: bytes, where: str = "<metadata>") -> Iterator[Decoded]:
             if start + n > end:
                 break
             yield "schedule", sid, tick, count, buf[start : start + n].decode("ascii", "replace")
+            pos = start + n
+        elif tag == TAG_GROUP and end - pos >= GROUP_ENTRY.size:
+            _t, item_id, n = GROUP_ENTRY.unpack_from(buf, pos)
+            start = pos + GROUP_ENTRY.size
+            if start + n > end or n == 0:
+                break
+            yield "group", item_id, 0, 0, buf[start : start + n].decode("ascii", "replace")
             pos = start + n
         else:
             break
@@ -290,6 +362,8 @@ class ItemMeta:
             elif kind == "schedule":
                 self._load_fired(item_id, deadline, time)
                 has_origin = True
+            elif kind == "group":
+                continue  # the memseg and the segment files hold groups
             elif window > 0 and time > now - window:
                 known = self.keys.get(text)
                 if known is None or known.time < time:
@@ -338,6 +412,8 @@ class ItemMeta:
                     if f is not None and deadline >= f.durable_tick:
                         keep = True
                         break
+                elif kind == "group":
+                    continue
                 elif kind == "origin" or (window > 0 and time > now - window):
                     keep = True
                     break
@@ -352,3 +428,10 @@ _interned: dict[str, str] = {}
 
 def _intern(name: str) -> str:
     return _interned.setdefault(name, name)
+
+
+def intern_group(group: str) -> str:
+    """One string object per group text, so a group's many entries (in in-memory
+    segments, leases, the delivery index) share it. ``sys.intern``: its table lets go of
+    a group no entry holds any more."""
+    return sys.intern(group)

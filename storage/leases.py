@@ -32,6 +32,8 @@ class Lease:
     source: object | None
     #: when this delivery began (dequeue time; extends keep it)
     since: int = 0
+    #: the item's group (``docs/delivery.md``): its slot, and what a requeue writes again
+    group: str | None = None
 
 
 class Leases:
@@ -61,10 +63,13 @@ class Leases:
         expires: int,
         source: object | None,
         since: int = 0,
+        group: str | None = None,
     ) -> str:
         self._deliveries += 1
         d = self._deliveries
-        self._by_id[item_id] = Lease(key, stats[0], stats[1], stats[2], expires, d, source, since)
+        self._by_id[item_id] = Lease(
+            key, stats[0], stats[1], stats[2], expires, d, source, since, group
+        )
         self._push(expires, item_id, d)
         order = self._order
         if order and since < order[-1][0]:

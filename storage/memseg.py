@@ -28,6 +28,7 @@ class MemSegment:
         "_version",
         "bytes",
         "entries",
+        "groups",
         "keys",
         "pending_count",
         "replaced_by",
@@ -42,6 +43,9 @@ class MemSegment:
         self.tombs: SortedList = SortedList()
         #: key -> (stats, value) for pending entries, None for tombstones
         self.entries: dict[bytes, tuple[bytes, bytes] | None] = {}
+        #: key -> group of the grouped pending entries (``docs/delivery.md``); freezing
+        #: writes them into the segment file's group column
+        self.groups: dict[bytes, str] = {}
         self.pending_count = 0
         self.tombstone_count = 0
         #: estimated bytes of memory the entries take (``ENTRY_MEMORY`` + value each)
@@ -72,10 +76,14 @@ class MemSegment:
         """``add_tombstone_behind`` of ``n`` tombstones at once."""
         self.tombstone_count += n
 
-    def add(self, key: bytes, stats: bytes | None, value: bytes | None) -> None:
+    def add(
+        self, key: bytes, stats: bytes | None, value: bytes | None, group: str | None = None
+    ) -> None:
         entries = self.entries
         if key in entries:
             return  # replaying the same record twice is harmless
+        if group is not None:
+            self.groups[key] = group
         if key[15] & 0b11 == TOMBSTONE:
             entries[key] = None
             self.tombs.add(key)
@@ -89,9 +97,20 @@ class MemSegment:
         self.keys.add(key)
         self._version += 1
 
-    def add_pending(self, entries: list[tuple[bytes, bytes]], stats: bytes) -> None:
-        """``add`` of a written batch's pending entries (key, value), all with ``stats``:
-        one call for the batch on the path that publishes every write."""
+    def add_pending(
+        self,
+        entries: list[tuple[bytes, bytes]],
+        stats: bytes,
+        groups: list[str | None] | None = None,
+    ) -> None:
+        """``add`` of a written batch's pending entries (key, value), all with ``stats``
+        (and ``groups``, one per entry, if any is grouped): one call for the batch on
+        the path that publishes every write."""
+        if groups is not None:
+            known_groups = self.groups
+            for (key, _v), group in zip(entries, groups, strict=True):
+                if group is not None and key not in self.entries:
+                    known_groups[key] = group
         known = self.entries
         add_key = self.keys.add
         added = size = 0

@@ -422,9 +422,11 @@ class Operations:
                     )
                     continue
                 enq, _req, _cnt = decode_stats(stats)
+                with src.lock:  # where the entry lives may change under a merge
+                    group = src.files.group_of(key, None)
                 try:
                     tq = self._queue_for_write(target)
-                    fut = _enqueue_waiting(tq, value, (enq, now, 0))
+                    fut = _enqueue_waiting(tq, value, (enq, now, 0), group)
                 except StorageError as exc:
                     failed.append(ItemOutcome(item_id, exc.code, exc.message))
                     continue
@@ -506,12 +508,16 @@ class Operations:
             )
 
 
-def _enqueue_waiting(q: Queue, value: bytes, stats: tuple[int, int, int]) -> Future[Any]:
-    """``Queue.enqueue`` of one item due now, waiting out a short write stall."""
+def _enqueue_waiting(
+    q: Queue, value: bytes, stats: tuple[int, int, int], group: str | None = None
+) -> Future[Any]:
+    """``Queue.enqueue`` of one item due now (keeping its group), waiting out a short
+    write stall."""
     give_up = time.monotonic() + 30
+    groups = None if group is None else [group]
     while True:
         try:
-            return q.enqueue([(q.engine.now(), value)], stats=stats)
+            return q.enqueue([(q.engine.now(), value)], stats=stats, groups=groups)
         except WriteStall:
             if time.monotonic() > give_up:
                 raise

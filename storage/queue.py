@@ -47,6 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dq.storage import fileio
@@ -81,7 +82,7 @@ from dq.storage.errors import (
 from dq.storage.futures import Answer, answer, settle
 from dq.storage.group_commit import GroupCommit, PendingBatch
 from dq.storage.health import Health
-from dq.storage.itemmeta import ItemMeta, encode_origin_entry
+from dq.storage.itemmeta import ItemMeta, encode_group_entry, encode_origin_entry, groups_of
 from dq.storage.leases import Lease
 from dq.storage.memseg import MemSegment
 from dq.storage.merge_policy import SegmentDesc
@@ -95,6 +96,7 @@ from dq.storage.segment_set import SegmentSet
 from dq.storage.state_counts import StateCounter
 from dq.storage.syncer import FsyncStats, Syncer
 from dq.storage.types import (
+    DeadEntry,
     Delivery,
     Enqueued,
     Extend,
@@ -116,6 +118,18 @@ __all__ = ["Queue", "QueueHost"]
 log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever part logs
 
 
+@dataclass(slots=True)
+class Moves:
+    """A record moving leased items to new deadlines: its entries, the pending entries
+    and tombstones to publish, and the groups written again with them."""
+
+    payload: bytes
+    pend: list[tuple[bytes, bytes, bytes]]
+    tombs: list[bytes]
+    meta: bytes
+    groups: dict[bytes, str]
+
+
 class QueueHost(Protocol):
     """What a queue needs from the engine that holds it (and nothing more)."""
 
@@ -133,7 +147,7 @@ class QueueHost(Protocol):
 
     def merge_policy_hook(self, q: Queue) -> None: ...
 
-    def dead_letter(self, source: Queue, entries: list[tuple[bytes, bytes, bytes]]) -> None: ...
+    def dead_letter(self, source: Queue, entries: list[DeadEntry]) -> None: ...
 
 
 class Queue:
@@ -252,12 +266,14 @@ class Queue:
         origin: str | None = None,
         now: int | None = None,
         extra_meta: bytes = b"",
+        groups: Sequence[str | None] | None = None,
     ) -> Future[list[Enqueued]]:
         """Enqueue (deadline, value) pairs, already validated. ``stats`` for dead letters
-        and redrives; ``keys`` (idempotency) and ``origin`` (the queue a dead letter came
-        from) travel in the same log record as the items (``storage/itemmeta.py``), and
-        so does ``extra_meta`` (metadata entries of the batch: a schedule's progress);
-        ``now``: the engine's clock as the caller read it (read here if not given)."""
+        and redrives; ``keys`` (idempotency), ``origin`` (the queue a dead letter came
+        from) and ``groups`` (each item's group or None, checked) travel in the same log
+        record as the items (``storage/itemmeta.py``), and so does ``extra_meta``
+        (metadata entries of the batch: a schedule's progress); ``now``: the engine's
+        clock as the caller read it (read here if not given)."""
         if now is None:
             now = self.engine.now()
         st = encode_stats(*stats) if stats is not None else encode_stats(now, 0, 0)
@@ -270,9 +286,9 @@ class Queue:
                 raise WriteStall("writes are stalled while segment files are written; retry")
             window = self.config.dedup_window_ms
             if keys is not None and window > 0 and any(k is not None for k in keys):
-                return self._enqueue_keyed(prepared, st, keys, now, window, extra_meta)
+                return self._enqueue_keyed(prepared, st, keys, now, window, extra_meta, groups)
             first = self.next_id
-            fut = self._write_pending(prepared, st, now, extra_meta, origin)
+            fut = self._write_pending(prepared, st, now, extra_meta, origin, groups=groups)
         self.engine.emit("enqueued", self.name, range(first, first + len(prepared)))
         return fut
 
@@ -284,6 +300,7 @@ class Queue:
         now: int,
         window: int,
         extra_meta: bytes,
+        groups: Sequence[str | None] | None = None,
     ) -> Future[list[Enqueued]]:
         """An enqueue where some items carry keys (under the lock): only the items whose
         key is new (or that have none) are written (``storage/dedup.py``)."""
@@ -294,7 +311,12 @@ class Queue:
             first = self.next_id
             try:
                 fut = self._write_pending(
-                    [prepared[i] for i in fresh], st, now, extra_meta, keyed=batch
+                    [prepared[i] for i in fresh],
+                    st,
+                    now,
+                    extra_meta,
+                    keyed=batch,
+                    groups=None if groups is None else [groups[i] for i in fresh],
                 )
             except BaseException:
                 batch.refused(meta)
@@ -311,6 +333,7 @@ class Queue:
         extra_meta: bytes = b"",
         origin: str | None = None,
         keyed: KeyedBatch | None = None,
+        groups: Sequence[str | None] | None = None,
     ) -> Future[Any]:
         """Give the items ids and keys after the cursor, frame them as one log record and
         submit it (under the lock, the queue checked open and not stalled)."""
@@ -322,6 +345,8 @@ class Queue:
         pairs: list[tuple[bytes, bytes]] = []
         results: list[Enqueued] = []
         meta: list[bytes] = []
+        group_meta: list[bytes] = []
+        grouped: dict[bytes, str] | None = None
         cursor = self.deliveries.cursor
         item_id = first
         for deadline, value in prepared:
@@ -334,6 +359,12 @@ class Queue:
             if origin is not None:
                 meta.append(encode_origin_entry(item_id, origin))
                 self.meta.origins[item_id] = origin
+            group = None if groups is None else groups[item_id - first]
+            if group is not None:
+                group_meta.append(encode_group_entry(item_id, group))
+                if grouped is None:
+                    grouped = {}
+                grouped[key] = group
             item_id += 1
         self.rates.add("enqueue", n, now)
         if keyed is not None:
@@ -347,8 +378,11 @@ class Queue:
             token=token,
             remembered=None if keyed is None else keyed.new_entries,
             wakes=True,
+            groups=grouped,
         )
-        return self._submit(batch, b"".join(parts), b"".join(meta) + extra_meta)
+        return self._submit(
+            batch, b"".join(parts), b"".join(meta) + b"".join(group_meta) + extra_meta
+        )
 
     # ------------------------------------------------------------------ release, requeue, extend
 
@@ -435,11 +469,14 @@ class Queue:
 
     def _frame_moves(
         self, moves: list[tuple[int, Lease, int]], now: int, outcomes: list[ItemOutcome]
-    ) -> tuple[bytes, list[tuple[bytes, bytes, bytes]], list[bytes]] | None:
-        """Frame a record moving leased items to new deadlines (pending + tombstone)."""
+    ) -> Moves | None:
+        """Frame a record moving leased items to new deadlines (pending + tombstone); a
+        grouped item's group is written again with its new entry."""
         parts: list[bytes] = []
         pend: list[tuple[bytes, bytes, bytes]] = []
         tombs: list[bytes] = []
+        meta: list[bytes] = []
+        groups: dict[bytes, str] = {}
         pack = PENDING_HEADER.pack
         lookup, place = self.files.lookup, self.deliveries.place
         for item_id, lease, deadline in moves:
@@ -456,19 +493,22 @@ class Queue:
             parts.append(tomb)
             pend.append((key, st, value))
             tombs.append(tomb)
+            if lease.group is not None:
+                meta.append(encode_group_entry(item_id, lease.group))
+                groups[key] = lease.group
             outcomes.append(ItemOutcome(item_id, deadline=deadline))
         if not parts:
             return None
-        return b"".join(parts), pend, tombs
+        return Moves(b"".join(parts), pend, tombs, b"".join(meta), groups)
 
     def _write_moves(
         self,
-        built: tuple[bytes, list[tuple[bytes, bytes, bytes]], list[bytes]],
+        built: Moves,
         result: Any,
         restore: list[tuple[int, Lease]],
     ) -> Future[Any]:
         """Submit a record of moves (``_frame_moves``); a refusal gives back ``restore``."""
-        payload, pend, tombs = built
+        pend, tombs = built.pend, built.tombs
         token = self.commit.hold(min(k for k, _, _ in pend))
         batch = PendingBatch(
             self.files.memseg,
@@ -478,8 +518,9 @@ class Queue:
             token=token,
             restore=restore,
             wakes=True,
+            groups=built.groups or None,
         )
-        return self._submit(batch, payload)
+        return self._submit(batch, built.payload, built.meta)
 
     # ------------------------------------------------------------------ tombstones
 
@@ -656,6 +697,8 @@ class Queue:
             add = mem.add
             for key, stats, value in batch.entries:
                 add(key, stats, value)
+        if batch.groups:  # the groups of the entries just added (``docs/delivery.md``)
+            mem.groups.update(batch.groups)
         if batch.behind:
             mem.add_tombstones_behind(batch.behind)
         if batch.remembered is not None:
@@ -777,8 +820,15 @@ class Queue:
                 self.retry_rotation()
             if parsed:
                 self.next_id = max(self.next_id, max(key_id(k) for k, _, _ in parsed) + 1)
+            grouped = groups_of(meta, where) if meta else {}
             batch = PendingBatch(
-                self.files.memseg, None, entries=parsed, load_meta=meta, wakes=True
+                self.files.memseg,
+                None,
+                entries=parsed,
+                load_meta=meta,
+                wakes=True,
+                groups={k: grouped[key_id(k)] for k, s, _v in parsed if s and key_id(k) in grouped}
+                or None,
             )
             return self._submit(batch, entries, meta)
 

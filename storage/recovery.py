@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from dq.storage import fileio
 from dq.storage.codec import iter_entries, key_id
 from dq.storage.errors import CorruptionError
+from dq.storage.itemmeta import groups_of
 from dq.storage.memseg import MemSegment
 from dq.storage.segment import SegmentReader
 from dq.storage.wal import RECORD_HEADER, recover_wal
@@ -51,11 +52,15 @@ def load_log(path: str) -> tuple[MemSegment, int]:
     contents = recover_wal(path)
     mem = MemSegment(contents.segment_no)
     top = contents.id_floor - 1
+    # a record's groups (``storage/itemmeta.py``) are in its own metadata, which ends
+    # where its entries begin
+    groups = {off + 4 + len(meta): groups_of(meta, path) for off, meta in contents.meta if meta}
     for offset, payload in contents.records:
+        mine = groups.get(offset)
         for key, stats, value, _off in iter_entries(
             payload, where=path, base=offset + RECORD_HEADER.size
         ):
-            mem.add(key, stats, value)
+            mem.add(key, stats, value, mine.get(key_id(key)) if mine else None)
             top = max(top, key_id(key))
     return mem, top
 

@@ -4,6 +4,12 @@ Specification: ``docs/format.md`` ("Segment file"). Layout:
 
     header(16) | block 0 | ... | block n-1 | index | footer(112)
 
+A segment holding grouped items (``docs/delivery.md``) is version 2: each block that has
+a grouped entry is followed by its *group column* (a zstd frame: one ``length u8 |
+group`` per entry, in the block's order, length 0 for none), and a group index (16
+bytes a block) sits right before the index; footer flag ``FLAG_GROUPS`` says so. The
+group of an entry is read with its block, so a waiting item's group costs no memory.
+
 Each block is one zstd frame whose content is a run of entries in the original design's format
 (``dq.storage.codec``), sorted by key. The index has one 40-byte row per block (first
 key, offset, compressed length, crc32 of the compressed bytes, entry count, raw
@@ -23,6 +29,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from sys import intern
 
 import zstandard
 
@@ -41,11 +48,15 @@ __all__ = [
     "SegmentReader",
     "segment_name",
     "write_segment",
+    "write_segment_grouped",
 ]
 
 MAGIC = b"DQSG"
 FOOTER_MAGIC = b"DQSGEND1"
 VERSION = 1
+#: the version of a segment with a group column (``FLAG_GROUPS``); readers take both
+VERSION_GROUPS = 2
+FLAG_GROUPS = 1
 BLOCK_TARGET = 64 * 1024
 ZSTD_LEVEL = 3
 
@@ -55,6 +66,9 @@ assert HEADER.size == 16
 #: first key, offset, compressed length, crc32(compressed), entry count, raw length
 INDEX_ROW = struct.Struct(">16sQIIII")
 assert INDEX_ROW.size == 40
+#: offset, compressed length (0: the block has no grouped entry), crc32(compressed)
+GROUP_ROW = struct.Struct(">QII")
+assert GROUP_ROW.size == 16
 #: pending_count, tombstone_count, last_key, max_id, first_key, index_offset,
 #: index_length, index_crc, seg_lo, seg_hi, block_count, flags, footer crc32 (over
 #: the first 96 bytes), version, reserved, magic
@@ -102,6 +116,54 @@ def write_segment(
     Returns the footer, or None (and writes nothing) if there are no entries.
     ``max_id`` is carried even if the entries that had it were cancelled.
     """
+    return write_segment_grouped(
+        path, ((k, e, None) for k, e in entries), seg_lo=seg_lo, seg_hi=seg_hi, max_id=max_id
+    )
+
+
+def encode_column(groups: list[str | None]) -> bytes:
+    """A block's group column, uncompressed: ``length u8 | group`` per entry."""
+    out = bytearray()
+    for g in groups:
+        if g is None:
+            out.append(0)
+        else:
+            raw = g.encode("ascii")
+            out.append(len(raw))
+            out += raw
+    return bytes(out)
+
+
+def decode_column(raw: bytes, count: int, where: str, offset: int) -> list[str | None]:
+    out: list[str | None] = []
+    pos, end = 0, len(raw)
+    while pos < end:
+        n = raw[pos]
+        pos += 1
+        if n == 0:
+            out.append(None)
+            continue
+        if pos + n > end:
+            break
+        out.append(intern(raw[pos : pos + n].decode("ascii", "replace")))
+        pos += n
+    if pos != end or len(out) != count:
+        raise CorruptionError(
+            "segment group column does not match its block", file=where, offset=offset
+        )
+    return out
+
+
+def write_segment_grouped(
+    path: str,
+    entries: Iterable[tuple[bytes, bytes, str | None]],
+    *,
+    seg_lo: int,
+    seg_hi: int,
+    max_id: int,
+) -> SegmentInfo | None:
+    """``write_segment`` of (key, encoded entry, group) triples: a file with any group
+    gets a group column (version 2), one without is version 1, byte for byte."""
     compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
     tmp = path + ".tmp"
     fd = fileio.create(tmp)
@@ -116,9 +178,14 @@ def write_segment(
         block_size = 0
         block_first = b""
         block_count_entries = 0
+        column: list[str | None] = []
+        column_grouped = False
+        group_rows: list[bytes] = []
+        any_group = False
 
         def flush_block() -> None:
             nonlocal pos, block, block_size, block_count_entries, out_size
+            nonlocal column, column_grouped, any_group
             raw = b"".join(block)
             comp = compressor.compress(raw)
             index.append(
@@ -129,13 +196,26 @@ def write_segment(
             out.append(comp)
             out_size += len(comp)
             pos += len(comp)
+            if column_grouped:
+                col = compressor.compress(encode_column(column))
+                group_rows.append(GROUP_ROW.pack(pos, len(col), zlib.crc32(col)))
+                out.append(col)
+                out_size += len(col)
+                pos += len(col)
+                any_group = True
+            else:
+                group_rows.append(GROUP_ROW.pack(0, 0, 0))
             block, block_size, block_count_entries = [], 0, 0
+            column, column_grouped = [], False
             if out_size >= 4 * BLOCK_TARGET:
                 fileio.write_all(fd, b"".join(out), tmp)
                 out.clear()
                 out_size = 0
 
-        for key, encoded in entries:
+        for key, encoded, group in entries:
+            column.append(group)
+            if group is not None:
+                column_grouped = True
             if not block:
                 block_first = key
             if not first_key:
@@ -158,6 +238,12 @@ def write_segment(
             fd = -1
             fileio.remove(tmp)
             return None
+        flags, version = 0, VERSION
+        if any_group:
+            groups_index = b"".join(group_rows)
+            out.append(groups_index)
+            pos += len(groups_index)
+            flags, version = FLAG_GROUPS, VERSION_GROUPS
         index_bytes = b"".join(index)
         body = FOOTER.pack(
             pending,
@@ -171,9 +257,9 @@ def write_segment(
             seg_lo,
             seg_hi,
             len(index),
+            flags,
             0,
-            0,
-            VERSION,
+            version,
             0,
             FOOTER_MAGIC,
         )
@@ -203,7 +289,9 @@ def decode_footer(footer: bytes, path: str, offset: int = 0) -> SegmentInfo:
         raise CorruptionError("bad segment footer magic", file=path, offset=offset + 104)
     if zlib.crc32(footer[:96]) != f[12]:
         raise CorruptionError("segment footer checksum mismatch", file=path, offset=offset)
-    if f[13] != VERSION:
+    if f[13] not in (VERSION, VERSION_GROUPS) or (f[13] == VERSION_GROUPS) != bool(
+        f[11] & FLAG_GROUPS
+    ):
         raise CorruptionError(
             f"unsupported segment version {f[13]}", file=path, offset=offset + 100
         )
@@ -226,10 +314,12 @@ def decode_footer(footer: bytes, path: str, offset: int = 0) -> SegmentInfo:
 class Block:
     """One decoded block: its entries' keys and where each entry starts in ``raw``."""
 
-    __slots__ = ("keys", "offsets", "raw")
+    __slots__ = ("groups", "keys", "offsets", "raw")
 
     def __init__(self, raw: bytes, where: str, base: int) -> None:
         self.raw = raw
+        #: each entry's group (None: ungrouped), or None if no entry has one
+        self.groups: list[str | None] | None = None
         keys: list[bytes] = []
         offsets: list[int] = []
         for key, _stats, _value, off in iter_entries_keys(raw, where, base):
@@ -244,6 +334,10 @@ class Block:
         raw = self.raw
         length = int.from_bytes(raw[off + 32 : off + 36], "big")
         return raw[off : off + 16], raw[off + 16 : off + 32], raw[off + 36 : off + 36 + length]
+
+    def group(self, i: int) -> str | None:
+        groups = self.groups
+        return None if groups is None else groups[i]
 
     def encoded(self, i: int) -> bytes:
         """The entry at ``i`` exactly as stored."""
@@ -312,10 +406,23 @@ class SegmentReader:
             rows = [
                 INDEX_ROW.unpack_from(index, i * INDEX_ROW.size) for i in range(info.block_count)
             ]
+            group_rows: list[tuple[int, int, int]] = []
+            if info.flags & FLAG_GROUPS:
+                size_g = info.block_count * GROUP_ROW.size
+                graw = fileio.pread(self._fd, size_g, info.index_offset - size_g)
+                if len(graw) != size_g:
+                    raise CorruptionError(
+                        "segment group index cut short", file=path, offset=info.index_offset
+                    )
+                group_rows = [
+                    GROUP_ROW.unpack_from(graw, i * GROUP_ROW.size) for i in range(info.block_count)
+                ]
         except BaseException:
             os.close(self._fd)
             raise
         self.first_keys = [r[0] for r in rows]
+        #: per block (offset, length, crc32) of its group column (length 0: none)
+        self._group_rows = group_rows
         self._rows = [(r[1], r[2], r[3]) for r in rows]
         self.block_entries = [r[4] for r in rows]
         self._dctx = zstandard.ZstdDecompressor()
@@ -323,6 +430,8 @@ class SegmentReader:
         #: the merge output that replaced this segment (a hint for value lookups)
         self.replaced_by: SegmentReader | None = None
         self._counts: SegmentCounts | None = None
+        #: the block ``get`` read last (one decoded block: values are not kept beyond it)
+        self._last: tuple[int, Block] | None = None
 
     @property
     def counts(self) -> SegmentCounts:
@@ -340,8 +449,31 @@ class SegmentReader:
     def seg_hi(self) -> int:
         return self.info.seg_hi
 
+    @property
+    def has_groups(self) -> bool:
+        return bool(self._group_rows)
+
     def read_block(self, i: int) -> Block:
-        return Block(self.read_raw(i), self.path, self._rows[i][0])
+        block = Block(self.read_raw(i), self.path, self._rows[i][0])
+        if self._group_rows and self._group_rows[i][1]:
+            block.groups = self.read_groups(i, len(block.keys))
+        return block
+
+    def read_groups(self, i: int, count: int) -> list[str | None]:
+        """Block ``i``'s group column (``count`` entries), checked and decoded."""
+        offset, length, crc = self._group_rows[i]
+        comp = fileio.pread(self._fd, length, offset)
+        if len(comp) != length or zlib.crc32(comp) != crc:
+            raise CorruptionError(
+                "segment group column checksum mismatch", file=self.path, offset=offset, block=i
+            )
+        try:
+            raw = self._dctx.decompress(comp)
+        except zstandard.ZstdError as exc:
+            raise CorruptionError(
+                f"segment group column does not decompress: {exc}", file=self.path, offset=offset
+            ) from exc
+        return decode_column(raw, count, self.path, offset)
 
     def read_raw(self, i: int) -> bytes:
         """Block ``i``'s entries, checked and decompressed but not parsed."""
@@ -364,25 +496,42 @@ class SegmentReader:
 
     def get(self, key: bytes) -> tuple[bytes, bytes] | None:
         """(stats, value) of the pending entry ``key``, reading one block."""
+        found = self.get_grouped(key)
+        return None if found is None else (found[0], found[1])
+
+    def get_grouped(self, key: bytes) -> tuple[bytes, bytes, str | None] | None:
+        """(stats, value, group) of the pending entry ``key``, reading one block."""
         if not self.first_keys or key < self.first_keys[0] or key > self.info.last_key:
             return None
-        block = self.read_block(self.block_for(key))
+        b = self.block_for(key)
+        last = self._last
+        if last is not None and last[0] == b:
+            block = last[1]
+        else:  # a page of browsed items asks about one block many times in a row
+            block = self.read_block(b)
+            self._last = (b, block)
         i = bisect.bisect_left(block.keys, key)
         if i < len(block.keys) and block.keys[i] == key:
             _k, stats, value = block.entry(i)
-            return stats, value
+            return stats, value, block.group(i)
         return None
 
     def scan(self) -> Iterator[tuple[bytes, bytes]]:
         """Every (key, encoded entry) in order, one block in memory at a time."""
+        for key, encoded, _g in self.scan_grouped():
+            yield key, encoded
+
+    def scan_grouped(self) -> Iterator[tuple[bytes, bytes, str | None]]:
+        """Every (key, encoded entry, group) in order, one block in memory at a time."""
         for b in range(len(self._rows)):
             block = self.read_block(b)
             for i, key in enumerate(block.keys):
-                yield key, block.encoded(i)
+                yield key, block.encoded(i), block.group(i)
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._last = None
             os.close(self._fd)
 
 
@@ -424,3 +573,7 @@ class SegmentCursor:
     def entry(self) -> tuple[bytes, bytes, bytes]:
         assert self.block is not None
         return self.block.entry(self.pos)
+
+    def group(self) -> str | None:
+        assert self.block is not None
+        return self.block.group(self.pos)

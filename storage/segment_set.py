@@ -120,6 +120,25 @@ class SegmentSet:
                     return hit
         return None
 
+    def group_of(self, key: bytes, hint: object | None) -> str | None:
+        """The group of the pending entry ``key`` wherever it lives now (None: none):
+        an in-memory segment's map, or the group column of the file holding it."""
+        for mem in (self.memseg, *(m for _, m in self.frozen)):
+            if key in mem.entries:
+                return mem.groups.get(key)
+        src = hint
+        while src is not None and getattr(src, "replaced_by", None) is not None:
+            src = src.replaced_by  # type: ignore[attr-defined]
+        readers = [src] if isinstance(src, SegmentReader) and not src.closed else []
+        for reader in (*readers, *reversed(self.segments)):
+            if not reader.has_groups:
+                continue
+            if reader.first_keys and reader.first_keys[0] <= key <= reader.info.last_key:
+                hit = reader.get_grouped(key)
+                if hit is not None:
+                    return hit[2]
+        return None
+
     # ------------------------------------------------------------------ rotation
 
     def may_rotate(self, max_frozen: int) -> bool:

@@ -19,6 +19,7 @@ __all__ = [
     "QUEUE_NAME_PATTERN",
     "BrowsePage",
     "BrowsedItem",
+    "DeadEntry",
     "Delivery",
     "Enqueued",
     "Extend",
@@ -84,12 +85,15 @@ class NewItem:
 
     ``key`` (1-128 bytes of UTF-8) makes the enqueue idempotent: within the queue's
     ``dedup_window_ms`` a repeat answers the first item's id and deadline, writes nothing.
+    ``group`` (1-128 printable ASCII characters) is the item's group, which the queue's
+    delivery rules go by (``docs/delivery.md``).
     """
 
     value: bytes
     deadline: int | None = None
     delay_ms: int | None = None
     key: str | None = None
+    group: str | None = None
 
 
 @dataclass(slots=True)
@@ -104,6 +108,10 @@ class Enqueued:
     duplicate: bool = False
 
 
+#: an entry on its way to a dead-letter queue: (key, stats, value, its item's group)
+DeadEntry = tuple[bytes, bytes, bytes, str | None]
+
+
 @dataclass(slots=True)
 class Delivery:
     """One delivery of one item to a consumer, named by its receipt."""
@@ -114,6 +122,8 @@ class Delivery:
     deadline: int
     stats: ItemStats
     lease_expires: int
+    #: the item's group (``docs/delivery.md``), None if it has none
+    group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +232,7 @@ class BrowsedItem:
     lease_expires: int | None = None
     dead_lettered_from: str | None = None
     moved_to: MovedTo | None = None
+    group: str | None = None
 
 
 @dataclass(slots=True)

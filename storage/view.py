@@ -20,8 +20,8 @@ from dq.storage.segment import SegmentCursor, SegmentReader
 __all__ = ["Hit", "MergedView"]
 
 Source = SegmentCursor | MemSegment
-#: (key, stats, value, where the entry lives) of one live pending entry
-Hit = tuple[bytes, bytes, bytes, object]
+#: (key, stats, value, where the entry lives, its item's group) of one live pending entry
+Hit = tuple[bytes, bytes, bytes, object, str | None]
 
 
 class MergedView:
@@ -75,23 +75,27 @@ class MergedView:
         while self._heap and self._heap[0][0] == key:
             self.advance(self._heap[0][2])
 
-    def _take(self, key: bytes, after: bytes) -> list[tuple[bytes, bytes, object]]:
+    def _take(self, key: bytes, after: bytes) -> list[tuple[bytes, bytes, object, str | None]]:
         """Consume every copy of ``key`` (heads of any source); return pending payloads."""
-        got: list[tuple[bytes, bytes, object]] = []
+        got: list[tuple[bytes, bytes, object, str | None]] = []
         pending = key[15] & 0b11 != TOMBSTONE
         heap = self._heap
         while heap and heap[0][0] == key:
             cur = heap[0][2]
             if pending:
                 _k, stats, value = cur.entry()
-                got.append((stats, value, cur.reader))
+                got.append((stats, value, cur.reader, cur.group()))
             else:
-                got.append((b"", b"", None))
+                got.append((b"", b"", None, None))
             self.advance(cur)
         for m in self.memsegs:
             if m.next_after(after) == key:
                 entry = m.entries[key]
-                got.append((entry[0], entry[1], m) if entry is not None else (b"", b"", None))
+                got.append(
+                    (entry[0], entry[1], m, m.groups.get(key))
+                    if entry is not None
+                    else (b"", b"", None, None)
+                )
         return got
 
     def next_live(
@@ -121,7 +125,7 @@ class MergedView:
             after = tomb if tombs else key
             if len(copies) > tombs:
                 if len(copies) == 1:
-                    stats, value, source = copies[0]
+                    stats, value, source, group = copies[0]
                 else:  # the same key from two server lifetimes: the newest stats win
-                    stats, value, source = max(copies, key=lambda c: decode_stats(c[0])[1])
-                return after, (key, stats, value, source)
+                    stats, value, source, group = max(copies, key=lambda c: decode_stats(c[0])[1])
+                return after, (key, stats, value, source, group)

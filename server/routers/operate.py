@@ -100,6 +100,8 @@ def item_json(
         out["lease_expires"] = i.lease_expires
     if i.dead_lettered_from is not None:
         out["dead_lettered_from"] = i.dead_lettered_from
+    if i.group is not None:
+        out["group"] = i.group
     if i.moved_to is not None:
         out["moved_to"] = {"queue": i.moved_to.queue, "id": i.moved_to.id}
     return out

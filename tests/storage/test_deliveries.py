@@ -66,7 +66,7 @@ def test_an_item_delivered_max_deliveries_times_is_set_apart_not_leased() -> Non
     view = view_of((NOW - 20, 1, 3), (NOW - 10, 2, 2))
     out, dead = d.take(view, upto(NOW), None, 10, NOW + 1, NOW, 3)
     assert [x.id for x in out] == [2] and out[0].stats.dequeue_count == 3
-    assert [key_id(k) for k, _s, _v in dead] == [1] and dead[0][2] == b"v1"
+    assert [key_id(e[0]) for e in dead] == [1] and dead[0][2] == b"v1" and dead[0][3] is None
     assert 1 not in d.leases and key_id(d.cursor) == 2
 
 

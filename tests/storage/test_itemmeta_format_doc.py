@@ -15,16 +15,21 @@ from dq.storage.codec import (
     encode_stats,
     iter_entries,
 )
+from dq.storage.compactor import freeze_log
 from dq.storage.itemmeta import (
     ItemMeta,
     decode_meta,
+    encode_group_entry,
     encode_key_entry,
     encode_origin_entry,
     encode_schedule_entry,
+    groups_of,
     read_sidecar,
     write_sidecar,
 )
+from dq.storage.recovery import load_log
 from dq.storage.schedule_store import decode, encode
+from dq.storage.segment import SegmentReader
 from dq.storage.wal import RECORD_WITH_META, encode_header, frame_record, read_wal
 from tests.storage.test_format_doc import DOC, D, example
 
@@ -108,3 +113,47 @@ def test_schedule_file_example_decodes() -> None:
         "latest",
     )
     assert encode(s) == raw
+
+
+def test_wal_group_example_decodes(tmp_path: Path) -> None:
+    data = example("wal-group-example")
+    path = tmp_path / "0000000007.log"
+    path.write_bytes(data)
+    contents = read_wal(str(path))
+    [(offset, meta)] = contents.meta
+    assert offset == 0x20
+    assert list(decode_meta(meta)) == [
+        ("group", 1, 0, 0, "customer-42"),
+        ("group", 2, 0, 0, "customer-42"),
+    ]
+    assert groups_of(meta) == {1: "customer-42", 2: "customer-42"}
+    mem, top = load_log(str(path))
+    assert top == 3
+    assert mem.groups == {encode_key(D, 1): "customer-42", encode_key(D, 2): "customer-42"}
+    meta_bytes = encode_group_entry(1, "customer-42") + encode_group_entry(2, "customer-42")
+    body = struct.pack(">I", len(meta_bytes)) + meta_bytes
+    for n, value in ((1, b"hello"), (2, b"world"), (3, b"!")):
+        body += encode_pending(encode_key(D, n), encode_stats(D, 0, 0), value)
+    assert encode_header(7, 1) + frame_record(body, RECORD_WITH_META) == data
+
+
+def test_segment_groups_example_is_what_freezing_writes(tmp_path: Path) -> None:
+    log = tmp_path / "0000000007.log_ro"
+    log.write_bytes(example("wal-group-example"))
+    done = freeze_log(str(log), str(tmp_path))
+    assert done.path is not None
+    assert Path(done.path).read_bytes() == example("segment-groups-example")
+    assert not list(tmp_path.glob("*.meta"))  # groups go to the segment, not a sidecar
+    r = SegmentReader(done.path)
+    try:
+        assert r.info.flags == 1 and r.has_groups
+        assert r.info.index_offset == 0x73
+        rows = list(r.scan_grouped())
+        assert [(decode_key(k), g) for k, _e, g in rows] == [
+            ((D, 1, 0), "customer-42"),
+            ((D, 2, 0), "customer-42"),
+            ((D, 3, 0), None),
+        ]
+        assert r.get_grouped(encode_key(D, 2)) == (encode_stats(D, 0, 0), b"world", "customer-42")
+    finally:
+        r.close()

@@ -206,14 +206,14 @@ def test_closing_during_a_merge_stops_it_quietly(
         e.enqueue("q", [NewItem(b"%d-%d" % (batch, i)) for i in range(10)])
         e.freeze("q")
     started, go_on = threading.Event(), threading.Event()
-    real = compactor.net_entries
+    real = compactor.net_entries_grouped
 
     def held(*args: object, **kwargs: object) -> object:
         started.set()
         assert go_on.wait(20)  # until close has asked the merge to stop
         yield from real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(compactor, "net_entries", held)
+    monkeypatch.setattr(compactor, "net_entries_grouped", held)
     q = e.queue("q")
     q.merge(0, 3, wait=False)
     assert started.wait(20)

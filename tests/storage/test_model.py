@@ -39,6 +39,7 @@ class Item:
     durable_count: int = 0  # as last written to the log
     receipt: str | None = None
     lease_expires: int = 0
+    group: str | None = None  # its group (``docs/delivery.md``), kept for life
 
 
 class EngineVsModel(RuleBasedStateMachine):
@@ -134,25 +135,30 @@ class EngineVsModel(RuleBasedStateMachine):
         values=st.lists(st.binary(max_size=300), min_size=1, max_size=6),
         offset=st.one_of(st.none(), st.integers(-5000, 5000)),
         use_delay=st.booleans(),
+        group=st.sampled_from([None, "a", "b"]),
     )
-    def enqueue(self, values: list[bytes], offset: int | None, use_delay: bool) -> None:
+    def enqueue(
+        self, values: list[bytes], offset: int | None, use_delay: bool, group: str | None = None
+    ) -> None:
+        # every other item of the batch in ``group``: grouped and plain items side by side
+        groups = [group if n % 2 else None for n in range(len(values))]
         now = self.clock.now
         items = []
-        for v in values:
+        for v, g in zip(values, groups, strict=False):
             if offset is None:
-                items.append(NewItem(v))
+                items.append(NewItem(v, group=g))
             elif use_delay and offset >= 0:
-                items.append(NewItem(v, delay_ms=offset))
+                items.append(NewItem(v, delay_ms=offset, group=g))
             else:
-                items.append(NewItem(v, deadline=now + offset))
+                items.append(NewItem(v, deadline=now + offset, group=g))
         wanted = [now if offset is None else now + offset for _ in values]
         next_id = self.engine.queue(Q).next_id
         expected = [self.place(Q, d, next_id + i) for i, d in enumerate(wanted)]
         got = self.engine.enqueue(Q, items)
         assert [g.id for g in got] == [next_id + i for i in range(len(values))]
         assert [g.deadline for g in got] == expected
-        for g, v in zip(got, values, strict=True):
-            self.model[Q][g.id] = Item(g.id, g.deadline, v, now)
+        for g, v, group in zip(got, values, groups, strict=False):
+            self.model[Q][g.id] = Item(g.id, g.deadline, v, now, group=group)
 
     @rule(count=st.integers(1, 6), lease=st.integers(1, 3000), queue=st.sampled_from([Q, Q, DLQ]))
     def dequeue(self, count: int, lease: int, queue: str) -> None:
@@ -178,8 +184,8 @@ class EngineVsModel(RuleBasedStateMachine):
             else:
                 expected.append(item)
         got = self.engine.dequeue(queue, count, lease)
-        assert [(d.id, d.deadline, d.value) for d in got] == [
-            (i.id, i.deadline, i.value) for i in expected
+        assert [(d.id, d.deadline, d.value, d.group) for d in got] == [
+            (i.id, i.deadline, i.value, i.group) for i in expected
         ]
         for d, item in zip(got, expected, strict=True):
             item.count += 1
@@ -204,6 +210,7 @@ class EngineVsModel(RuleBasedStateMachine):
                     now,
                     item.count,
                     item.count,
+                    group=item.group,
                 )
 
     def _dlq_deadline(self, item_id: int) -> int:
@@ -322,12 +329,18 @@ class EngineVsModel(RuleBasedStateMachine):
             expected.append((item_id, deadline, False))
             if k is not None:
                 batch_keys[k] = (item_id, deadline)
-        got = self.engine.enqueue(Q, [NewItem(f"k{k}".encode(), key=k) for k in keys])
+
+        def group(k: str | None) -> str | None:  # keyed items of a, b in a group of their own
+            return f"g-{k}" if k in ("a", "b") else None
+
+        got = self.engine.enqueue(
+            Q, [NewItem(f"k{k}".encode(), key=k, group=group(k)) for k in keys]
+        )
         assert [(g.id, g.deadline, g.duplicate) for g in got] == expected
         for k, (item_id, deadline, dup) in zip(keys, expected, strict=True):
             if dup:
                 continue
-            self.model[Q][item_id] = Item(item_id, deadline, f"k{k}".encode(), now)
+            self.model[Q][item_id] = Item(item_id, deadline, f"k{k}".encode(), now, group=group(k))
             if k is not None:
                 self.keys[k] = (item_id, deadline, now)
 
@@ -398,7 +411,9 @@ class EngineVsModel(RuleBasedStateMachine):
         for n, item in enumerate(waiting):
             new_id = next_id + n
             deadline = self.place(Q, now, new_id)
-            self.model[Q][new_id] = Item(new_id, deadline, item.value, item.enqueue_time, now)
+            self.model[Q][new_id] = Item(
+                new_id, deadline, item.value, item.enqueue_time, now, group=item.group
+            )
             del self.model[DLQ][item.id]
 
     @rule(queue=st.sampled_from([Q, DLQ]), limit=st.integers(1, 7))
@@ -418,8 +433,8 @@ class EngineVsModel(RuleBasedStateMachine):
                 break
             after = page.next
         expected = sorted(self.model[queue].values(), key=lambda i: (i.deadline, i.id))
-        assert [(b.id, b.deadline, b.value) for b in seen] == [
-            (i.id, i.deadline, i.value) for i in expected
+        assert [(b.id, b.deadline, b.value, b.group) for b in seen] == [
+            (i.id, i.deadline, i.value, i.group) for i in expected
         ]
         for b, i in zip(seen, expected, strict=True):
             state = "leased" if i.receipt else ("due" if i.deadline <= now else "delayed")

@@ -1,0 +1,66 @@
+"""Item groups in the engine (``docs/delivery.md``): each path that writes an entry
+keeps its group — keyed and plain enqueues, freezing, merging files with and without
+groups, a reopened log — and a bad group is refused before anything is written."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from dq.storage import Engine, NewItem
+from dq.storage.errors import InvalidGroup
+from tests.storage.conftest import FakeClock
+
+
+def drain(e: Engine, queue: str) -> dict[bytes, str | None]:
+    got: dict[bytes, str | None] = {}
+    while batch := e.dequeue(queue, 100, 60_000):
+        got.update({d.value: d.group for d in batch})
+    return got
+
+
+def test_groups_through_freeze_merge_and_reopen(
+    open_engine: Callable[..., Engine], clock: FakeClock
+) -> None:
+    e = open_engine()
+    e.enqueue("q", [NewItem(b"old-%d" % n) for n in range(3)])  # a file without groups
+    e.freeze("q")
+    e.enqueue("q", [NewItem(b"a", group="g1"), NewItem(b"b"), NewItem(b"c", group="g2")])
+    e.freeze("q")
+    keyed = [NewItem(b"k1", key="key-1", group="g3"), NewItem(b"k2", key="key-2")]
+    e.enqueue("q", keyed)
+    assert e.enqueue("q", keyed)[0].duplicate  # a repeat writes nothing, group or not
+    q = e.queue("q")
+    assert [r.has_groups for r in q.segments] == [False, True]
+    q.merge(0, len(q.segments))
+    assert [r.has_groups for r in q.segments] == [True]
+    e.close()
+    e = open_engine()
+    want = {b"old-0": None, b"old-1": None, b"old-2": None, b"a": "g1", b"b": None}
+    want |= {b"c": "g2", b"k1": "g3", b"k2": None}
+    assert drain(e, "q") == want
+
+
+def test_requeued_and_expired_items_keep_their_group_in_files(
+    open_engine: Callable[..., Engine], clock: FakeClock
+) -> None:
+    e = open_engine()
+    e.enqueue("q", [NewItem(b"x", group="g")])
+    (d,) = e.dequeue("q", 1, 1000)
+    clock.advance(2000)
+    e.queue("q").expire_leases()  # written back with a new entry: the group with it
+    e.freeze("q")
+    e.close()
+    e = open_engine()
+    (again,) = e.dequeue("q", 1, 1000)
+    assert (again.id, again.group, again.stats.dequeue_count) == (d.id, "g", 2)
+
+
+@pytest.mark.parametrize("bad", ["", "x" * 129, "new\nline", "ü", 5])
+def test_bad_groups_are_refused_whole(open_engine: Callable[..., Engine], bad: object) -> None:
+    e = open_engine()
+    with pytest.raises(InvalidGroup) as refused:
+        e.enqueue("q", [NewItem(b"fine"), NewItem(b"bad", group=bad)])  # type: ignore[arg-type]
+    assert refused.value.context.get("index") == 1
+    assert e.list_queues() == [] or e.queue("q").stats().pending == 0
