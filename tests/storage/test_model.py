@@ -3,7 +3,9 @@
 Hypothesis picks enqueues (with past, present and future deadlines, with and without
 idempotency keys), dequeues, releases, requeues, extends, stale receipts, clock moves,
 lease expiry, freezes, merges of any contiguous segment range, pause and resume,
-purge, delete by id, redrive of dead letters, browsing, and close-and-reopen; after
+purge, delete by id, redrive of dead letters, browsing, a schedule's ticks (every
+5 s, ``catch_up: all``, into a queue keeping no idempotency keys: each tick once, across
+reopens and power losses), and close-and-reopen; after
 every step the engine and the model must agree on what was delivered, on what a
 browse shows, and on the counts.
 """
@@ -22,6 +24,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from dq.storage import Engine, EngineConfig, Extend, NewItem, QueueConfig, Release, Requeue
 from dq.storage.codec import encode_key, key_deadline, key_id
 from dq.storage.errors import ItemNotFound
+from dq.storage.scheduler import Scheduler
+from dq.storage.schedules import ScheduleSpec
 from tests.storage.conftest import FakeClock
 
 Q = "jobs"
@@ -60,12 +64,19 @@ class EngineVsModel(RuleBasedStateMachine):
         self.engine.put_queue(
             Q, QueueConfig(default_lease_ms=1000, max_deliveries=3, dead_letter_queue=DLQ)
         )
-        self.engine.put_queue(DLQ, QueueConfig(default_lease_ms=1000))
+        # no idempotency keys: only a schedule's progress keeps its ticks from doubling
+        self.engine.put_queue(DLQ, QueueConfig(default_lease_ms=1000, dedup_window_ms=0))
         self.model: dict[str, dict[int, Item]] = {Q: {}, DLQ: {}}
         self.stale: list[tuple[int, str]] = []
         self.values = 0
         self.paused = False
         self.keys: dict[str, tuple[int, int, int]] = {}  # key -> (id, deadline, time)
+        # a schedule of every 5 s: every tick up to ``fired_until`` is an item
+        self.engine.put_schedule(
+            DLQ, "beat", ScheduleSpec(every_ms=5000, value=b"tick", catch_up="all")
+        )
+        self.fired_until = self.clock.now
+        self.scheduler = Scheduler(self.engine)
 
     def open_engine(self) -> Engine:
         return Engine.open(self.dir, self.config, clock=self.clock)
@@ -93,7 +104,9 @@ class EngineVsModel(RuleBasedStateMachine):
             time.sleep(0.001)
 
     def restarted(self) -> None:
-        """The model after a restart: leases are gone, delivery counts as last written."""
+        """The model after a restart: leases are gone, delivery counts as last written;
+        the new engine's scheduler starts a new term at its first step."""
+        self.scheduler = Scheduler(self.engine)
         for name, queue in self.model.items():
             for item in queue.values():
                 if item.receipt is not None and name == Q:  # stale receipts are tried on Q
@@ -440,6 +453,22 @@ class EngineVsModel(RuleBasedStateMachine):
             state = "leased" if i.receipt else ("due" if i.deadline <= now else "delayed")
             assert b.state == state, (b, i)
             assert b.stats is not None and b.stats.dequeue_count == i.count
+
+    @rule()
+    def fire_schedule(self) -> None:
+        """The scheduler fires every tick since the last it fired: one item each, in
+        tick order, each placed after the cursor like any enqueue."""
+        now = self.clock.now
+        ticks = list(range(self.fired_until // 5000 * 5000 + 5000, now + 1, 5000))
+        next_id = self.engine.queue(DLQ).next_id
+        placed = [self.place(DLQ, t, next_id + n) for n, t in enumerate(ticks)]
+        self.scheduler.step(now)
+        for n, deadline in enumerate(placed):
+            self.model[DLQ][next_id + n] = Item(next_id + n, deadline, b"tick", now)
+        self.fired_until = now
+        self.settle_writes()
+        info = self.engine.schedule_info(DLQ, "beat")
+        assert info.last_tick == (ticks[-1] if ticks else info.last_tick)
 
     @rule()
     def reopen(self) -> None:
