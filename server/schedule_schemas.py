@@ -35,6 +35,7 @@ class ScheduleBody(BaseModel):
     timezone: str = Field("UTC", description="IANA zone of cron's wall clock and local times")
     value: str = Field("", description="the value of each item enqueued")
     encoding: Encoding = "utf-8"
+    group: str | None = Field(None, description="the group of each item (docs/delivery.md)")
     catch_up: str = Field(
         "latest",
         description="ticks missed while no server fired: skip, latest (one item for the "
@@ -58,6 +59,7 @@ class ScheduleOut(BaseModel):
     paused: bool
     value: str
     encoding: Encoding
+    group: str | None
     created: int = Field(description="when the schedule was made (ms)")
     changed: int = Field(description="when its definition last changed; ticks before are not its")
     last_tick: int | None = Field(description="the last tick it fired (null: none yet)")

@@ -68,6 +68,8 @@ class Schedule:
     paused: bool
     created: int
     since: int
+    #: the group of each item it enqueues (``docs/delivery.md``; None: none)
+    group: str | None = None
 
 
 def check_schedule_name(name: object) -> str:
@@ -102,6 +104,7 @@ def encode(s: Schedule) -> dict[str, object]:
         "start": t.start,
         "end": t.end,
         "value": base64.b64encode(s.value).decode("ascii"),
+        "group": s.group,
         "catch_up": s.catch_up,
         "paused": s.paused,
         "created": s.created,
@@ -145,6 +148,9 @@ def decode(queue: str, raw: object) -> Schedule:
     catch_up = raw.get("catch_up")
     if not isinstance(value, str) or catch_up not in CATCH_UP:
         raise ValueError("value or catch_up missing")
+    group = raw.get("group")
+    if group is not None and not isinstance(group, str):
+        raise ValueError(f"group is {group!r}")
     sid, created, since = (_int_or_none(raw, f) for f in ("id", "created", "since"))
     if sid is None or created is None or since is None:
         raise ValueError("id, created or since missing")
@@ -158,6 +164,7 @@ def decode(queue: str, raw: object) -> Schedule:
         paused=bool(raw.get("paused")),
         created=created,
         since=since,
+        group=None if group is None else _intern(group),
     )
 
 

@@ -44,7 +44,7 @@ from dq.storage.errors import (
     ScheduleNotFound,
     ValueTooLarge,
 )
-from dq.storage.itemmeta import Fired, ItemMeta, encode_schedule_entry
+from dq.storage.itemmeta import Fired, ItemMeta, check_group, encode_schedule_entry
 from dq.storage.schedule_store import CATCH_UP, Schedule, check_schedule_name
 from dq.storage.schedule_times import MIN_EVERY_MS, make_timing, upcoming
 from dq.storage.types import Enqueued, NewItem, QueueConfig, check_queue_name
@@ -78,6 +78,8 @@ class ScheduleSpec:
     start: object = None
     end: object = None
     value: bytes = b""
+    #: the group of each item (``docs/delivery.md``); None: none
+    group: object = None
     catch_up: object = "latest"
     paused: object = False
 
@@ -214,6 +216,12 @@ class ScheduleOps:
                 f"value is {len(value)} bytes; the limit is {self.config.max_value_bytes}",
                 limit=self.config.max_value_bytes,
             )
+        group = None
+        if spec.group is not None:
+            try:
+                group = check_group(spec.group)
+            except InvalidArgument as exc:
+                raise InvalidSchedule(exc.message, field="group") from None
         return Schedule(
             queue=queue,
             name=name,
@@ -224,6 +232,7 @@ class ScheduleOps:
             paused=spec.paused,
             created=now,
             since=now,
+            group=group,
         )
 
     def put_schedule(self, queue: str, name: str, spec: ScheduleSpec) -> ScheduleInfo:
@@ -346,7 +355,7 @@ class ScheduleOps:
         s = self.schedule(queue, name)
         now = self.now()
         key = f"schedule:{name}:run:{now}"
-        item = NewItem(s.value, deadline=now, key=key)
+        item = NewItem(s.value, deadline=now, key=key, group=s.group)
         [done] = self.enqueue_nowait(queue, [item]).result(self.config.wait_timeout_s)
         return done, key
 
@@ -378,7 +387,9 @@ class ScheduleOps:
                     continue
                 count = f.count if f is not None else 0
                 for t in fresh:
-                    items.append(NewItem(s.value, deadline=t, key=tick_key(s.name, t)))
+                    items.append(
+                        NewItem(s.value, deadline=t, key=tick_key(s.name, t), group=s.group)
+                    )
                 count += len(fresh)
                 entries.append(encode_schedule_entry(s.id, fresh[-1], count, s.name))
                 noted.append((s.id, fresh[-1], count))

@@ -74,6 +74,7 @@ def schedule_json(info: ScheduleInfo, lateness_ms: int | None) -> dict[str, Any]
         "paused": s.paused,
         "value": value,
         "encoding": encoding,
+        "group": s.group,
         "created": s.created,
         "changed": s.since,
         "last_tick": info.last_tick,
@@ -106,6 +107,7 @@ def _spec(body: ScheduleBody) -> ScheduleSpec:
         start=body.start,
         end=body.end,
         value=value,
+        group=body.group,
         catch_up=body.catch_up,
         paused=body.paused,
     )

@@ -54,7 +54,13 @@ def test_a_schedule_is_made_read_listed_and_fires(tmp_path: Path) -> None:
         assert daily["value"] == "go" and daily["encoding"] == "utf-8"
         r = await http.put(
             "/v1/queues/reports/schedules/beat",
-            json={"every_ms": 200, "value": "/w==", "encoding": "base64", "catch_up": "all"},
+            json={
+                "every_ms": 200,
+                "value": "/w==",
+                "encoding": "base64",
+                "group": "pulse",
+                "catch_up": "all",
+            },
         )
         assert r.status_code == 200, r.text
         first_next = r.json()["next"][0]
@@ -62,6 +68,7 @@ def test_a_schedule_is_made_read_listed_and_fires(tmp_path: Path) -> None:
         got = await items(http, "reports")
         assert len(got) >= 4
         assert all(i["value"] == "/w==" and i["encoding"] == "base64" for i in got)
+        assert {i["group"] for i in got} == {"pulse"}  # each tick's item has the group
         ticks = [i["deadline"] for i in got]
         assert ticks[0] == first_next and ticks == list(range(ticks[0], ticks[-1] + 1, 200))
         beat = (await http.get("/v1/queues/reports/schedules/beat")).json()
@@ -123,6 +130,7 @@ def test_bad_definitions_are_refused_with_400_naming_the_problem(tmp_path: Path)
             ({"every_ms": 1000, "catch_up": "sometimes"}, "catch_up must be"),
             ({}, "exactly one of cron, every_ms and at"),
             ({"every_ms": 1000, "value": "!!", "encoding": "base64"}, "base64"),
+            ({"every_ms": 1000, "group": "a b\u00e9"}, "group"),
         ):
             r = await http.put(base, json=body)
             assert r.status_code == 400, (body, r.text)

@@ -105,11 +105,12 @@ def test_schedule_file_example_decodes() -> None:
         block[block.index("```json") + 7 : block.index("```", block.index("```json") + 7)]
     )
     s = decode("jobs", raw)
-    assert (s.name, s.id, s.timing.every_ms, s.value, s.catch_up) == (
+    assert (s.name, s.id, s.timing.every_ms, s.value, s.group, s.catch_up) == (
         "beat",
         42,
         60000,
         b"hello",
+        "reports",
         "latest",
     )
     assert encode(s) == raw
