@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dq.client._async_client import AsyncClient
 from dq.client._client import Client
+from dq.client._schedules import Schedule, ScheduleRun
 from dq.client._transport import AsyncTransport, Transport
 from dq.client.errors import (
     BadRequest,
@@ -83,6 +84,8 @@ __all__ = [
     "RedriveResult",
     "Release",
     "Requeue",
+    "Schedule",
+    "ScheduleRun",
     "ServerError",
     "StaleReceipt",
     "StorageFull",

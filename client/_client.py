@@ -35,6 +35,17 @@ from dq.client._calls import (
     RequeueMany,
 )
 from dq.client._common import as_new_item, as_release, check_outcome
+from dq.client._schedules import (
+    DeleteSchedule,
+    GetSchedule,
+    ListSchedules,
+    PauseSchedule,
+    PutSchedule,
+    RunSchedule,
+    Schedule,
+    ScheduleRun,
+    When,
+)
 from dq.client._transport import Transport, open_transport
 from dq.client.types import (
     BackupResult,
@@ -238,6 +249,70 @@ class Client:
         """A consistent copy of the server's data directory at ``dest`` (a new directory
         inside the server's ``--backup-dir``)."""
         return self.transport.call(Backup(dest))
+
+    # schedules (docs/schedules.md) ------------------------------------------------
+    def put_schedule(
+        self,
+        queue: str,
+        name: str,
+        *,
+        cron: str | None = None,
+        every_ms: int | None = None,
+        at: When | None = None,
+        timezone: str = "UTC",
+        value: bytes | str = b"",
+        group: str | None = None,
+        catch_up: str = "latest",
+        start: When | None = None,
+        end: When | None = None,
+        paused: bool = False,
+    ) -> Schedule:
+        """Create schedule ``name`` of ``queue`` (and the queue), or replace its
+        definition, keeping what it fired. Exactly one of ``cron`` (five fields, or six
+        with the seconds first, on ``timezone``'s wall clock), ``every_ms`` and ``at``.
+        Each tick enqueues one item (``value``, ``group``) whose deadline is the tick and
+        key ``schedule:{name}:{tick_ms}``. ``catch_up``: what fires of ticks missed while
+        no server ran: "skip", "latest" or "all". Times: ms, ISO 8601 text or
+        ``datetime`` (without a zone: a wall-clock time of ``timezone``). A definition
+        that cannot fire is ``BadRequest`` (``invalid_schedule``, naming the field)."""
+        return self.transport.call(
+            PutSchedule(
+                queue,
+                name,
+                cron=cron,
+                every_ms=every_ms,
+                at=at,
+                timezone=timezone,
+                value=value,
+                group=group,
+                catch_up=catch_up,
+                start=start,
+                end=end,
+                paused=paused,
+            )
+        )
+
+    def get_schedule(self, queue: str, name: str) -> Schedule:
+        """The schedule: its definition, last tick fired, count and next five runs."""
+        return self.transport.call(GetSchedule(queue, name))
+
+    def list_schedules(self, queue: str) -> list[Schedule]:
+        return self.transport.call(ListSchedules(queue))
+
+    def delete_schedule(self, queue: str, name: str) -> None:
+        """It fires no more; the items it enqueued stay."""
+        self.transport.call(DeleteSchedule(queue, name))
+
+    def pause_schedule(self, queue: str, name: str) -> Schedule:
+        return self.transport.call(PauseSchedule(queue, name))
+
+    def resume_schedule(self, queue: str, name: str) -> Schedule:
+        """Fire again from the next tick (the ticks that passed while paused do not)."""
+        return self.transport.call(PauseSchedule(queue, name, resume=True))
+
+    def run_schedule(self, queue: str, name: str) -> ScheduleRun:
+        """Enqueue the schedule's item now, outside its ticks."""
+        return self.transport.call(RunSchedule(queue, name))
 
     def consumer(
         self,
