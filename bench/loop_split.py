@@ -8,7 +8,7 @@ and its count to a table; on ``SIGUSR1`` the table is written as JSON to
 ``$DQ_LOOP_SPLIT`` (the bench signals before and after each phase and takes the
 difference). Nested parts are counted inside their callers too:
 
-- ``parse+dispatch``: ``DqHttpProtocol.data_received`` — uvicorn's httptools callbacks,
+- ``parse+dispatch``: ``DqHttpProtocol.data_received`` — the httptools parser's callbacks,
   validation, the engine call and, for an answer that is ready at once (a dequeue), the
   answer's write;
 - ``durable answers``: ``Completions._drain`` — the answers of writes a group commit made

@@ -17,6 +17,7 @@ from dq.server.batch_limit import BatchLimit
 from dq.server.dependencies import require_token
 from dq.server.errors import install_error_handlers
 from dq.server.history import History
+from dq.server.hot_routes import FastPathSlot
 from dq.server.lifespan import make_lifespan
 from dq.server.limits import BodyLimit
 from dq.server.metrics import Metrics
@@ -75,6 +76,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         ScheduleCollector(lambda: getattr(app.state, "scheduler", None))
     )
     app.state.service = None
+    # the fast path's HotRoutes while the lifespan runs (server/protocol.py reads it)
+    app.state.fast_path = FastPathSlot()
     #: the one timer of every schedule (storage/scheduler.py), while the lifespan runs
     app.state.scheduler = None
     app.state.shm = None  # the shared-memory server, while the lifespan runs one

@@ -163,7 +163,7 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
             open_keyed_batches(opened, settings),
             NOT_INLINE if inline is None else inline,
         )
-        app.state.hot_routes = HotRoutes(service, app.state)
+        app.state.fast_path.hot = HotRoutes(service, app.state)
         if not getattr(app.state, "engine_watched", False):
             app.state.metrics.watch_engine(
                 lambda: _current_engine(app), settings.metrics_max_queues
@@ -219,7 +219,7 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
             await asyncio.to_thread(groups.close)
             if inline is not None:
                 inline.close()
-            app.state.hot_routes = None
+            app.state.fast_path.hot = None
             app.state.service = None
             if owned:
                 await asyncio.to_thread(opened.close)

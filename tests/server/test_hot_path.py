@@ -24,6 +24,9 @@ from typing import Any
 
 import pytest
 
+from dq.shm import command_codec as codec
+from dq.shm.attach import attach
+from dq.shm.command_ring import FLAG_NO_QUEUE, ClientRing, Op, Response, Status
 from tests.server.live import LiveServer, live_server
 from tests.server.threaded import threaded_server
 
@@ -248,6 +251,115 @@ def test_pipelined_requests_are_answered_in_order(pair: tuple[LiveServer, LiveSe
     assert [i["value"] for i in items] == ["1", "2"]
 
 
+# ------------------------------------------------------------------ the ring, where it overlaps
+
+#: What a step answered, in terms both transports can say: an error as (status, code,
+#: message); an enqueue as its ids; a dequeue as (id, value, deliveries) per item and
+#: whether the queue exists; a release as (id, ok, error) per item.
+Answer = tuple[Any, ...]
+#: (route, ring op) of each kind of step
+KINDS = {
+    "enqueue": ("items", Op.PUT),
+    "dequeue": ("dequeue", Op.FIND),
+    "release": ("release", Op.DELETE),
+}
+
+
+def _http_answer(raw: bytes, kind: str, receipts: list[tuple[int, str]]) -> Answer:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    doc = json.loads(body)
+    if status != 200:
+        return ("error", status, doc["error"], doc["message"])
+    if kind == "enqueue":
+        return ("enqueued", [i["id"] for i in doc["items"]])
+    if kind == "dequeue":
+        receipts += [(i["id"], i["receipt"]) for i in doc["items"]]
+        items = [(i["id"], i["value"].encode(), i["stats"]["dequeue_count"]) for i in doc["items"]]
+        return ("leased", items, doc.get("queue_exists", True))
+    return ("released", [(doc["id"], doc["ok"], doc.get("error"))])
+
+
+def _ring_answer(r: Response, kind: str, receipts: list[tuple[int, str]], item_id: int) -> Answer:
+    if r.status != Status.OK:
+        status = Status(r.status)
+        return ("error", status.http_status, status.code, r.body.decode())
+    if kind == "enqueue":
+        return ("enqueued", [codec.decode_put_ok(r.body)[0]])
+    if kind == "dequeue":
+        got = codec.decode_deliveries(r.body)
+        receipts += [(d.id, d.receipt) for d in got]
+        items = [(d.id, d.value, d.stats.dequeue_count) for d in got]
+        return ("leased", items, not r.flags & FLAG_NO_QUEUE)
+    return ("released", [(item_id, True, None)])
+
+
+class _Steps:
+    """One transport's side of the overlap: each step sent over HTTP (the fast path) or
+    as one ring command, on the transport's own queue of one server."""
+
+    def __init__(self, transport: str, conn: Raw, ring: ClientRing) -> None:
+        self.http = transport == "http"
+        self.queue = f"overlap-{transport}"
+        self.conn, self.ring = conn, ring
+        self.answers: list[Answer] = []
+        self.receipts: list[tuple[int, str]] = []
+
+    def __call__(
+        self, kind: str, body: dict[str, Any], key: bytes, value: bytes = b"", queue: str = ""
+    ) -> None:
+        queue = queue or self.queue
+        route, op = KINDS[kind]
+        item_id = body.pop("id", 0)
+        if kind == "release":  # one item's release: its error is the answer's status
+            route = f"items/{item_id}/release"
+        if self.http:
+            raw = self.conn.send(f"/v1/queues/{queue}/{route}", _j(body))
+            answer = _http_answer(raw, kind, self.receipts)
+        else:
+            assert self.ring.call(Op.BIND, bytes(16), queue.encode()).status == Status.OK
+            answer = _ring_answer(self.ring.call(op, key, value), kind, self.receipts, item_id)
+        self.answers.append(answer)
+
+
+def test_the_ring_answers_what_http_answers_where_they_overlap(
+    pair: tuple[LiveServer, LiveServer],
+) -> None:
+    """The steps a ring command can carry — a single enqueue, a dequeue, a release, and
+    their refusals — answer the same over the ring as over HTTP (the fast path, held to
+    the framework's bytes above), each transport on a fresh queue of the same server."""
+    fast, _ = pair
+    conn = Raw(fast.port)
+    attachment = attach(fast.data_dir, capacity=8)
+    ring = ClientRing(attachment.mm, spin_us=0.0)
+    sides = [_Steps("http", conn, ring), _Steps("ring", conn, ring)]
+    now = codec.encode_put(None, None)
+    try:
+        for step in sides:
+            step("enqueue", {"items": [{"value": "a"}]}, now, b"a")
+            step("enqueue", {"items": [{"value": "b"}]}, now, b"b")
+            step("enqueue", {"items": [{"value": "x" * 65}]}, now, b"x" * 65)  # too large
+            step("dequeue", {"count": 6}, codec.encode_find(6, 0, None))  # over the limit
+            over_12h = {"count": 1, "lease_ms": 43_200_001}
+            step("dequeue", over_12h, codec.encode_find(1, 0, 43_200_001))
+            step("dequeue", {"count": 1}, codec.encode_find(1, 0, None), queue="nothing-yet")
+            step("dequeue", {"count": 2}, codec.encode_find(2, 0, None))
+            item_id, receipt = step.receipts[0]  # each transport's own receipt
+            key, value = codec.encode_item(item_id, receipt)
+            for queue in ("", "", "nothing-yet"):  # released, then stale, then no queue
+                step("release", {"id": item_id, "receipt": receipt}, key, value, queue=queue)
+    finally:
+        attachment.close()
+        conn.close()
+    http, over_ring = sides
+    for n, (a, b) in enumerate(zip(http.answers, over_ring.answers, strict=True)):
+        assert a == b, f"step {n}:\nhttp: {a!r}\nring: {b!r}"
+    kinds = [a[0] for a in http.answers]
+    assert kinds.count("error") == 5 and kinds.count("leased") == 2, http.answers
+    assert [a[2] for a in http.answers[-2:]] == ["stale_receipt", "queue_not_found"]
+    assert http.answers[5] == ("leased", [], False)  # the queue does not exist
+
+
 # ------------------------------------------------------------------ a follower's refusals
 
 LEADER = "http://127.0.0.1:1/leader"  # never contacted: only named in the answers
@@ -289,7 +401,7 @@ def test_a_followers_refusals_are_the_same_bytes(
     followers: tuple[Any, Any], leader: str | None
 ) -> None:
     answers = []
-    hot = followers[0].app.state.hot_routes
+    hot = followers[0].app.state.fast_path.hot
     served_hot: list[int] = []
     failed = hot._failed
 
