@@ -106,3 +106,33 @@ def test_a_queue_nobody_created_is_said_once(
     with Client(server.url) as dq:
         dq.enqueue(queue + "-typo", b"late")
     assert r.latestOffset(start, ReadMaxRows(40)) == {"seq": 1}
+
+
+def test_reading_a_batch_acknowledges_nothing(server: LiveServer, queue: str) -> None:
+    """Only Spark's commit of a micro-batch acknowledges its items (``latestOffset`` of
+    the next batch, or ``commit``). Reading its range — which a failed task does again —
+    leaves every item leased and the range readable: a task retried, or a query that
+    dies before the commit and starts again with the same consumer, reads the same items
+    (at least once). Acknowledged on read, they would be gone with the batch that failed."""
+    with Client(server.url) as dq:
+        dq.enqueue_many(queue, [f"n{i}".encode() for i in range(30)])
+        r = reader(server.url, queue, minPartitions="2")
+        start = r.initialOffset()
+        end = r.latestOffset(start, ReadMaxRows(40))
+        assert end == {"seq": 30}
+
+        def values(reader: StreamReader) -> list[bytes]:
+            batches = [b for p in reader.partitions(start, end) for b in reader.read(p)]
+            return sorted(v.as_py() for b in batches for v in b.column("value"))
+
+        expected = sorted(f"n{i}".encode() for i in range(30))
+        assert values(r) == expected
+        assert values(r) == expected, "a retried task found its range acknowledged"
+        stats = dq.queue(queue).stats
+        assert (stats.pending, stats.leased) == (30, 30), "reading acknowledged items"
+
+        again = reader(server.url, queue, minPartitions="2")  # the query started again
+        assert again.initialOffset() == start
+        assert values(again) == expected
+        assert again.latestOffset(end, ReadMaxRows(40)) == end  # batch 0 committed
+        assert dq.queue(queue).stats.pending == 0
