@@ -155,7 +155,8 @@ class EngineVsModel(RuleBasedStateMachine):
             return
         for item in sorted(self.model[queue].values(), key=lambda i: i.id):
             if item.receipt is not None and item.lease_expires <= now:
-                self.stale.append((item.id, item.receipt))
+                if queue == Q:  # stale receipts are tried on Q (an id of DLQ may not be one)
+                    self.stale.append((item.id, item.receipt))
                 item.receipt = None
                 item.deadline = self.place(queue, now, item.id)
                 item.requeue_time = now
