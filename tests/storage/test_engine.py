@@ -221,6 +221,43 @@ def test_past_deadlines_are_kept_but_never_behind_the_cursor(
     assert [d.value for d in e.dequeue("q", 10)] == [b"c", b"b"]
 
 
+def test_an_older_id_requeued_to_a_past_deadline_goes_just_past_the_cursor(
+    open_engine: Callable[..., Engine], clock: FakeClock
+) -> None:
+    """At the cursor's deadline an older id would sort before the cursor, where dequeue
+    never looks (lost until a restart): it goes one millisecond later, a newer id at
+    the cursor's deadline itself (``docs/storage.md``, "Deadlines in the past")."""
+    e = open_engine()
+    now = clock.now
+    _a, b, _c, _d = e.enqueue(
+        "q",
+        [
+            NewItem(b"a", deadline=now - 100),
+            NewItem(b"b", deadline=now - 50),
+            NewItem(b"c", deadline=now - 200),
+            NewItem(b"d", deadline=now - 50),
+        ],
+    )
+    got = {x.value: x for x in e.dequeue("q", 3)}  # c, a, b: the cursor is at b's key
+    assert sorted(got) == [b"a", b"b", b"c"]
+    older, newer = got[b"a"], got[b"c"]  # ids below and above the cursor's (b's)
+    assert older.id < b.id < newer.id
+    moved = e.requeue(
+        "q",
+        [
+            Requeue(older.id, older.receipt, deadline=now - 10_000),
+            Requeue(newer.id, newer.receipt, deadline=now - 10_000),
+        ],
+    )
+    assert [(o.error, o.deadline) for o in moved] == [(None, now - 49), (None, now - 50)]
+    assert [(x.value, x.deadline) for x in e.dequeue("q", 10)] == [
+        (b"c", now - 50),
+        (b"d", now - 50),
+        (b"a", now - 49),
+    ]
+    assert e.stats("q").pending == 4 and e.stats("q").leased == 4
+
+
 def test_interval_mode_syncs_in_the_background(tmp_path: Path) -> None:
     with Engine.open(tmp_path / "d", EngineConfig(fsync="interval", fsync_interval_ms=10)) as e:
         e.enqueue("q", [NewItem(b"x")])
