@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, TypeVar
 from dq.server.answers import dequeued_json
 from dq.server.errors import as_storage_error
 from dq.storage.errors import QueueNotFound, StorageError, WriteStall
+from dq.storage.syncer import InlineCommits
 
 if TYPE_CHECKING:
     from dq.server.dependencies import Service
@@ -43,6 +44,8 @@ _STALL_NAP_S = 0.005
 _perf = time.perf_counter
 T = TypeVar("T", bound=Sized)
 R = TypeVar("R")
+#: starts an engine write (a ``*_nowait`` call), given the loop's own commits or None
+Start = Callable[[InlineCommits | None], Future[R]]
 
 
 class Metered:
@@ -91,7 +94,7 @@ def metered(service: Service, op: str, call: Callable[[], T]) -> T:
 
 
 async def metered_durable(
-    service: Service, op: str, start: Callable[[], Future[T]], *, off_loop: bool = False
+    service: Service, op: str, start: Start[T], *, off_loop: bool = False
 ) -> T:
     """A durable engine write (``*_nowait``), awaited on the loop, timed and counted.
 
@@ -106,19 +109,19 @@ async def metered_durable(
     return result
 
 
-async def durable(service: Service, start: Callable[[], Future[R]], *, off_loop: bool = False) -> R:
+async def durable(service: Service, start: Start[R], *, off_loop: bool = False) -> R:
     """A durable engine write awaited on the loop, short write stalls waited out; for
-    callers that count it themselves. ``start`` must only start the write (an engine
-    ``*_nowait`` call): on the loop it runs inside ``service.inline``. Raises
-    ``StorageError`` only."""
+    callers that count it themselves. ``start(inline)`` must only start the write (an
+    engine ``*_nowait`` call, passing ``inline`` on): on the loop it gets the loop's own
+    commits, ``service.inline``, so the loop makes the write durable at its next turn;
+    from a worker thread None. Raises ``StorageError`` only."""
     give_up = _perf() + STALL_TIMEOUT_S
     while True:
         try:
             if off_loop:
-                fut = await asyncio.to_thread(start)
+                fut = await asyncio.to_thread(start, None)
             else:
-                with service.inline:  # ``start`` only starts the write: the loop commits it
-                    fut = start()
+                fut = start(service.inline)  # only starts the write: the loop commits it
             return fut.result() if fut.done() else await service.completions.wait(fut)
         except WriteStall:
             if _perf() > give_up:

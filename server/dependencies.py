@@ -22,7 +22,7 @@ from dq.server.consumer_groups import ConsumerGroups
 from dq.server.errors import ApiError
 from dq.server.keyed_batches import IdempotentBatches
 from dq.server.schemas import QUEUE_NAME_REGEX
-from dq.storage.syncer import NOT_INLINE, InlineCommits, NotInline
+from dq.storage.syncer import InlineCommits
 
 if TYPE_CHECKING:
     from dq.server.completions import Completions
@@ -57,9 +57,9 @@ class Service:
     completions: Completions
     groups: ConsumerGroups
     batches: IdempotentBatches
-    #: ``with service.inline:`` around an engine ``*_nowait`` write made on the loop: the
-    #: loop commits it at its next turn (``storage/syncer.py``; a no-op when off)
-    inline: InlineCommits | NotInline = NOT_INLINE
+    #: passed (``inline=``) with an engine ``*_nowait`` write started on the loop: the
+    #: loop commits it at its next turn (``storage/syncer.py``; None when off)
+    inline: InlineCommits | None = None
 
 
 def service_of(request: Request) -> Service:

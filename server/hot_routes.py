@@ -159,8 +159,7 @@ class HotRoutes:
             raise _FallBack  # its creation syncs files: the route does it off the loop
         m = Metered(self.service, "enqueue")
         try:
-            with self.service.inline:
-                fut = self.ops.start_enqueue(queue, new)
+            fut = self.ops.start_enqueue(queue, new, self.service.inline)
         except WriteStall:
             raise _FallBack from None  # the route waits it out
         except (StorageError, OSError) as exc:
@@ -186,8 +185,7 @@ class HotRoutes:
     ) -> None:
         m = Metered(self.service, "release")
         try:
-            with self.service.inline:
-                fut = self.ops.start_release(queue, batch)
+            fut = self.ops.start_release(queue, batch, self.service.inline)
         except WriteStall:
             raise _FallBack from None
         except (StorageError, OSError) as exc:

@@ -36,7 +36,6 @@ from dq.server.longpoll import LongPoll
 from dq.storage.errors import StorageError
 from dq.storage.itemops import ItemOps
 from dq.storage.scheduler import Scheduler
-from dq.storage.syncer import NOT_INLINE
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -161,7 +160,7 @@ def make_lifespan(settings: Settings, engine: Engine | None) -> Lifespan:
             completions,
             groups,
             open_keyed_batches(opened, settings),
-            NOT_INLINE if inline is None else inline,
+            inline,
         )
         app.state.fast_path.hot = HotRoutes(service, app.state)
         if not getattr(app.state, "engine_watched", False):

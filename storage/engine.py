@@ -56,7 +56,7 @@ from dq.storage.operations import MAX_DEDUP_WINDOW_MS, Operations, effective_dea
 from dq.storage.queue import Queue
 from dq.storage.replica_engine import SCRATCH_PREFIX, ReplicaEngine, restore_replaced_queues
 from dq.storage.schedules import ScheduleOps
-from dq.storage.syncer import FsyncStats, Syncer
+from dq.storage.syncer import FsyncStats, InlineCommits, Syncer
 from dq.storage.types import (
     DeadEntry,
     Delivery,
@@ -492,9 +492,17 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
     # ------------------------------------------------------------------ operations
 
     def enqueue_nowait(
-        self, name: str, items: Sequence[NewItem], *, meta: bytes = b""
+        self,
+        name: str,
+        items: Sequence[NewItem],
+        inline: InlineCommits | None = None,
+        *,
+        meta: bytes = b"",
     ) -> Future[list[Enqueued]]:
         """Enqueue a batch; never blocks. The future resolves when the batch is durable.
+        ``inline``: the calling thread's own group commits (``Syncer.commit_inline``;
+        the server's event loop), which then make the batch durable instead of the
+        syncer thread; as every ``inline`` argument, only from the thread that made it.
         ``meta``: item metadata entries the batch's log record also carries (a
         schedule's progress, ``storage/schedules.py``)."""
         now = self.now()
@@ -503,7 +511,7 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
             return resolved([])
         groups = _groups(items)
         return self._queue_for_write(name).enqueue(
-            prepared, keys=keys, now=now, extra_meta=meta, groups=groups
+            prepared, keys=keys, now=now, extra_meta=meta, groups=groups, inline=inline
         )
 
     def enqueue(
@@ -527,18 +535,22 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
         self._check_writable()
         return self._queue(name).dequeue(count, lease_ms)
 
-    def release_nowait(self, name: str, items: Sequence[Release]) -> Future[list[ItemOutcome]]:
+    def release_nowait(
+        self, name: str, items: Sequence[Release], inline: InlineCommits | None = None
+    ) -> Future[list[ItemOutcome]]:
         self._check_batch(len(items))
         self._check_writable()
-        return self._queue(name).release(items)
+        return self._queue(name).release(items, inline)
 
     def release(self, name: str, items: Sequence[Release]) -> list[ItemOutcome]:
         return self.release_nowait(name, items).result(self.config.wait_timeout_s)
 
-    def requeue_nowait(self, name: str, items: Sequence[Requeue]) -> Future[list[ItemOutcome]]:
+    def requeue_nowait(
+        self, name: str, items: Sequence[Requeue], inline: InlineCommits | None = None
+    ) -> Future[list[ItemOutcome]]:
         self._check_batch(len(items))
         self._check_writable()
-        return self._queue(name).requeue(items)
+        return self._queue(name).requeue(items, inline)
 
     def requeue(self, name: str, items: Sequence[Requeue]) -> list[ItemOutcome]:
         return self.requeue_nowait(name, items).result(self.config.wait_timeout_s)

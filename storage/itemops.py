@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from dq.storage.errors import QueueNotFound
 from dq.storage.types import Enqueued, Extend, ItemOutcome, NewItem, Release, Requeue
@@ -27,8 +27,22 @@ from dq.storage.waits import Leased, Waits, leased
 
 if TYPE_CHECKING:
     from dq.storage.engine import Engine
+    from dq.storage.syncer import InlineCommits
 
-__all__ = ["ItemOps"]
+__all__ = ["ItemOps", "StartWrite"]
+
+_I = TypeVar("_I", contravariant=True)
+_R = TypeVar("_R")
+
+
+class StartWrite(Protocol[_I, _R]):
+    """Starts a durable write of a batch of ``_I`` (an engine ``*_nowait`` call);
+    ``inline``: the calling thread's own group commits (the HTTP server's event loop,
+    ``Syncer.commit_inline``), which make the write durable at its next turn."""
+
+    def __call__(
+        self, queue: str, items: Sequence[_I], inline: InlineCommits | None = None, /
+    ) -> Future[_R]: ...
 
 
 class ItemOps:
@@ -38,16 +52,17 @@ class ItemOps:
     request: the engine checks each batch and item before it writes anything, and the
     futures resolve once the write is durable under the server's fsync mode):
 
-    - ``start_enqueue(queue, items)``: enqueue a batch, creating the queue if needed;
-    - ``start_release(queue, items)``: release a batch, one outcome per item (a stale
-      receipt is an outcome, not an error);
-    - ``start_requeue(queue, items)``: requeue a batch with new deadlines;
+    - ``start_enqueue(queue, items[, inline])``: enqueue a batch, creating the queue if
+      needed;
+    - ``start_release(queue, items[, inline])``: release a batch, one outcome per item
+      (a stale receipt is an outcome, not an error);
+    - ``start_requeue(queue, items[, inline])``: requeue a batch with new deadlines;
     - ``extend(queue, items)``: extend a batch of leases (in memory: nothing to wait for).
     """
 
-    start_enqueue: Callable[[str, Sequence[NewItem]], Future[list[Enqueued]]]
-    start_release: Callable[[str, Sequence[Release]], Future[list[ItemOutcome]]]
-    start_requeue: Callable[[str, Sequence[Requeue]], Future[list[ItemOutcome]]]
+    start_enqueue: StartWrite[NewItem, list[Enqueued]]
+    start_release: StartWrite[Release, list[ItemOutcome]]
+    start_requeue: StartWrite[Requeue, list[ItemOutcome]]
     extend: Callable[[str, Sequence[Extend]], list[ItemOutcome]]
 
     def __init__(

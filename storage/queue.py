@@ -9,10 +9,12 @@ never be before the oldest dequeued item").
 Write path (``docs/architecture.md``, "One enqueue"): ``enqueue`` validates nothing
 (the engine did), takes the lock, gives the items ids and keys after the cursor and
 frames one log record for the batch (``_write_pending``) → ``_submit`` appends it to
-the log (``GroupCommit.append``, a memory buffer) and, with ``always``, notes the queue
-for a sync round → the round (``sync_round``) writes and fsyncs the buffer
-(``GroupCommit.write_round``) → only then are the batches it covered published into
-the in-memory segment (``_publish``) and their futures resolved. Until published, a
+the log (``GroupCommit.append``, a memory buffer) and, with ``always``, hands the queue
+to a sync round: the calling thread's own if it passed them (``inline``, the server's
+event loop: ``storage/syncer.py``), else the syncer thread's → the round
+(``sync_round``) writes and fsyncs the buffer (``GroupCommit.write_round``) → only
+then are the batches it covered published into the in-memory segment (``_publish``)
+and their futures resolved. Until published, a
 batch's smallest key is a barrier dequeue does not pass (``GroupCommit.hold``), so the
 cursor can never overtake an entry that is not visible yet.
 
@@ -94,7 +96,7 @@ from dq.storage.replication import KIND_RECORD_WITH_META
 from dq.storage.segment import SegmentReader
 from dq.storage.segment_set import SegmentSet
 from dq.storage.state_counts import StateCounter
-from dq.storage.syncer import FsyncStats, Syncer
+from dq.storage.syncer import FsyncStats, InlineCommits, Syncer
 from dq.storage.types import (
     DeadEntry,
     Delivery,
@@ -267,13 +269,15 @@ class Queue:
         now: int | None = None,
         extra_meta: bytes = b"",
         groups: Sequence[str | None] | None = None,
+        inline: InlineCommits | None = None,
     ) -> Future[list[Enqueued]]:
         """Enqueue (deadline, value) pairs, already validated. ``stats`` for dead letters
         and redrives; ``keys`` (idempotency), ``origin`` (the queue a dead letter came
         from) and ``groups`` (each item's group or None, checked) travel in the same log
         record as the items (``storage/itemmeta.py``), and so does ``extra_meta``
         (metadata entries of the batch: a schedule's progress); ``now``: the engine's
-        clock as the caller read it (read here if not given)."""
+        clock as the caller read it (read here if not given); ``inline``: the calling
+        thread's own group commits (``_submit``)."""
         if now is None:
             now = self.engine.now()
         st = encode_stats(*stats) if stats is not None else encode_stats(now, 0, 0)
@@ -281,14 +285,18 @@ class Queue:
             if self.health.failed is not None or self.closed:
                 self.check_open()
             if self.stalled():
-                self.retry_rotation()
+                self.retry_rotation(inline)
                 self.files.warn_stalled(self.fill())
                 raise WriteStall("writes are stalled while segment files are written; retry")
             window = self.config.dedup_window_ms
             if keys is not None and window > 0 and any(k is not None for k in keys):
-                return self._enqueue_keyed(prepared, st, keys, now, window, extra_meta, groups)
+                return self._enqueue_keyed(
+                    prepared, st, keys, now, window, extra_meta, groups, inline
+                )
             first = self.next_id
-            fut = self._write_pending(prepared, st, now, extra_meta, origin, groups=groups)
+            fut = self._write_pending(
+                prepared, st, now, extra_meta, origin, groups=groups, inline=inline
+            )
         self.engine.emit("enqueued", self.name, range(first, first + len(prepared)))
         return fut
 
@@ -301,6 +309,7 @@ class Queue:
         window: int,
         extra_meta: bytes,
         groups: Sequence[str | None] | None = None,
+        inline: InlineCommits | None = None,
     ) -> Future[list[Enqueued]]:
         """An enqueue where some items carry keys (under the lock): only the items whose
         key is new (or that have none) are written (``storage/dedup.py``)."""
@@ -317,6 +326,7 @@ class Queue:
                     extra_meta,
                     keyed=batch,
                     groups=None if groups is None else [groups[i] for i in fresh],
+                    inline=inline,
                 )
             except BaseException:
                 batch.refused(meta)
@@ -334,6 +344,7 @@ class Queue:
         origin: str | None = None,
         keyed: KeyedBatch | None = None,
         groups: Sequence[str | None] | None = None,
+        inline: InlineCommits | None = None,
     ) -> Future[Any]:
         """Give the items ids and keys after the cursor, frame them as one log record and
         submit it (under the lock, the queue checked open and not stalled)."""
@@ -381,12 +392,14 @@ class Queue:
             groups=grouped,
         )
         return self._submit(
-            batch, b"".join(parts), b"".join(meta) + b"".join(group_meta) + extra_meta
+            batch, b"".join(parts), b"".join(meta) + b"".join(group_meta) + extra_meta, inline
         )
 
     # ------------------------------------------------------------------ release, requeue, extend
 
-    def release(self, items: Sequence[Release]) -> Future[list[ItemOutcome]]:
+    def release(
+        self, items: Sequence[Release], inline: InlineCommits | None = None
+    ) -> Future[list[ItemOutcome]]:
         now = self.engine.now()
         with self.lock:
             self.check_open()
@@ -395,12 +408,14 @@ class Queue:
                 return resolved(outcomes)
             self.rates.add("release", len(taken), now)
             fut = self._write_tombstones(
-                [tombstone_of(lease.key) for _, lease in taken], outcomes, taken
+                [tombstone_of(lease.key) for _, lease in taken], outcomes, taken, inline
             )
         self.engine.emit("released", self.name, [i for i, _ in taken])
         return fut
 
-    def requeue(self, items: Sequence[Requeue]) -> Future[list[ItemOutcome]]:
+    def requeue(
+        self, items: Sequence[Requeue], inline: InlineCommits | None = None
+    ) -> Future[list[ItemOutcome]]:
         now = self.engine.now()
         results: dict[int, ItemOutcome] = {}
         order: list[int] = []
@@ -429,7 +444,7 @@ class Queue:
             ]
             if built is None:
                 return resolved(outcomes)
-            fut = self._write_moves(built, outcomes, taken)
+            fut = self._write_moves(built, outcomes, taken, inline)
         self.engine.emit("requeued", self.name, [o.id for o in moved])
         return fut
 
@@ -506,6 +521,7 @@ class Queue:
         built: Moves,
         result: Any,
         restore: list[tuple[int, Lease]],
+        inline: InlineCommits | None = None,
     ) -> Future[Any]:
         """Submit a record of moves (``_frame_moves``); a refusal gives back ``restore``."""
         pend, tombs = built.pend, built.tombs
@@ -520,7 +536,7 @@ class Queue:
             wakes=True,
             groups=built.groups or None,
         )
-        return self._submit(batch, built.payload, built.meta)
+        return self._submit(batch, built.payload, built.meta, inline)
 
     # ------------------------------------------------------------------ tombstones
 
@@ -554,12 +570,16 @@ class Queue:
         return self._submit(batch, b"".join(tombs))
 
     def _write_tombstones(
-        self, tombs: list[bytes], result: Any, restore: list[tuple[int, Lease]] | None
+        self,
+        tombs: list[bytes],
+        result: Any,
+        restore: list[tuple[int, Lease]] | None,
+        inline: InlineCommits | None = None,
     ) -> Future[Any]:
         """Append the record of ``tombs`` (under the lock, the queue checked open); a
         refusal gives back ``restore``."""
         batch = PendingBatch(self.files.memseg, result, behind=len(tombs), restore=restore)
-        return self._submit(batch, b"".join(tombs))
+        return self._submit(batch, b"".join(tombs), b"", inline)
 
     # ------------------------------------------------------------------ reads
 
@@ -650,13 +670,20 @@ class Queue:
         """Lift the barrier ``hold`` returned ``token`` for (no matter if lifted already)."""
         self.commit.unhold(token)
 
-    def _submit(self, batch: PendingBatch, payload: bytes, meta: bytes = b"") -> Future[Any]:
+    def _submit(
+        self,
+        batch: PendingBatch,
+        payload: bytes,
+        meta: bytes = b"",
+        inline: InlineCommits | None = None,
+    ) -> Future[Any]:
         """Append ``batch``'s record (under the lock); its future resolves with
         ``batch.result`` once it is durable per the fsync mode and published.
 
-        ``always``: the batch waits for the next sync round (the syncer's, or the one
-        its caller's thread runs). Otherwise the record is written at once and the
-        batch published; a failed write fails the queue. A refused batch is rolled back.
+        ``always``: the batch waits for the next sync round: the one the calling thread
+        runs itself if it passed its ``inline`` commits (the event loop), else the syncer
+        thread's. Otherwise the record is written at once and the batch published; a
+        failed write fails the queue. A refused batch is rolled back.
         """
         commit = self.commit
         try:
@@ -666,8 +693,9 @@ class Queue:
             raise
         mode = self.engine.config.fsync
         if mode == "always":
-            assert self.engine.syncer is not None
-            self.engine.syncer.mark_dirty(self)
+            if inline is None or not inline.take(self):
+                assert self.engine.syncer is not None
+                self.engine.syncer.mark_dirty(self)
         else:
             try:
                 commit.write_now()
@@ -875,7 +903,7 @@ class Queue:
             return []
         return self._rotate_locked()
 
-    def retry_rotation(self) -> None:
+    def retry_rotation(self, inline: InlineCommits | None = None) -> None:
         """Writes are stalled: rotate now, or try the pending rotation again (when its
         backoff allows). A stall need not follow a rotation asked for: with ``always``
         a batch's entries reach memory only when its sync round publishes them, after
@@ -883,8 +911,9 @@ class Queue:
         take the in-memory segment from under its limit to over twice it."""
         self.files.rotate_requested = True
         if self.engine.config.fsync == "always":
-            assert self.engine.syncer is not None
-            self.engine.syncer.mark_dirty(self)
+            if inline is None or not inline.take(self):
+                assert self.engine.syncer is not None
+                self.engine.syncer.mark_dirty(self)
         else:
             answer(self._rotate_locked())
 

@@ -8,9 +8,11 @@ under load one fsync serves many requests. In ``interval`` mode the thread only
 syncs dirty logs every ``interval_ms``; acknowledgements do not wait for it.
 
 A thread that serves many writers itself — the server's event loop — may commit its own
-writes instead (``Syncer.commit_inline``): its ``mark_dirty`` calls only note the queue,
-and the thread runs one group commit for everything it wrote when it has nothing else
-ready (the loop: at its next turn, after reading every request that arrived together).
+writes instead (``Syncer.commit_inline``): a write it starts with its ``InlineCommits``
+(the ``commit`` argument of ``Engine.enqueue_nowait`` and the other ``*_nowait`` calls)
+only notes the queue there, and the thread runs one group commit for everything it
+wrote when it has nothing else ready (the loop: at its next turn, after reading every
+request that arrived together).
 That is Redis's ``appendfsync always`` design: no wake-up of this thread per write and
 no hand-off of each answer back to the loop, which on a fast disk cost more CPU than the
 fsync itself (``bench/NOTES.md``, "The event loop commits its own writes"). A slow fsync
@@ -26,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-__all__ = ["NOT_INLINE", "FsyncStats", "InlineCommits", "NotInline", "SyncTarget", "Syncer"]
+__all__ = ["FsyncStats", "InlineCommits", "SyncTarget", "Syncer"]
 
 #: While the recent average write-and-sync of a group commit takes longer than this,
 #: committing threads leave their commits to the syncer thread: the event loop must not
@@ -84,8 +86,6 @@ class Syncer:
         self._cond = threading.Condition()
         self._dirty: dict[SyncTarget, None] = {}
         self._stopping = False
-        #: the committing thread of the calling thread, if it has one
-        self._local = threading.local()
         self._inline: list[InlineCommits] = []
         #: recent average seconds of one group commit's write and sync (any thread's)
         self.average_commit_s = 0.0
@@ -97,25 +97,23 @@ class Syncer:
     def commit_inline(self, schedule: Callable[[Callable[[], None]], object]) -> InlineCommits:
         """Let the calling thread commit its own writes (``always`` mode only).
 
-        From now on a ``mark_dirty`` made on this thread *inside* ``with inline:`` (the
-        returned object) only notes the queue, and the first one of a round calls
-        ``schedule(commit)``: the thread must call ``commit()`` soon (the event loop
-        passes its ``call_soon``). Only calls that never wait for their own write may
-        run inside (the ``*_nowait`` ones): a thread that blocked on a write it was
-        to commit itself would wait forever, so every other write on the thread still
-        goes to the syncer thread. ``close()`` the result to stop."""
+        From now on a write this thread starts with the returned object (the ``commit``
+        argument of a ``*_nowait`` call) only notes its queue (``InlineCommits.take``),
+        and the first one of a round calls ``schedule(commit)``: the thread must call
+        ``commit()`` soon (the event loop passes its ``call_soon``). Only calls that
+        never wait for their own write take it (the ``*_nowait`` ones): a thread that
+        blocked on a write it was to commit itself would wait forever, so every other
+        write, and a write another thread starts, goes to the syncer thread.
+        ``close()`` the result to stop."""
         inline = InlineCommits(self, schedule)
         with self._cond:
             if self.mode != "always" or self._stopping:
                 raise RuntimeError("inline commits need fsync=always and a running syncer")
             self._inline.append(inline)
-        self._local.inline = inline
         return inline
 
     def mark_dirty(self, target: SyncTarget) -> None:
-        inline: InlineCommits | None = getattr(self._local, "inline", None)
-        if inline is not None and inline.take(target):
-            return
+        """Have this thread write and sync ``target`` at its next round."""
         with self._cond:
             if target not in self._dirty:
                 self._dirty[target] = None
@@ -174,36 +172,31 @@ class Syncer:
 class InlineCommits:
     """The group commits of one thread that commits its own writes (``Syncer.commit_inline``).
 
-    Only that thread notes queues and commits; ``close`` may come from another thread
-    once it has stopped writing (the engine closing), hence the lock. Writes are noted
-    only inside ``with inline:`` around a call that does not wait for them.
+    A write is noted here only when its caller passes this object (``commit=``) to a
+    call that does not wait for the write, on the thread that made it; any other write
+    goes to the syncer thread. ``close`` may come from another thread once this one has
+    stopped writing (the engine closing), hence the lock.
     """
 
     def __init__(self, syncer: Syncer, schedule: Callable[[Callable[[], None]], object]) -> None:
         self._syncer = syncer
         self._schedule = schedule
+        #: the thread whose writes these are (it called ``Syncer.commit_inline``)
+        self._thread = threading.get_ident()
         self._lock = threading.Lock()
         self._dirty: dict[SyncTarget, None] = {}
         self._scheduled = False
         self._closed = False
-        self._noting = 0
         #: group commits run on this thread, sync rounds (one queue each) in them, and
         #: writes left to the syncer thread because the disk was slow
         self.commits = 0
         self.rounds = 0
         self.handed_back = 0
 
-    def __enter__(self) -> InlineCommits:
-        """Writes made until ``__exit__`` are this thread's to commit."""
-        self._noting += 1
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._noting -= 1
-
     def take(self, target: SyncTarget) -> bool:
-        """Note ``target`` for this thread's next commit; False: the syncer thread's."""
-        if not self._noting or self._closed:
+        """Note ``target`` for this thread's next commit; False: the syncer thread's
+        (closed, a slow disk, or called from another thread)."""
+        if self._closed or threading.get_ident() != self._thread:
             return False
         if self._syncer.average_commit_s > SLOW_COMMIT_S:
             self.handed_back += 1
@@ -239,20 +232,4 @@ class InlineCommits:
         """Stop committing on this thread; commit what is noted (from whichever thread
         closes) so no write is left waiting."""
         self._closed = True
-        local = self._syncer._local
-        if getattr(local, "inline", None) is self:
-            del local.inline
         self.commit()
-
-
-class NotInline:
-    """What a thread that does not commit its own writes uses for ``with inline:``."""
-
-    def __enter__(self) -> NotInline:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        return None
-
-
-NOT_INLINE = NotInline()

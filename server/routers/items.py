@@ -75,7 +75,7 @@ async def enqueue(queue: QueuePath, body: EnqueueRequest, request: Request) -> R
     done = await metered_durable(
         service,
         "enqueue",
-        lambda: ops.start_enqueue(queue, new),
+        lambda inline: ops.start_enqueue(queue, new, inline),
         off_loop=not queue_exists(service.engine, queue),
     )
     return Response(enqueued_json(done), media_type=_JSON)
@@ -95,7 +95,7 @@ async def dequeue(queue: QueuePath, body: DequeueRequest, request: Request) -> R
     if body.release:
         batch = to_releases(body.release)
         released = await metered_durable(
-            service, "release", lambda: ops.start_release(queue, batch)
+            service, "release", lambda inline: ops.start_release(queue, batch, inline)
         )
     m = Metered(service, "dequeue")
     gone = partial(disconnected, request.receive)
@@ -110,12 +110,16 @@ async def dequeue(queue: QueuePath, body: DequeueRequest, request: Request) -> R
 
 async def _release(service: Service, queue: str, batch: Sequence[Release]) -> list[ItemOutcome]:
     ops = service.ops
-    return await metered_durable(service, "release", lambda: ops.start_release(queue, batch))
+    return await metered_durable(
+        service, "release", lambda inline: ops.start_release(queue, batch, inline)
+    )
 
 
 async def _requeue(service: Service, queue: str, batch: Sequence[Requeue]) -> list[ItemOutcome]:
     ops = service.ops
-    return await metered_durable(service, "requeue", lambda: ops.start_requeue(queue, batch))
+    return await metered_durable(
+        service, "requeue", lambda inline: ops.start_requeue(queue, batch, inline)
+    )
 
 
 def _extend(service: Service, queue: str, batch: Sequence[Extend]) -> list[ItemOutcome]:

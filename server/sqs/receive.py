@@ -173,7 +173,7 @@ async def _release(ctx: Ctx, name: str, batch: list[Release]) -> list[ItemOutcom
     ops = ctx.service.ops
     try:
         outcomes = await metered_durable(
-            ctx.service, "release", lambda: ops.start_release(name, batch)
+            ctx.service, "release", lambda inline: ops.start_release(name, batch, inline)
         )
     except StorageError as exc:
         raise from_storage(exc, name) from None
@@ -224,7 +224,9 @@ async def _change(ctx: Ctx, name: str, changes: list[tuple[int, str, int]]) -> l
     try:
         extended = ops.extend(name, extends) if extends else []
         requeued = (
-            await durable(service, lambda: ops.start_requeue(name, requeues)) if requeues else []
+            await durable(service, lambda inline: ops.start_requeue(name, requeues, inline))
+            if requeues
+            else []
         )
     except StorageError as exc:
         service.metrics.observe_error("extend", exc.code, _perf() - t0)

@@ -114,7 +114,9 @@ def _prepare(ctx: Ctx, sidecar: Sidecar, entry: dict[str, Any]) -> tuple[NewItem
 async def _enqueue(ctx: Ctx, name: str, items: list[NewItem]) -> list[Enqueued]:
     ops = ctx.service.ops
     try:
-        return await metered_durable(ctx.service, "enqueue", lambda: ops.start_enqueue(name, items))
+        return await metered_durable(
+            ctx.service, "enqueue", lambda inline: ops.start_enqueue(name, items, inline)
+        )
     except StorageError as exc:
         raise from_storage(exc, name) from None
 

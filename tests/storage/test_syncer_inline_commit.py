@@ -92,8 +92,7 @@ def _enqueue(engine: Engine, loop: CommittingThread, value: bytes) -> Future[Any
 
     def start() -> Future[Any]:
         assert loop.inline is not None
-        with loop.inline:
-            return engine.enqueue_nowait("q", [NewItem(value)])
+        return engine.enqueue_nowait("q", [NewItem(value)], inline=loop.inline)
 
     fut: Future[Any] = loop.run(start)
     return fut
@@ -128,15 +127,18 @@ def test_writes_wait_for_the_threads_own_commit_and_one_commit_answers_all(
 
 
 def test_other_threads_still_use_the_syncer_thread(engine: Engine, loop: CommittingThread) -> None:
-    _inline(engine, loop)
+    inline = _inline(engine, loop)
     assert engine.enqueue_nowait("q", [NewItem(b"x")]).result(timeout=10)  # no turn needed
+    # handed the committing thread's commits by mistake: still the syncer thread's
+    assert engine.enqueue_nowait("q", [NewItem(b"y")], inline=inline).result(timeout=10)
+    assert loop.scheduled == 0
 
 
 def test_a_write_the_thread_waits_for_goes_to_the_syncer_thread(
     engine: Engine, loop: CommittingThread
 ) -> None:
-    """Only writes started inside ``with inline:`` wait for the thread's own commit: a
-    blocking call on that thread (outside) must not wait for a commit it would run."""
+    """Only writes started with the thread's own commits (``inline=``) wait for them: a
+    blocking call on that thread must not wait for a commit it would run."""
     _inline(engine, loop)
     started = time.monotonic()
     assert loop.run(lambda: engine.enqueue("q", [NewItem(b"blocking")], timeout=5))
