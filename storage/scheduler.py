@@ -8,7 +8,8 @@ the engine (``Engine.fire_schedules``), which writes the schedule's progress in 
 same record and never writes a tick twice; this module decides *which* ticks are due.
 
 Only a node that takes writes fires (one alone, or a replica group's leader:
-``engine.writable``). Its **term** starts when it begins to take writes; a tick before
+``engine.writable``). Its **term** starts when it begins to take writes (or leads a new
+epoch: a new replicator); a tick before
 the term's start was missed while no node fired it (downtime, an election), and the
 schedule's ``catch_up`` says what becomes of such ticks:
 
@@ -106,20 +107,31 @@ class _Entry:
 
 
 class Scheduler:
-    """See the module docstring. ``start()`` runs the thread; tests may call ``step``."""
+    """See the module docstring. ``start()`` runs the thread; tests may call ``step``.
+
+    Threads: the heap and the entries are the scheduler thread's alone (or the caller's
+    of ``step``, with no thread running). Other threads only leave it mail — a changed
+    definition (the engine's listener), a write answered (the committing thread's
+    callback) — under ``_mail``, a lock held for a list append, and wake it with
+    ``_wake``: the thread that commits the log never waits for the scheduler's work."""
 
     def __init__(self, engine: Engine, clock: Callable[[], int] | None = None) -> None:
         self.engine = engine
         self.clock = clock or engine.now
         self.stats = SchedulerStats()
-        self._cond = threading.Condition(threading.Lock())
+        #: guards the mail (``_changes``, ``_answered``) and the counters others update
+        self._mail = threading.Lock()
+        self._wake = threading.Event()
+        #: the replicator the term began under: a new one (a new epoch) is a new term
+        self._sink: object = None
         self._heap: list[tuple[int, int, str, str]] = []
         self._entries: dict[Key, _Entry] = {}
         #: changes told by the engine, applied by the thread: (queue, name or None)
         self._changes: set[tuple[str, str | None]] = set()
-        #: entries whose write was answered (by the committing thread), placed again by
-        #: the scheduler's thread: the committing thread only notes them
-        self._answered: list[_Entry] = []
+        #: writes answered (by the committing thread): their entries, the refusal (None:
+        #: written or in doubt) and each schedule's lateness; the scheduler's thread
+        #: places the entries again
+        self._answered: list[tuple[list[_Entry], BaseException | None, dict[Key, int]]] = []
         self._seq = itertools.count(1)
         #: when this node began firing (None: it does not take writes now)
         self.term: int | None = None
@@ -135,30 +147,26 @@ class Scheduler:
         return self
 
     def stop(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
+        self._stop = True
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
 
     def _told(self, queue: str, name: str | None) -> None:
-        with self._cond:
+        with self._mail:
             self._changes.add((queue, name))
-            self._cond.notify_all()
+        self._wake.set()
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                if self._stop:
-                    return
+        while not self._stop:
+            self._wake.clear()  # mail from here on wakes the wait below at once
             try:
                 wait = self._turn()
             except Exception:
                 log.exception("the scheduler's round failed; trying again in 1 s")
                 wait = 1.0
-            with self._cond:
-                if not self._stop and not self._changes and not self._answered and wait > 0:
-                    self._cond.wait(wait)
+            if wait > 0:
+                self._wake.wait(wait)
 
     def _turn(self) -> float:
         """One round of the thread: the seconds to sleep after it."""
@@ -169,8 +177,8 @@ class Scheduler:
                 self.end_term()
             return _FOLLOWER_POLL_S
         now = self.clock()
-        if self.term is None:
-            self.begin_term(now)
+        if self.term is None or engine.replication is not self._sink:
+            self.begin_term(now)  # this node began taking writes, or leads a new epoch
             now = self.clock()
         nxt = self.step(now)
         if nxt is None:
@@ -181,9 +189,10 @@ class Scheduler:
 
     def begin_term(self, now: int) -> None:
         """This node takes writes from ``now`` on: every schedule is read afresh."""
-        with self._cond:
+        with self._mail:
             self._changes.clear()
             self._answered.clear()
+        self._sink = self.engine.replication
         entries: dict[Key, _Entry] = {}
         heap: list[tuple[int, int, str, str]] = []
         for s in self.engine.all_schedules():
@@ -192,19 +201,17 @@ class Scheduler:
             if item is not None:
                 heap.append(item)
         heapq.heapify(heap)
-        with self._cond:
-            self.term = now
-            self._entries = entries
-            self._heap = heap
-            self.stats.schedules = len(entries)
+        self.term = now
+        self._entries = entries
+        self._heap = heap
+        self.stats.schedules = len(entries)
         log.info("scheduler: firing %d schedule(s) from %d on", len(entries), now)
 
     def end_term(self) -> None:
-        with self._cond:
-            self.term = None
-            self._entries = {}
-            self._heap = []
-            self.stats.schedules = 0
+        self.term = None
+        self._entries = {}
+        self._heap = []
+        self.stats.schedules = 0
 
     def _position(self, e: _Entry, now: int) -> tuple[int, int, str, str] | None:
         """Compute the entry's next due time; its heap item (None: nothing to wait for).
@@ -225,7 +232,7 @@ class Scheduler:
         return (e.due, e.seq, s.queue, s.name)
 
     def _apply_changes(self, now: int) -> None:
-        with self._cond:
+        with self._mail:
             changes, self._changes = self._changes, set()
         if not changes:
             return
@@ -242,35 +249,42 @@ class Scheduler:
                 except (QueueNotFound, StorageError):
                     wanted = {}
                 keys = [(queue, name)]
-            with self._cond:
-                for key in set(keys):
-                    s = wanted.get(key[1])
-                    e = self._entries.get(key)
-                    if s is None:
-                        self._entries.pop(key, None)
-                        continue
-                    if e is None:
-                        e = self._entries[key] = _Entry(s)
-                    elif e.schedule != s:
-                        if e.schedule.id != s.id or e.schedule.since != s.since:
-                            e.floor = 0
-                        e.schedule = s
-                        e.retry_ms = 0
-                    self._push(e, now)
-                self.stats.schedules = len(self._entries)
+            for key in set(keys):
+                s = wanted.get(key[1])
+                e = self._entries.get(key)
+                if s is None:
+                    self._entries.pop(key, None)
+                    continue
+                if e is None:
+                    e = self._entries[key] = _Entry(s)
+                elif e.schedule != s:
+                    if e.schedule.id != s.id or e.schedule.since != s.since:
+                        e.floor = 0
+                    e.schedule = s
+                    e.retry_ms = 0
+                self._push(e, now)
+            self.stats.schedules = len(self._entries)
 
     def _push(self, e: _Entry, now: int) -> None:
-        """Give the entry its next heap position (under the lock)."""
+        """Give the entry its next heap position."""
         item = self._position(e, now)
         if item is not None:
             heapq.heappush(self._heap, item)
 
     def _settle_answered(self, now: int) -> None:
-        with self._cond:
+        with self._mail:
             answered, self._answered = self._answered, []
-            for e in answered:
+        for entries, refused, late in answered:
+            if refused is not None:
+                self._retry(entries, refused)
+            for e in entries:
                 e.writing = False
-                if self._entries.get((e.schedule.queue, e.schedule.name)) is e:
+                key = (e.schedule.queue, e.schedule.name)
+                if refused is None:
+                    e.retry_ms = 0
+                    if key in late:
+                        e.lateness_ms = late[key]
+                if self._entries.get(key) is e:
                     self._push(e, now)
 
     # ------------------------------------------------------------------ firing
@@ -284,24 +298,22 @@ class Scheduler:
         self._apply_changes(now)
         self._settle_answered(now)
         due: list[_Entry] = []
-        with self._cond:
-            heap = self._heap
-            while heap and heap[0][0] <= now:
-                _d, seq, queue, name = heapq.heappop(heap)
-                e = self._entries.get((queue, name))
-                if e is not None and e.seq == seq:
-                    e.due = None
-                    due.append(e)
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _d, seq, queue, name = heapq.heappop(heap)
+            e = self._entries.get((queue, name))
+            if e is not None and e.seq == seq:
+                e.due = None
+                due.append(e)
         if due:
             self._fire(due, now)
             self._settle_answered(now)  # writes that were answered at once
-        with self._cond:
-            while self._heap:
-                d, seq, queue, name = self._heap[0]
-                e = self._entries.get((queue, name))
-                if e is not None and e.seq == seq:
-                    return d
-                heapq.heappop(self._heap)
+        while heap:
+            d, seq, queue, name = heap[0]
+            e = self._entries.get((queue, name))
+            if e is not None and e.seq == seq:
+                return d
+            heapq.heappop(heap)
         return None
 
     def _ticks(self, e: _Entry, now: int) -> list[int]:
@@ -376,14 +388,13 @@ class Scheduler:
                     size += len(part)
             if chunk:
                 self._write(queue, chunk, now)
-        with self._cond:
-            for e in idle:
-                item = self._position(e, now)
-                if item is not None:
-                    if item[0] <= now:  # nothing to fire yet due: never spin on it
-                        e.due = now + 1000
-                        item = (e.due, e.seq, item[2], item[3])
-                    heapq.heappush(self._heap, item)
+        for e in idle:
+            item = self._position(e, now)
+            if item is not None:
+                if item[0] <= now:  # nothing to fire yet due: never spin on it
+                    e.due = now + 1000
+                    item = (e.due, e.seq, item[2], item[3])
+                heapq.heappush(self._heap, item)
 
     def _write(self, queue: str, chunk: list[tuple[_Entry, list[int]]], now: int) -> None:
         entries = [e for e, _ in chunk]
@@ -395,36 +406,33 @@ class Scheduler:
             self.end_term()
             return
         except QueueNotFound:
-            with self._cond:
-                for e in entries:
-                    self._entries.pop((e.schedule.queue, e.schedule.name), None)
+            for e in entries:
+                self._entries.pop((e.schedule.queue, e.schedule.name), None)
             return
         except StorageError as exc:
-            self._refused(entries, exc, now)
+            with self._mail:
+                self.stats.failed_writes += 1
+            self._retry(entries, exc)
+            for e in entries:
+                self._push(e, now)
             return
         if fut is None:
-            with self._cond:
-                for e in entries:
-                    e.retry_ms = 0
-                    self._push(e, now)
+            for e in entries:
+                e.retry_ms = 0
+                self._push(e, now)
             return
         term = self.term if self.term is not None else now
-        with self._cond:
-            for e in entries:
-                e.writing = True
+        for e in entries:
+            e.writing = True
+        with self._mail:
             self.stats.in_flight += 1
         fut.add_done_callback(lambda f: self._written(f, entries, written, term))
 
-    def _refused(self, entries: list[_Entry], exc: BaseException, now: int) -> None:
-        """The write was refused: each schedule tries again after its backoff (placed
-        by the scheduler's thread, whichever thread learnt of the refusal)."""
-        self.stats.failed_writes += 1
-        with self._cond:
-            for e in entries:
-                e.retry_ms = min(_RETRY_MAX_MS, max(_RETRY_FIRST_MS, e.retry_ms * 2))
-                e.writing = True  # until the thread places it
-            self._answered.extend(entries)
-            self._cond.notify_all()
+    def _retry(self, entries: list[_Entry], exc: BaseException) -> None:
+        """The write was refused: each schedule tries again after its backoff (50 ms
+        doubling to 5 s); said in the log at the first refusal of a run of them."""
+        for e in entries:
+            e.retry_ms = min(_RETRY_MAX_MS, max(_RETRY_FIRST_MS, e.retry_ms * 2))
         first = entries[0].schedule
         if entries[0].retry_ms <= _RETRY_FIRST_MS:
             log.warning(
@@ -442,32 +450,28 @@ class Scheduler:
         written: list[tuple[Schedule, list[int]]],
         term: int,
     ) -> None:
+        """A write was answered (on the committing thread): count it and leave the
+        entries to the scheduler's thread, which places them again."""
         now = self.clock()
-        with self._cond:
-            self.stats.in_flight -= 1
         error = None if fut.cancelled() else fut.exception()
-        if error is not None and not isinstance(error, ReplicationTimeout):
-            self._refused(entries, error, now)
-            return
-        stats = self.stats
+        refused = error if error is not None and not isinstance(error, ReplicationTimeout) else None
         late: dict[Key, int] = {}
-        if error is None:
-            for s, ticks in written:
-                stats.fired += len(ticks)
-                for t in ticks:
-                    if t >= term:
-                        stats.observe(max(0, now - t) / 1000)
-                        late[(s.queue, s.name)] = now - t
-                    else:
-                        stats.caught_up += 1
-        with self._cond:
-            for e in entries:
-                e.retry_ms = 0
-                key = (e.schedule.queue, e.schedule.name)
-                if key in late:
-                    e.lateness_ms = late[key]
-            self._answered.extend(entries)
-            self._cond.notify_all()
+        with self._mail:
+            stats = self.stats
+            stats.in_flight -= 1
+            if refused is not None:
+                stats.failed_writes += 1
+            elif error is None:
+                for s, ticks in written:
+                    stats.fired += len(ticks)
+                    for t in ticks:
+                        if t >= term:
+                            stats.observe(max(0, now - t) / 1000)
+                            late[(s.queue, s.name)] = now - t
+                        else:
+                            stats.caught_up += 1
+            self._answered.append((entries, refused, late))
+        self._wake.set()
 
     # ------------------------------------------------------------------ reading
 

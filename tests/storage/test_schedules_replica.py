@@ -17,7 +17,7 @@ from dq.storage.replication import KIND_CONTROL, Frame, decode_control
 from dq.storage.scheduler import Scheduler
 from dq.storage.schedules import ScheduleSpec
 from tests.storage.conftest import FakeClock
-from tests.storage.schedule_helpers import T0, Q, deadlines, items_of, run
+from tests.storage.schedule_helpers import T0, Q, deadlines, items_of, run, settle
 from tests.storage.test_replication import AutoCommit, ListSink, _engine
 
 
@@ -88,3 +88,32 @@ def test_the_next_leader_fires_on_without_doubling_a_tick(
     assert sched.stats.fired == (3 if reached else 4)
     info = follower.schedule_info(Q, "beat")
     assert (info.last_tick, info.fired) == (T0 + 6000, 6)
+
+
+def test_leading_a_new_epoch_is_a_new_term(tmp_path: Path, clock: FakeClock) -> None:
+    """A leader that steps down and leads again before its scheduler looks (a new
+    replicator: a new epoch) takes the ticks of the gap as missed, by ``catch_up``."""
+    leader = _engine(tmp_path / "leader", clock)
+    first = ListSink()
+    leader.set_replication(first)
+    auto = AutoCommit(leader, first)
+    try:
+        leader.put_schedule(Q, "beat", ScheduleSpec(every_ms=1000, catch_up="latest"))
+        sched = Scheduler(leader)
+        for t in (1000, 2000):
+            clock.now = T0 + t
+            sched._turn()
+            settle(sched)
+        auto.close()
+        clock.now = T0 + 6_500  # meanwhile: the epoch ended, and this node leads the next
+        leader.set_replication(None)
+        second = ListSink()
+        leader.set_replication(second)
+        auto = AutoCommit(leader, second)
+        sched._turn()
+        settle(sched)
+        assert deadlines(leader) == [T0 + 1000, T0 + 2000, T0 + 6000]
+        assert sched.term == T0 + 6_500 and sched.stats.skipped == 3
+    finally:
+        auto.close()
+        leader.close()
