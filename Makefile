@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(VENV)/.serve: requirements/serve.txt pyproject.toml $(wildcard setup.py) $(wildcard shm/*.c) | $(BIN)/python
+$(VENV)/.serve: requirements/serve.txt pyproject.toml $(wildcard setup.py) $(wildcard shm/*.c) $(wildcard storage/*.c) | $(BIN)/python
 	@echo "Installing dq and what serving needs into $(VENV) (pip, quietly; ~15 s the first time) ..."
 	$(BIN)/python -m pip install -qq --disable-pip-version-check --require-hashes -r requirements/serve.txt
 	$(BIN)/python -m pip install -qq --disable-pip-version-check --no-deps --no-build-isolation -e .
