@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from dataclasses import replace
 from typing import Any
 
+from dq.server.sqs import fifo
 from dq.server.sqs.context import Ctx
 from dq.server.sqs.errors import SqsError, from_storage
 from dq.server.sqs.messages import check_text
@@ -43,8 +45,6 @@ def _check_new_name(name: str | None) -> str:
             "1 to 128 in length (dq's queue names).",
         )
     assert name is not None
-    if name.endswith(".fifo"):
-        raise SqsError("UnsupportedOperation", "FIFO queues are not supported by dq.")
     return name
 
 
@@ -72,6 +72,7 @@ async def _save(ctx: Ctx, name: str, config: QueueConfig | None, sidecar: Sideca
 async def create_queue(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
     name = _check_new_name(get_str(p, "QueueName", required=True))
     attrs = get_map(p, "Attributes")
+    fifo.check_kind(name, {str(k): str(v) for k, v in attrs.items()})
     tags = _tags(get_map(p, "tags"))
     engine = ctx.engine
     async with ctx.state.admin_lock:
@@ -80,15 +81,18 @@ async def create_queue(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
             sidecar = ctx.state.sidecars.load(engine, name)
             new_config, new_sidecar = apply(ctx, name, attrs, config, sidecar)
             # compared as applied: asking again for a default (DelaySeconds=0) is no change
-            seen = effective(sidecar, ctx.limits)
-            if new_config != config or effective(new_sidecar, ctx.limits) != seen:
+            seen = effective(name, sidecar, ctx.limits)
+            if new_config != config or effective(name, new_sidecar, ctx.limits) != seen:
                 raise SqsError(
                     "QueueNameExists",
                     f"A queue already exists with the same name and a different value for "
                     f"attribute(s) {', '.join(sorted(attrs))}.",
                 )
             return {"QueueUrl": ctx.url(name)}
-        config, sidecar = apply(ctx, name, attrs, QueueConfig(), Sidecar())
+        fresh = QueueConfig()
+        if fifo.is_fifo(name):  # SQS's deduplication interval, whatever dq's default
+            fresh = replace(fresh, dedup_window_ms=fifo.DEDUP_WINDOW_MS)
+        config, sidecar = apply(ctx, name, attrs, fresh, Sidecar())
         sidecar.tags = tags
         sidecar.created = sidecar.modified = engine.now() // 1000
         await _save(ctx, name, config, sidecar)
@@ -141,6 +145,7 @@ async def delete_queue(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
             raise from_storage(exc, name) from None
         ctx.state.sidecars.forget(name)
         ctx.state.receives.forget_queue(name)
+        ctx.state.attempts.forget_queue(name)
     return {}
 
 
@@ -151,6 +156,7 @@ async def purge_queue(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
     except StorageError as exc:
         raise from_storage(exc, name) from None
     ctx.state.receives.forget_queue(name)
+    ctx.state.attempts.forget_queue(name)
     return {}
 
 

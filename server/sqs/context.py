@@ -4,7 +4,8 @@
 of delay, 20 s of long poll, 10 message attributes) unless the server runs with
 ``DQ_SQS_RELAXED=1``, which lifts each to what dq itself allows (docs/sqs.md, "Limits").
 ``SqsState`` is created once per app and holds what the SQS layer keeps beside the
-engine: per-queue attribute files, first-receive times, and message move tasks.
+engine: per-queue attribute files, first-receive times, FIFO receive attempts, and
+message move tasks.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from dq.server.sqs.attempts import ReceiveAttempts
 from dq.server.sqs.moves import MoveTasks
 from dq.server.sqs.names import queue_arn, queue_url
 from dq.server.sqs.receives import FirstReceives
@@ -64,6 +66,7 @@ class Limits:
 class SqsState:
     sidecars: SidecarStore = field(default_factory=SidecarStore)
     receives: FirstReceives = field(default_factory=FirstReceives)
+    attempts: ReceiveAttempts = field(default_factory=ReceiveAttempts)
     moves: MoveTasks = field(default_factory=MoveTasks)
     #: serializes queue admin writes (read-modify-write of config and sidecar)
     admin_lock: asyncio.Lock = field(default_factory=asyncio.Lock)

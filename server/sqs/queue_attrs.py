@@ -9,9 +9,13 @@
     RedriveAllowPolicy                sidecar, stored and returned, not enforced
     CreatedTimestamp, LastModified..  sidecar
     QueueArn                          derived from the name
+    FifoQueue                         the name (ends in .fifo: ``dq.server.sqs.fifo``)
+    ContentBasedDeduplication,
+    DeduplicationScope,
+    FifoThroughputLimit               sidecar, FIFO queues only (``dq.server.sqs.fifo``)
 
-FIFO attributes and server-side encryption are refused rather than stored: dq does not
-do them, and storing them would claim it does (docs/sqs.md, "Not supported").
+Server-side encryption is refused rather than stored: dq does not do it, and storing
+it would claim it does (docs/sqs.md, "Not supported").
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from dq.server.sqs import fifo
 from dq.server.sqs.errors import SqsError
 from dq.server.sqs.messages import check_text
 from dq.server.sqs.names import queue_from_arn
@@ -49,25 +54,20 @@ _READ_ONLY = (
     "LastModifiedTimestamp",
 )
 _ENGINE = ("VisibilityTimeout", "RedrivePolicy")
-_REFUSED = {
-    "FifoQueue": "FIFO queues are not supported by dq",
-    "ContentBasedDeduplication": "FIFO queues are not supported by dq",
-    "DeduplicationScope": "FIFO queues are not supported by dq",
-    "FifoThroughputLimit": "FIFO queues are not supported by dq",
-    "KmsMasterKeyId": "dq does not encrypt queues",
-    "KmsDataKeyReusePeriodSeconds": "dq does not encrypt queues",
-}
-#: Every attribute ``All`` returns, in SQS's order.
-ALL = (*_READ_ONLY, *_ENGINE, *DEFAULTS, *_FREE_FORM, "SqsManagedSseEnabled")
+_REFUSED = ("KmsMasterKeyId", "KmsDataKeyReusePeriodSeconds")
+#: Every attribute ``All`` returns, in SQS's order (a FIFO queue's come last).
+ALL = (*_READ_ONLY, *_ENGINE, *DEFAULTS, *_FREE_FORM, "SqsManagedSseEnabled", *fifo.ATTRIBUTES)
 
 
-def effective(sidecar: Sidecar, limits: Limits) -> dict[str, str]:
-    """The sidecar attributes as applied: the stored ones, else their defaults. With
-    ``DQ_SQS_RELAXED``, a queue that sets no ``MaximumMessageSize`` takes dq's value
-    limit (what ``SendMessage`` applies), not SQS's 256 KiB."""
+def effective(name: str, sidecar: Sidecar, limits: Limits) -> dict[str, str]:
+    """The sidecar attributes as applied: the stored ones, else their defaults (a FIFO
+    queue's too). With ``DQ_SQS_RELAXED``, a queue that sets no ``MaximumMessageSize``
+    takes dq's value limit (what ``SendMessage`` applies), not SQS's 256 KiB."""
     defaults = DEFAULTS
     if limits.relaxed:
         defaults = {**DEFAULTS, "MaximumMessageSize": str(limits.message_bytes)}
+    if fifo.is_fifo(name):
+        defaults = {**defaults, **fifo.DEFAULTS}
     return {**defaults, **sidecar.attributes}
 
 
@@ -116,6 +116,13 @@ def _redrive(ctx: Ctx, name: str, raw: str, config: QueueConfig) -> QueueConfig:
             "deadLetterTargetArn and maxReceiveCount is required.",
         ) from None
     dlq = queue_from_arn(arn, "RedrivePolicy")
+    if fifo.is_fifo(dlq) != fifo.is_fifo(name):
+        raise SqsError(
+            "InvalidAttributeValue",
+            f"Value {raw} for parameter RedrivePolicy is invalid. Reason: the dead-letter "
+            "queue of a FIFO queue must be a FIFO queue, and of a standard queue a "
+            "standard queue.",
+        )
     if not 1 <= count <= 1000:
         raise SqsError(
             "InvalidAttributeValue",
@@ -139,11 +146,13 @@ def apply(
     out = sidecar.copy()
     for key, raw in changes.items():
         value = raw if isinstance(raw, str) else str(raw)
-        if key in _REFUSED:
-            if key == "FifoQueue" and value.lower() == "false":
-                continue
-            raise SqsError("UnsupportedOperation", f"{key}: {_REFUSED[key]}.")
-        if key == "SqsManagedSseEnabled":
+        if key in fifo.ATTRIBUTES:
+            kept = fifo.check_attribute(name, key, value)
+            if kept is not None:
+                out.attributes[key] = kept
+        elif key in _REFUSED:
+            raise SqsError("UnsupportedOperation", f"{key}: dq does not encrypt queues.")
+        elif key == "SqsManagedSseEnabled":
             if value.lower() != "false":
                 raise SqsError(
                     "UnsupportedOperation", "SqsManagedSseEnabled: dq does not encrypt queues."
@@ -187,8 +196,9 @@ def render(
         "VisibilityTimeout": str(config.default_lease_ms // 1000),
         "RedrivePolicy": None,
         "SqsManagedSseEnabled": "false",
-        **effective(sidecar, ctx.limits),
+        **effective(name, sidecar, ctx.limits),
         **{k: sidecar.attributes.get(k) for k in _FREE_FORM},
+        "FifoQueue": "true" if fifo.is_fifo(name) else None,
     }
     dlq = effective_dead_letter_queue(name, config)
     if dlq is not None and config.max_deliveries is not None:

@@ -5,7 +5,13 @@ the delivery's receipt (new on every delivery), ``ApproximateReceiveCount`` is t
 item's delivery count and ``SentTimestamp`` its enqueue time; a long poll is dq's
 long-poll. Deleting is a release; a visibility change is an extend of the lease, or,
 to 0, a requeue due now. As in SQS, deleting with the receipt of a delivery that is
-over (the message was received again, or already deleted) succeeds and changes nothing.
+over (the message was received again, or already deleted) succeeds and changes nothing
+on a standard queue, and is refused on a FIFO queue ("The receipt handle has expired").
+
+On a FIFO queue a message's ``SequenceNumber`` is its item id (``dq.server.sqs.fifo``),
+and a receive may carry a ``ReceiveRequestAttemptId`` (``dq.server.sqs.attempts``).
+Which messages a receive gets — a group held while one of its messages is in flight —
+is the engine's rule, not this module's.
 """
 
 from __future__ import annotations
@@ -14,12 +20,14 @@ import time
 from typing import Any
 
 from dq.server.calls import durable, metered_durable
+from dq.server.sqs import fifo
+from dq.server.sqs.attempts import ChangedSince
 from dq.server.sqs.batches import check_entries, failed
 from dq.server.sqs.context import MAX_VISIBILITY_S, Ctx
 from dq.server.sqs.errors import SqsError, from_storage
 from dq.server.sqs.messages import decode, md5_hex, md5_of_attributes, message_id
 from dq.server.sqs.names import queue_from_url
-from dq.server.sqs.params import get_int, get_list, get_str
+from dq.server.sqs.params import get_int, get_list, get_str, invalid
 from dq.server.sqs.queue_attrs import DEFAULTS
 from dq.storage.errors import StorageError
 from dq.storage.types import Delivery, Extend, ItemOutcome, Release, Requeue
@@ -40,6 +48,7 @@ _SYSTEM_NAMES = (
     "ApproximateFirstReceiveTimestamp",
     "MessageDeduplicationId",
     "MessageGroupId",
+    "SequenceNumber",
     "AWSTraceHeader",
 )
 
@@ -65,7 +74,10 @@ def _message(
     now: int,
     wanted: set[str],
     chosen_by: tuple[bool, set[str], tuple[str, ...]],
+    again: bool,
 ) -> dict[str, Any]:
+    """One message of a receive's answer (``again``: answered before, to the same
+    ``ReceiveRequestAttemptId``)."""
     stored = decode(d.value)
     body = stored.body
     out: dict[str, Any] = {
@@ -74,14 +86,20 @@ def _message(
         "MD5OfBody": md5_hex(body.encode()),
         "Body": body,
     }
-    first = ctx.state.receives.on_delivery(name, d.id, d.stats.dequeue_count, now)
+    receives = ctx.state.receives
+    if again:
+        first = receives.known(name, d.id)
+    else:
+        first = receives.on_delivery(name, d.id, d.stats.dequeue_count, now)
     system: dict[str, str | None] = {
         "SenderId": ctx.account,
         "SentTimestamp": str(d.stats.enqueue_time),
         "ApproximateReceiveCount": str(d.stats.dequeue_count),
         "ApproximateFirstReceiveTimestamp": None if first is None else str(first),
         "MessageDeduplicationId": stored.dedup_id,
-        "MessageGroupId": stored.group_id,
+        # the item's group; a message stored before groups were items' kept it in its envelope
+        "MessageGroupId": d.group if d.group is not None else stored.group_id,
+        "SequenceNumber": fifo.sequence_number(d.id) if fifo.is_fifo(name) else None,
         "AWSTraceHeader": stored.system_attributes.get("AWSTraceHeader", {}).get("StringValue"),
     }
     attributes = {k: v for k, v in system.items() if k in wanted and v is not None}
@@ -97,12 +115,11 @@ def _message(
     return out
 
 
-async def receive_message(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
-    name = queue_from_url(p.get("QueueUrl"))
-    limits = ctx.limits
-    count = get_int(p, "MaxNumberOfMessages", 1, limits.max_receive, default=1)
-    visibility = get_int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_S)
-    wanted, chosen_by = _wanted_system(p), _attribute_filter(p)  # checked before leasing
+async def _receive(
+    ctx: Ctx, name: str, p: dict[str, Any], count: int, lease_ms: int | None
+) -> list[Delivery]:
+    """One dequeue, long-poll included (the queue's ``ReceiveMessageWaitTimeSeconds``
+    unless the request gives ``WaitTimeSeconds``)."""
     service = ctx.service
     t0 = _perf()
     try:
@@ -112,20 +129,69 @@ async def receive_message(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
                 "ReceiveMessageWaitTimeSeconds", DEFAULTS["ReceiveMessageWaitTimeSeconds"]
             )
         )
-        wait = get_int(p, "WaitTimeSeconds", 0, limits.max_wait_s, default=default_wait)
-        lease_ms = None if visibility is None else max(1, visibility * 1000)
-        got = await service.longpoll.dequeue(
-            name, count or 1, lease_ms, (wait or 0) * 1000, ctx.gone
-        )
+        wait = get_int(p, "WaitTimeSeconds", 0, ctx.limits.max_wait_s, default=default_wait)
+        got = await service.longpoll.dequeue(name, count, lease_ms, (wait or 0) * 1000, ctx.gone)
     except StorageError as exc:
         service.metrics.observe_error("dequeue", exc.code, _perf() - t0)
         raise from_storage(exc, name) from None
-    now = ctx.engine.now()
     service.metrics.observe("dequeue", _perf() - t0, len(got))
-    service.metrics.observe_lateness(now, (d.deadline for d in got))
+    service.metrics.observe_lateness(ctx.engine.now(), (d.deadline for d in got))
+    return got
+
+
+async def _attempted(
+    ctx: Ctx, name: str, attempt_id: str, p: dict[str, Any], count: int, lease_ms: int | None
+) -> tuple[list[Delivery], bool]:
+    """A FIFO receive with a ``ReceiveRequestAttemptId``: the messages an earlier try
+    received, still in flight, with their visibility timeout restarted (and True); else
+    a receive anew, remembered under the attempt id."""
+    attempts = ctx.state.attempts
+    try:
+        prior = attempts.find(name, attempt_id, ctx.engine.now())
+    except ChangedSince:
+        raise invalid(
+            "ReceiveRequestAttemptId",
+            attempt_id,
+            "messages received with it were deleted or had their visibility changed since: "
+            "receive with a new ReceiveRequestAttemptId.",
+        ) from None
+    if prior is not None:
+        try:
+            lease = prior.lease_ms or ctx.engine.get_queue(name).default_lease_ms
+            outcomes = ctx.service.ops.extend(
+                name, [Extend(d.id, d.receipt, lease) for d in prior.deliveries]
+            )
+        except StorageError as exc:
+            raise from_storage(exc, name) from None
+        live = [d for d, o in zip(prior.deliveries, outcomes, strict=True) if o.error is None]
+        if live:
+            attempts.keep(name, attempt_id, live)
+            return live, True
+    got = await _receive(ctx, name, p, count, lease_ms)
+    if got:
+        attempts.remember(name, attempt_id, ctx.engine.now(), lease_ms, got)
+    return got, False
+
+
+async def receive_message(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
+    name = queue_from_url(p.get("QueueUrl"))
+    count = get_int(p, "MaxNumberOfMessages", 1, ctx.limits.max_receive, default=1) or 1
+    visibility = get_int(p, "VisibilityTimeout", 0, MAX_VISIBILITY_S)
+    lease_ms = None if visibility is None else max(1, visibility * 1000)
+    wanted, chosen_by = _wanted_system(p), _attribute_filter(p)  # checked before leasing
+    # SQS reads an attempt id on FIFO queues only
+    attempt_id = get_str(p, "ReceiveRequestAttemptId") if fifo.is_fifo(name) else None
+    again = False
+    if attempt_id is None:
+        got = await _receive(ctx, name, p, count, lease_ms)
+    else:
+        fifo.check_id("ReceiveRequestAttemptId", attempt_id)
+        async with ctx.state.attempts.serial(name, attempt_id):
+            got, again = await _attempted(ctx, name, attempt_id, p, count, lease_ms)
     if not got:
         return {}
-    return {"Messages": [_message(ctx, name, d, now, wanted, chosen_by) for d in got]}
+    now = ctx.engine.now()
+    return {"Messages": [_message(ctx, name, d, now, wanted, chosen_by, again) for d in got]}
 
 
 def _handle(raw: object) -> tuple[str, int]:
@@ -145,9 +211,11 @@ def _handle(raw: object) -> tuple[str, int]:
     return handle, item_id
 
 
-def _delete_error(o: ItemOutcome, handle: str) -> SqsError | None:
-    if o.error is None or o.error == "stale_receipt":
+def _delete_error(o: ItemOutcome, handle: str, fifo_queue: bool) -> SqsError | None:
+    if o.error is None or (o.error == "stale_receipt" and not fifo_queue):
         return None
+    if o.error == "stale_receipt":
+        return invalid("ReceiptHandle", handle, "The receipt handle has expired.")
     return SqsError(
         "ReceiptHandleIsInvalid",
         f'The input receipt handle "{handle}" is not a valid receipt handle.',
@@ -177,7 +245,9 @@ async def _release(ctx: Ctx, name: str, batch: list[Release]) -> list[ItemOutcom
         )
     except StorageError as exc:
         raise from_storage(exc, name) from None
-    ctx.state.receives.forget(name, [o.id for o in outcomes if o.error is None])
+    done = [(r, o) for r, o in zip(batch, outcomes, strict=True) if o.error is None]
+    ctx.state.receives.forget(name, [o.id for _, o in done])
+    ctx.state.attempts.changed(name, [r.receipt for r, _ in done])
     return outcomes
 
 
@@ -185,7 +255,7 @@ async def delete_message(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
     name = queue_from_url(p.get("QueueUrl"))
     handle, item_id = _handle(get_str(p, "ReceiptHandle", required=True))
     (o,) = await _release(ctx, name, [Release(item_id, handle)])
-    refused = _delete_error(o, handle)
+    refused = _delete_error(o, handle, fifo.is_fifo(name))
     if refused is not None:
         raise refused
     return {}
@@ -206,7 +276,7 @@ async def delete_message_batch(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
     outcomes = await _release(ctx, name, [r for _, _, r in todo]) if todo else []
     successful = []
     for (entry_id, handle, _), o in zip(todo, outcomes, strict=True):
-        refused = _delete_error(o, handle)
+        refused = _delete_error(o, handle, fifo.is_fifo(name))
         if refused is None:
             successful.append({"Id": entry_id})
         else:
@@ -236,7 +306,10 @@ async def _change(ctx: Ctx, name: str, changes: list[tuple[int, str, int]]) -> l
     if requeues:
         service.metrics.observe("requeue", _perf() - t0, len(requeued))
     ext, req = iter(extended), iter(requeued)
-    return [next(ext) if s > 0 else next(req) for _, _, s in changes]
+    outcomes = [next(ext) if s > 0 else next(req) for _, _, s in changes]
+    done = (r for (_, r, _), o in zip(changes, outcomes, strict=True) if o.error is None)
+    ctx.state.attempts.changed(name, done)
+    return outcomes
 
 
 async def change_message_visibility(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:

@@ -34,6 +34,11 @@ class FirstReceives:
                 return now
             return self._seen.get(key)
 
+    def known(self, queue: str, item_id: int) -> int | None:
+        """The first receive time remembered for a message (a receive answered again)."""
+        with self._lock:
+            return self._seen.get((queue, item_id))
+
     def forget(self, queue: str, ids: list[int]) -> None:
         with self._lock:
             for i in ids:

@@ -2,18 +2,22 @@
 
 DelaySeconds (or the queue's ``DelaySeconds``) is the item's delay; a ``dq.Deadline``
 Number attribute (ms since the epoch) gives an absolute deadline instead, with no
-15-minute cap. ``MessageDeduplicationId`` is the item's idempotency key. Body and
+15-minute cap. ``MessageGroupId`` is the item's group, ``MessageDeduplicationId`` its
+idempotency key (on a FIFO queue, the key ``dq.server.sqs.fifo`` derives). Body and
 attributes go into the item's value (``dq.server.sqs.messages``). A batch is one durable
-engine write: its valid entries are all stored or none is.
+engine write: its valid entries are all stored or none is. On a FIFO queue, what FIFO
+refuses (no group, no deduplication id, a per-message delay) fails the whole batch, as
+in SQS; other faults fail their entry.
 """
 
 from __future__ import annotations
 
-import re
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
 from dq.server.calls import metered_durable
+from dq.server.sqs import fifo
 from dq.server.sqs.batches import check_entries, failed
 from dq.server.sqs.context import Ctx
 from dq.server.sqs.errors import SqsError, from_storage
@@ -38,7 +42,14 @@ from dq.storage.types import Enqueued, NewItem
 
 __all__ = ["send_message", "send_message_batch"]
 
-_DEDUP_ID = re.compile(r"[!-~]{1,128}")
+
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """The queue a send writes to, as its messages are checked against it."""
+
+    name: str
+    sidecar: Sidecar
+    fifo: bool
 
 
 def _max_size(ctx: Ctx, sidecar: Sidecar) -> int:
@@ -63,8 +74,43 @@ def _deadline(attrs: dict[str, dict[str, str]]) -> int | None:
     return int(value)
 
 
-def _prepare(ctx: Ctx, sidecar: Sidecar, entry: dict[str, Any]) -> tuple[NewItem, dict[str, Any]]:
+def _check_fifo(target: _Target, entry: dict[str, Any], ctx: Ctx, *, batch: bool) -> None:
+    """What a FIFO queue refuses of a message, in SQS's words: no group (in a batch,
+    ``InvalidParameterValue`` for the whole request, as SQS answers), a per-message
+    delay, no deduplication id without content-based deduplication."""
+    if entry.get("MessageGroupId") is None:
+        shape = "InvalidParameterValue" if batch else "MissingParameter"
+        raise SqsError(shape, "The request must contain the parameter MessageGroupId.")
+    delay = get_int(entry, "DelaySeconds", 0, ctx.limits.max_delay_s)
+    if delay:  # 0 is allowed: it is no delay of its own (the queue's applies)
+        raise invalid(
+            "DelaySeconds",
+            delay,
+            "The request include parameter that is not valid for this queue type.",
+        )
+    fifo.check_dedup(target.sidecar.attributes, get_str(entry, "MessageDeduplicationId"))
+
+
+def _ids(
+    target: _Target, entry: dict[str, Any], body: str
+) -> tuple[str | None, str | None, str | None]:
+    """(group, idempotency key, deduplication id) of one message."""
+    group = get_str(entry, "MessageGroupId")
+    given = get_str(entry, "MessageDeduplicationId")
+    if group is not None:
+        fifo.check_id("MessageGroupId", group)
+    if given is not None:
+        fifo.check_id("MessageDeduplicationId", given)
+    if not target.fifo:
+        return group, given, given
+    assert group is not None  # _check_fifo ran first
+    key, dedup = fifo.dedup_key(target.sidecar.attributes, group, given, body)
+    return group, key, dedup
+
+
+def _prepare(ctx: Ctx, target: _Target, entry: dict[str, Any]) -> tuple[NewItem, dict[str, Any]]:
     """The item for one entry and its answer (without ``MessageId``), or raise."""
+    sidecar = target.sidecar
     relaxed = ctx.limits.relaxed
     body = check_text(get_str(entry, "MessageBody", required=True), "the message body")
     if not body:
@@ -77,7 +123,8 @@ def _prepare(ctx: Ctx, sidecar: Sidecar, entry: dict[str, Any]) -> tuple[NewItem
             "InvalidParameterValue",
             f"One or more parameters are invalid. Reason: Message must be shorter than {limit} bytes.",
         )
-    given = get_int(entry, "DelaySeconds", 0, ctx.limits.max_delay_s)
+    # a FIFO message has no delay of its own (_check_fifo refused one): the queue's applies
+    given = None if target.fifo else get_int(entry, "DelaySeconds", 0, ctx.limits.max_delay_s)
     deadline = _deadline(attrs)
     if deadline is not None and given:
         raise invalid("DelaySeconds", given, f"give either DelaySeconds or {DEADLINE_ATTRIBUTE}.")
@@ -86,12 +133,8 @@ def _prepare(ctx: Ctx, sidecar: Sidecar, entry: dict[str, Any]) -> tuple[NewItem
         if given is not None
         else int(sidecar.attributes.get("DelaySeconds", DEFAULTS["DelaySeconds"]))
     )
-    group = get_str(entry, "MessageGroupId")
-    dedup = get_str(entry, "MessageDeduplicationId")
-    for param, given_id in (("MessageGroupId", group), ("MessageDeduplicationId", dedup)):
-        if given_id is not None and _DEDUP_ID.fullmatch(given_id) is None:
-            raise invalid(param, given_id, "must be 1 to 128 printable ASCII characters.")
-    value = encode(Stored(body, attrs, system, group, dedup))
+    group, key, dedup = _ids(target, entry, body)
+    value = encode(Stored(body, attrs, system, dedup_id=dedup))
     stored_limit = ctx.service.settings.max_value_bytes
     if len(value) > stored_limit:  # relaxed: the envelope pushed it past dq's value limit
         raise SqsError(
@@ -102,7 +145,7 @@ def _prepare(ctx: Ctx, sidecar: Sidecar, entry: dict[str, Any]) -> tuple[NewItem
     when: dict[str, Any] = (
         {"deadline": deadline} if deadline is not None else {"delay_ms": delay * 1000}
     )
-    item = NewItem(value, **when) if dedup is None else NewItem(value, key=dedup, **when)
+    item = NewItem(value, key=key, group=group, **when)
     answer: dict[str, Any] = {"MD5OfMessageBody": md5_hex(body.encode())}
     if attrs:
         answer["MD5OfMessageAttributes"] = md5_of_attributes(attrs)
@@ -121,20 +164,29 @@ async def _enqueue(ctx: Ctx, name: str, items: list[NewItem]) -> list[Enqueued]:
         raise from_storage(exc, name) from None
 
 
-def _sidecar(ctx: Ctx, name: str) -> Sidecar:
+def _target(ctx: Ctx, name: str) -> _Target:
     try:
-        return ctx.state.sidecars.load(ctx.engine, name)
+        sidecar = ctx.state.sidecars.load(ctx.engine, name)
     except StorageError as exc:
         raise from_storage(exc, name) from None
+    return _Target(name, sidecar, fifo.is_fifo(name))
+
+
+def _sent(target: _Target, done: Enqueued) -> dict[str, str]:
+    """The ids of a stored message (a duplicate's are the first message's, as SQS)."""
+    ids = {"MessageId": message_id(target.name, done.id)}
+    if target.fifo:
+        ids["SequenceNumber"] = fifo.sequence_number(done.id)
+    return ids
 
 
 async def send_message(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
-    name = queue_from_url(p.get("QueueUrl"))
-    sidecar = _sidecar(ctx, name)
-    item, answer = _prepare(ctx, sidecar, p)
-    (done,) = await _enqueue(ctx, name, [item])
-    answer["MessageId"] = message_id(name, done.id)
-    return answer
+    target = _target(ctx, queue_from_url(p.get("QueueUrl")))
+    if target.fifo:
+        _check_fifo(target, p, ctx, batch=False)
+    item, answer = _prepare(ctx, target, p)
+    (done,) = await _enqueue(ctx, target.name, [item])
+    return {**answer, **_sent(target, done)}
 
 
 async def send_message_batch(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
@@ -149,13 +201,16 @@ async def send_message_batch(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
             f"Batch requests cannot be longer than {ctx.limits.batch_bytes} bytes. "
             f"You have sent {total} bytes.",
         )
-    sidecar = _sidecar(ctx, name)
+    target = _target(ctx, name)
+    if target.fifo:
+        for e in entries:
+            _check_fifo(target, e, ctx, batch=True)
     ok: list[tuple[str, dict[str, Any]]] = []
     items: list[NewItem] = []
     failures: list[dict[str, Any]] = []
     for e in entries:
         try:
-            item, answer = _prepare(ctx, sidecar, e)
+            item, answer = _prepare(ctx, target, e)
         except SqsError as err:
             failures.append(failed(e["Id"], err))
             continue
@@ -164,5 +219,5 @@ async def send_message_batch(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
     done = await _enqueue(ctx, name, items) if items else []
     successful = []
     for (entry_id, answer), enq in zip(ok, done, strict=True):
-        successful.append({"Id": entry_id, "MessageId": message_id(name, enq.id), **answer})
+        successful.append({"Id": entry_id, **_sent(target, enq), **answer})
     return {"Successful": successful, "Failed": failures}

@@ -15,6 +15,12 @@ AWS = Path(sys.executable).with_name("aws")
 
 
 def _aws(server: LiveServer, tmp: Path, *args: str) -> Any:
+    done = _run(server, tmp, *args)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout) if done.stdout.strip() else None
+
+
+def _run(server: LiveServer, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(
         AWS_ACCESS_KEY_ID="cli",
@@ -25,15 +31,13 @@ def _aws(server: LiveServer, tmp: Path, *args: str) -> Any:
         AWS_EC2_METADATA_DISABLED="true",
         AWS_MAX_ATTEMPTS="1",
     )
-    done = subprocess.run(
+    return subprocess.run(
         [str(AWS), "--endpoint-url", server.url, "--output", "json", "sqs", *args],
         env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout) if done.stdout.strip() else None
 
 
 def test_cli_send_and_receive(server: LiveServer, tmp_path: Path) -> None:
@@ -82,3 +86,34 @@ def test_cli_send_and_receive(server: LiveServer, tmp_path: Path) -> None:
         server, tmp_path, "get-queue-attributes", "--queue-url", url, "--attribute-names", "All"
     )
     assert attrs["Attributes"]["ApproximateNumberOfMessages"] == "0"
+
+
+def test_cli_fifo_queue(server: LiveServer, tmp_path: Path) -> None:
+    """A FIFO queue from the command line: content-based deduplication, sequence
+    numbers, the group, and SQS's refusal of a message without a group."""
+    url = _aws(
+        server, tmp_path, "create-queue", "--queue-name", "cli-orders.fifo",
+        "--attributes", "FifoQueue=true,ContentBasedDeduplication=true",
+    )["QueueUrl"]  # fmt: skip
+    send = ("send-message", "--queue-url", url, "--message-group-id", "customer-7")
+    first = _aws(server, tmp_path, *send, "--message-body", "open")
+    again = _aws(server, tmp_path, *send, "--message-body", "open")
+    second = _aws(server, tmp_path, *send, "--message-body", "charge")
+    assert again["MessageId"] == first["MessageId"]
+    assert again["SequenceNumber"] == first["SequenceNumber"]
+    assert int(second["SequenceNumber"]) > int(first["SequenceNumber"])
+    got = _aws(
+        server, tmp_path, "receive-message", "--queue-url", url, "--attribute-names", "All",
+        "--max-number-of-messages", "10",
+    )  # fmt: skip
+    m = got["Messages"][0]
+    assert m["Body"] == "open"
+    assert m["Attributes"]["MessageGroupId"] == "customer-7"
+    assert m["Attributes"]["SequenceNumber"] == first["SequenceNumber"]
+    refused = _run(server, tmp_path, "send-message", "--queue-url", url, "--message-body", "x")
+    assert refused.returncode != 0
+    assert "MissingParameter" in refused.stderr and "MessageGroupId" in refused.stderr
+    attrs = _aws(
+        server, tmp_path, "get-queue-attributes", "--queue-url", url, "--attribute-names", "All"
+    )["Attributes"]
+    assert attrs["FifoQueue"] == "true" and attrs["ContentBasedDeduplication"] == "true"

@@ -214,8 +214,6 @@ def test_error_shapes(sqs: Any, server: LiveServer, qname: str) -> None:
     with pytest.raises(ClientError) as exc:
         sqs.send_message(QueueUrl=url, MessageBody="x", DelaySeconds=901)
     assert _error(exc)["Code"] == "InvalidParameterValue"
-    with pytest.raises(sqs.exceptions.UnsupportedOperation):
-        sqs.create_queue(QueueName=qname + ".fifo", Attributes={"FifoQueue": "true"})
     # the raw shape: __type, message, x-amzn-query-error
     import httpx
 
