@@ -1,19 +1,24 @@
-"""Build the one C extension, ``dq.shm._atomics`` (project metadata lives in pyproject.toml).
+"""Build the C extensions (project metadata lives in pyproject.toml).
 
-Why C: CPython has no compare-and-swap, ordered loads/stores or futex on shared memory;
-see docs/shm.md ("Atomics and waking").
+- ``dq.shm._atomics``: CPython has no compare-and-swap, ordered loads/stores or futex on
+  shared memory; see docs/shm.md ("Atomics and waking").
+- ``dq.storage._memseg``: the in-memory segment as fixed-size records (~50 bytes an entry
+  beyond its value instead of ~200 of Python objects); see docs/architecture.md
+  ("Compiled parts").
+
+``make sanitize`` builds the same sources with AddressSanitizer and UBSan (``CFLAGS`` and
+``LDFLAGS`` from the environment are added to these flags) into a separate tree.
 """
 
 from __future__ import annotations
 
 from setuptools import Extension, setup
 
+FLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+
 setup(
     ext_modules=[
-        Extension(
-            "dq.shm._atomics",
-            sources=["shm/_atomics.c"],
-            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"],
-        )
+        Extension("dq.shm._atomics", sources=["shm/_atomics.c"], extra_compile_args=FLAGS),
+        Extension("dq.storage._memseg", sources=["storage/_memseg.c"], extra_compile_args=FLAGS),
     ]
 )

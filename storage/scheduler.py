@@ -106,6 +106,24 @@ class _Entry:
     writing: bool = False
 
 
+#: ticks looked for forward from the last one fired before looking back from now instead
+_FORWARD = 16
+
+
+def _forward(s: Schedule, after: int, upto: int) -> tuple[list[int] | None, int]:
+    """The ticks in (``after``, ``upto``] found going forward (``next_after``, cached per
+    expression and instant, so schedules sharing a cron share the work); None when
+    there are more than ``_FORWARD``."""
+    out: list[int] = []
+    tick = next_after(s.timing, after)
+    while tick is not None and tick <= upto:
+        if len(out) == _FORWARD:
+            return None, 0
+        out.append(tick)
+        tick = next_after(s.timing, tick)
+    return out, 0
+
+
 class Scheduler:
     """See the module docstring. ``start()`` runs the thread; tests may call ``step``.
 
@@ -349,7 +367,9 @@ class Scheduler:
                 )
             chosen = missed
             lower = max(lower, term - 1)
-        current, older = ticks_between(s.timing, lower, now, CATCH_UP_LIMIT)
+        current, older = _forward(s, lower, now)
+        if current is None:  # many outstanding: the newest, looking back from now
+            current, older = ticks_between(s.timing, lower, now, CATCH_UP_LIMIT)
         if older:
             self.stats.skipped += older
             log.warning(

@@ -103,7 +103,6 @@ COVERED_ELSEWHERE: dict[str, tuple[str, ...]] = {
     # the storage engine: the queue's parts through the engine and its model
     "tests/storage/test_engine.py": (
         "storage/config.py",
-        "storage/memseg.py",
         "storage/queue.py",
         "storage/types.py",
         "storage/validation.py",

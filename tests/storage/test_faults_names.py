@@ -78,15 +78,15 @@ def test_the_number_of_queues_is_bounded(open_engine: Callable[..., Engine]) -> 
 def test_memseg_bytes_bounds_the_memory_of_small_values(
     open_engine: Callable[..., Engine],
 ) -> None:
-    """Small values cost far more in memory (~200 bytes an entry) than in the log (~53):
-    the log is frozen when either reaches ``memseg_bytes``."""
+    """Small values cost more in memory (``ENTRY_MEMORY``, 64 bytes an entry beyond the
+    value) than in the log (~37): the log is frozen when either reaches ``memseg_bytes``."""
     limit = 64 * 1024
     e = open_engine(memseg_bytes=limit, max_frozen=2)
-    for _ in range(40):
+    for _ in range(80):
         e.enqueue("q", [NewItem(b"sixteen-bytes-ab") for _ in range(100)])
         stats = e.stats("q")
         assert stats.extra["memory_bytes"] <= 3 * limit + 100 * 300, stats.extra
     q = e.queue("q")
-    assert q.commit.wal.size < limit // 2  # rotations came from memory, long before the log filled
+    assert q.commit.wal.size < limit * 3 // 4  # rotations came from memory, before the log filled
     assert len(q.segments) >= 5
-    assert e.stats("q").pending == 4000
+    assert e.stats("q").pending == 8000
