@@ -18,6 +18,7 @@ from dq.client._calls import (
     EnqueueMany,
     EnqueueOne,
     ExtendMany,
+    FailMany,
     GetQueue,
     Health,
     ListQueues,
@@ -50,6 +51,7 @@ from dq.client.types import (
     Dequeued,
     Enqueued,
     Extend,
+    Fail,
     Item,
     NewItem,
     Outcome,
@@ -163,6 +165,19 @@ class AsyncClient:
     async def requeue_many(self, queue: str, batch: Iterable[Requeue]) -> list[Outcome]:
         return await self.batches.send_async(
             self.transport.call, partial(RequeueMany, queue), list(batch)
+        )
+
+    async def fail(self, queue: str, id: int, receipt: str, error: str = "") -> int:
+        """Hand a leased item back because it failed: it comes back when the queue's
+        retry policy says (``docs/retries.md``), keeping ``error`` (up to 4096 bytes of
+        UTF-8) as its last error; returns its next deadline."""
+        batch = [Fail(id, receipt, error)]
+        outcome = check_outcome((await self.transport.call(FailMany(queue, batch)))[0], queue)
+        return outcome.deadline if outcome.deadline is not None else 0
+
+    async def fail_many(self, queue: str, batch: Iterable[Fail]) -> list[Outcome]:
+        return await self.batches.send_async(
+            self.transport.call, partial(FailMany, queue), list(batch)
         )
 
     async def extend(self, queue: str, id: int, receipt: str, lease_ms: int) -> Outcome:

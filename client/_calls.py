@@ -42,6 +42,7 @@ from dq.client.types import (
     Dequeued,
     Enqueued,
     Extend,
+    Fail,
     NewItem,
     Outcome,
     QueueConfig,
@@ -61,6 +62,7 @@ __all__ = [
     "EnqueueMany",
     "EnqueueOne",
     "ExtendMany",
+    "FailMany",
     "GetQueue",
     "Health",
     "ItemBatch",
@@ -114,6 +116,7 @@ _dequeue_path = _under("/dequeue")
 _release_path = _under("/release")
 _requeue_path = _under("/requeue")
 _extend_path = _under("/extend")
+_fail_path = _under("/fail")
 
 
 _key = attrgetter("key")
@@ -296,7 +299,7 @@ class ReleaseOne(Call[None]):
 
 
 class ItemBatch(Call[list[Outcome]], Generic[T]):
-    """A release, requeue or extend of several items: one ``Outcome`` per item, in
+    """A release, requeue, fail or extend of several items: one ``Outcome`` per item, in
     order."""
 
     __slots__ = ("batch",)
@@ -340,6 +343,18 @@ class RequeueMany(ItemBatch[Requeue]):
 
     def json(self) -> Any:
         return _wire.requeue_body(self.batch)
+
+
+class FailMany(ItemBatch[Fail]):
+    """Items that failed: back under the queue's retry policy, each keeping its error;
+    the outcomes carry the next deadlines."""
+
+    __slots__ = ()
+
+    _path = staticmethod(_fail_path)
+
+    def json(self) -> Any:
+        return _wire.fail_body(self.batch)
 
 
 class ExtendMany(ItemBatch[Extend]):

@@ -22,6 +22,7 @@ from dq.client._calls import (
     EnqueueMany,
     EnqueueOne,
     ExtendMany,
+    FailMany,
     GetQueue,
     Health,
     ListQueues,
@@ -54,6 +55,7 @@ from dq.client.types import (
     Dequeued,
     Enqueued,
     Extend,
+    Fail,
     Item,
     NewItem,
     Outcome,
@@ -172,6 +174,17 @@ class Client:
 
     def requeue_many(self, queue: str, batch: Iterable[Requeue]) -> list[Outcome]:
         return self.batches.send(self.transport.call, partial(RequeueMany, queue), list(batch))
+
+    def fail(self, queue: str, id: int, receipt: str, error: str = "") -> int:
+        """Hand a leased item back because it failed: it comes back when the queue's
+        retry policy says (``docs/retries.md``), keeping ``error`` (up to 4096 bytes of
+        UTF-8) as its last error; returns its next deadline."""
+        batch = [Fail(id, receipt, error)]
+        outcome = check_outcome(self.transport.call(FailMany(queue, batch))[0], queue)
+        return outcome.deadline if outcome.deadline is not None else 0
+
+    def fail_many(self, queue: str, batch: Iterable[Fail]) -> list[Outcome]:
+        return self.batches.send(self.transport.call, partial(FailMany, queue), list(batch))
 
     def extend(self, queue: str, id: int, receipt: str, lease_ms: int) -> Outcome:
         """Lengthen a lease; the outcome carries the new ``receipt`` and ``lease_expires``."""

@@ -19,6 +19,7 @@ from dq.client.types import (
     Dequeued,
     Enqueued,
     Extend,
+    Fail,
     Item,
     ItemStats,
     MovedTo,
@@ -27,9 +28,11 @@ from dq.client.types import (
     QueueConfig,
     QueueInfo,
     QueueStats,
+    Reason,
     RedriveResult,
     Release,
     Requeue,
+    RetryPolicy,
 )
 
 __all__ = [
@@ -41,6 +44,7 @@ __all__ = [
     "enqueue_one_json",
     "error_from_response",
     "extend_body",
+    "fail_body",
     "failed_outcome",
     "parse_backup",
     "parse_browsed",
@@ -205,17 +209,43 @@ def requeue_body(batch: Sequence[Requeue]) -> dict[str, Any]:
     }
 
 
+def fail_body(batch: Sequence[Fail]) -> dict[str, Any]:
+    return {"items": [{"id": f.id, "receipt": f.receipt, "error": f.error} for f in batch]}
+
+
 def extend_body(batch: Sequence[Extend]) -> dict[str, Any]:
     return {"items": [{"id": e.id, "receipt": e.receipt, "lease_ms": e.lease_ms} for e in batch]}
 
 
 def config_body(config: QueueConfig) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "default_lease_ms": config.default_lease_ms,
         "max_deliveries": config.max_deliveries,
         "dead_letter_queue": config.dead_letter_queue,
         "dedup_window_ms": config.dedup_window_ms,
     }
+    if config.retry is not None:  # left out without one: a server before policies takes it
+        body["retry"] = _retry_body(config.retry)
+    return body
+
+
+def _retry_body(p: RetryPolicy) -> dict[str, Any]:
+    if p.delays_ms is not None:
+        return {"delays_ms": list(p.delays_ms)}
+    return {
+        "initial_ms": p.initial_ms,
+        "multiplier": p.multiplier,
+        "max_ms": p.max_ms,
+        "jitter": p.jitter,
+    }
+
+
+def _retry(d: dict[str, Any] | None) -> RetryPolicy | None:
+    if d is None:
+        return None
+    if d.get("delays_ms") is not None:
+        return RetryPolicy(delays_ms=tuple(d["delays_ms"]))
+    return RetryPolicy(d.get("initial_ms"), d["multiplier"], d["max_ms"], d["jitter"])
 
 
 def parse_enqueued(doc: Any) -> list[Enqueued]:
@@ -239,6 +269,8 @@ def parse_items(doc: Any) -> list[Item]:
                 ItemStats(s["enqueue_time"], s["requeue_time"], s["dequeue_count"]),
                 d["lease_expires"],
                 d.get("group"),
+                d.get("last_error"),
+                d.get("last_error_at"),
             )
         )
     return out
@@ -281,6 +313,7 @@ def _config(c: dict[str, Any]) -> QueueConfig:
         c.get("max_deliveries"),
         c.get("dead_letter_queue"),
         c.get("dedup_window_ms", 300_000),
+        _retry(c.get("retry")),
     )
 
 
@@ -334,6 +367,7 @@ def parse_browsed(d: Any) -> BrowsedItem:
         d.get("dead_lettered_from"),
         None if moved is None else MovedTo(moved["queue"], moved["id"]),
         d.get("group"),
+        tuple(Reason(r["error"], r["at"], r["delivery"]) for r in d.get("errors") or ()),
     )
 
 

@@ -3,15 +3,19 @@
     with Client(url) as dq:
         for job in dq.consumer("emails").jobs(stop=stop_event):
             with job:                  # extends the lease while the block runs
-                send(job.item.value)   # clean exit → release; exception → requeue
+                send(job.item.value)   # clean exit → release; exception → fail
 
 ``max_extend_ms`` caps how long one job's lease is kept alive: past it the helper
 stops extending (and logs it), the lease runs out, and the item is delivered again —
 so a handler that hangs does not hold its item forever (the queue's
 ``oldest_lease_age_ms`` shows such a job either way).
 
-A failed job is requeued with exponential backoff (``Backoff``) keyed on the item's
-``dequeue_count``; the exception is logged, not re-raised, so the loop goes on.
+A failed job is failed (``Client.fail``): the exception's type and message become the
+item's last error, and the queue's retry policy sets when it comes back
+(``docs/retries.md``); with a ``Backoff`` given instead, the job is requeued with that
+exponential backoff, computed here, keyed on the item's ``dequeue_count`` (what the
+helper did before queues had retry policies). The exception is logged, not re-raised,
+so the loop goes on.
 
 One request per item: a finished job is not released by a request of its own; its
 release rides on the consumer's next dequeue (``dequeue(..., release=...)``), and
@@ -56,7 +60,32 @@ if TYPE_CHECKING:
     from dq.client._client import Client
     from dq.client.types import Item, Outcome
 
-__all__ = ["AsyncConsumer", "AsyncJob", "Backoff", "Consumer", "ConsumerStats", "Job"]
+__all__ = [
+    "AsyncConsumer",
+    "AsyncJob",
+    "Backoff",
+    "Consumer",
+    "ConsumerStats",
+    "Job",
+    "error_text",
+]
+
+#: the longest error a fail carries (bytes of UTF-8): the server's limit
+MAX_ERROR_BYTES = 4096
+
+
+def error_text(exc: BaseException | None) -> str:
+    """What a failed job tells the server: ``Type: message``, cut to 4096 bytes of UTF-8
+    at a character boundary."""
+    if exc is None:
+        return ""
+    message = str(exc)
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= MAX_ERROR_BYTES:
+        return raw.decode("utf-8")
+    return raw[:MAX_ERROR_BYTES].decode("utf-8", "ignore")
+
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +108,9 @@ class Backoff:
 @dataclass(slots=True)
 class ConsumerStats:
     released: int = 0
+    #: jobs that raised, handed back under the queue's retry policy
+    failed: int = 0
+    #: jobs that raised, requeued with the consumer's own ``Backoff``
     requeued: int = 0
     lost: int = 0  # the lease ended before we finished; the item comes back to someone
 
@@ -99,7 +131,7 @@ class _JobState:
         queue: str,
         item: Item,
         lease_ms: int,
-        backoff: Backoff,
+        backoff: Backoff | None,
         settled: list[Release] | None = None,
         max_extend_ms: int | None = None,
     ) -> None:
@@ -133,6 +165,7 @@ class _JobState:
         return max(0.05, self.lease_ms / 3000.0)
 
     def retry_delay_ms(self) -> int:
+        assert self.backoff is not None
         return self.backoff.delay_ms(self.item.stats.dequeue_count)
 
 
@@ -214,8 +247,9 @@ os.register_at_fork(after_in_child=_starter.reset)
 class Job(_JobState):
     """One leased item; ``with job:`` keeps the lease and settles the item at exit."""
 
-    def __init__(self, client: Client, queue: str, item: Item, lease_ms: int, backoff: Backoff,
-                 stats: ConsumerStats, settled: list[Release] | None = None,
+    def __init__(self, client: Client, queue: str, item: Item, lease_ms: int,
+                 backoff: Backoff | None, stats: ConsumerStats,
+                 settled: list[Release] | None = None,
                  max_extend_ms: int | None = None) -> None:  # fmt: skip
         super().__init__(queue, item, lease_ms, backoff, settled, max_extend_ms)
         self._client = client
@@ -310,6 +344,12 @@ class Job(_JobState):
                 self._client.release(self.queue, self.item.id, self.receipt)
                 self._stats.released += 1
                 return
+            if self.backoff is None:
+                why = error_text(error)
+                deadline = self._client.fail(self.queue, self.item.id, self.receipt, why)
+                logger.warning("job %s failed (%s); back at %d", self.item.id, why, deadline)
+                self._stats.failed += 1
+                return
             delay = self.retry_delay_ms()
             logger.warning("job %s failed (%r); requeued in %d ms", self.item.id, error, delay)
             self._client.requeue(self.queue, self.item.id, self.receipt, delay_ms=delay)
@@ -354,7 +394,8 @@ class Consumer:
         self.max_extend_ms = max_extend_ms
         self.count = count
         self.wait_ms = wait_ms
-        self.backoff = backoff or Backoff()
+        #: None: a failed job is failed, the queue's retry policy decides when it is back
+        self.backoff = backoff
         self.stats = ConsumerStats()
         self._settled: list[Release] = []  # released by the next dequeue (or ``flush``)
         self._missing = _MissingQueue()
@@ -448,7 +489,7 @@ class AsyncJob(_JobState):
     """``async with job:`` — the asyncio twin of ``Job`` (the lease keeper is a task)."""
 
     def __init__(self, client: AsyncClient, queue: str, item: Item, lease_ms: int,
-                 backoff: Backoff, stats: ConsumerStats,
+                 backoff: Backoff | None, stats: ConsumerStats,
                  settled: list[Release] | None = None,
                  max_extend_ms: int | None = None) -> None:  # fmt: skip
         super().__init__(queue, item, lease_ms, backoff, settled, max_extend_ms)
@@ -526,6 +567,11 @@ class AsyncJob(_JobState):
                 elif t is None:
                     await self._client.release(self.queue, self.item.id, self.receipt)
                     self._stats.released += 1
+                elif self.backoff is None:
+                    why = error_text(e)
+                    deadline = await self._client.fail(self.queue, self.item.id, self.receipt, why)
+                    logger.warning("job %s failed (%s); back at %d", self.item.id, why, deadline)
+                    self._stats.failed += 1
                 else:
                     delay = self.retry_delay_ms()
                     logger.warning("job %s failed (%r); requeued in %d ms", self.item.id, e, delay)
@@ -556,7 +602,8 @@ class AsyncConsumer:
         self.max_extend_ms = max_extend_ms
         self.count = count
         self.wait_ms = wait_ms
-        self.backoff = backoff or Backoff()
+        #: None: a failed job is failed, the queue's retry policy decides when it is back
+        self.backoff = backoff
         self.stats = ConsumerStats()
         self._settled: list[Release] = []  # released by the next dequeue (or ``flush``)
         self._missing = _MissingQueue()

@@ -16,6 +16,7 @@ __all__ = [
     "Dequeued",
     "Enqueued",
     "Extend",
+    "Fail",
     "Item",
     "ItemStats",
     "MovedTo",
@@ -24,9 +25,11 @@ __all__ = [
     "QueueConfig",
     "QueueInfo",
     "QueueStats",
+    "Reason",
     "RedriveResult",
     "Release",
     "Requeue",
+    "RetryPolicy",
 ]
 
 
@@ -65,7 +68,9 @@ class ItemStats:
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """One delivery of one item; ``receipt`` names this delivery only."""
+    """One delivery of one item; ``receipt`` names this delivery only. ``last_error``
+    and ``last_error_at``: why and when its previous delivery failed (a fail's error, or
+    "lease expired"); None if it never failed."""
 
     id: int
     receipt: str
@@ -75,6 +80,8 @@ class Item:
     lease_expires: int
     #: the item's group (``docs/delivery.md``); None: it has none
     group: str | None = None
+    last_error: str | None = None
+    last_error_at: int | None = None
 
 
 class Dequeued(list[Item]):
@@ -108,6 +115,16 @@ class Requeue:
 
 
 @dataclass(frozen=True, slots=True)
+class Fail:
+    """An item that failed: back under its queue's retry policy, ``error`` (up to 4096
+    bytes of UTF-8) kept with it."""
+
+    id: int
+    receipt: str
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Extend:
     id: int
     receipt: str
@@ -128,11 +145,26 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """A queue's retry policy (``docs/retries.md``): exponential — ``initial_ms``, then
+    each delay ``multiplier`` times the last, at most ``max_ms``, up to ``jitter`` (0..1)
+    of it taken off at random — or ``delays_ms``, a list whose last delay repeats."""
+
+    initial_ms: int | None = None
+    multiplier: float = 2.0
+    max_ms: int = 3_600_000
+    jitter: float = 0.0
+    delays_ms: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class QueueConfig:
     default_lease_ms: int = 30_000
     max_deliveries: int | None = None
     dead_letter_queue: str | None = None
     dedup_window_ms: int = 300_000
+    #: the next deadline of an item that failed or whose lease ran out (None: at once)
+    retry: RetryPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +204,15 @@ class MovedTo:
 
 
 @dataclass(frozen=True, slots=True)
+class Reason:
+    """One failure of an item: the error, when (ms), which delivery failed."""
+
+    error: str
+    at: int
+    delivery: int
+
+
+@dataclass(frozen=True, slots=True)
 class BrowsedItem:
     """An item seen without leasing it. ``state``: "due", "delayed", "leased" or "gone"
     (no longer in the queue; then ``deadline`` and ``stats`` are None)."""
@@ -188,6 +229,16 @@ class BrowsedItem:
     moved_to: MovedTo | None = None
     #: the item's group (``docs/delivery.md``); None: it has none
     group: str | None = None
+    #: why it failed, newest first (at most 5); empty if it never did
+    errors: tuple[Reason, ...] = ()
+
+    @property
+    def last_error(self) -> str | None:
+        return self.errors[0].error if self.errors else None
+
+    @property
+    def last_error_at(self) -> int | None:
+        return self.errors[0].at if self.errors else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,10 @@ _ITEM_JSON = (
 )
 
 
+#: The end of a delivered item that failed before (``ItemOut.last_error``).
+_ERROR_JSON = ',"last_error":%s,"last_error_at":%d}'
+
+
 def dequeued_json(
     got: Sequence[Delivery],
     encoding: Encoding | None,
@@ -57,14 +61,14 @@ def dequeued_json(
     for d in got:
         text, enc = encode_value(d.value, encoding)
         s = d.stats
-        parts.append(
-            _ITEM_JSON
-            % (
-                d.id, dumps(d.receipt), dumps(text), enc, d.deadline,
-                s.enqueue_time, s.requeue_time, s.dequeue_count, d.lease_expires,
-                "null" if d.group is None else dumps(d.group),
-            )
+        item = _ITEM_JSON % (
+            d.id, dumps(d.receipt), dumps(text), enc, d.deadline,
+            s.enqueue_time, s.requeue_time, s.dequeue_count, d.lease_expires,
+            "null" if d.group is None else dumps(d.group),
         )  # fmt: skip
+        if d.last_error is not None:  # said only for an item that failed before
+            item = item[:-1] + _ERROR_JSON % (dumps(d.last_error), d.last_error_at or 0)
+        parts.append(item)
     if released is not None:
         tail = '],"released":[' + _results(released) + "]}"
     elif not queue_exists:

@@ -36,6 +36,7 @@ OPERATIONS = (
     "dequeue",
     "release",
     "requeue",
+    "fail",
     "extend",
     "queue_get",
     "queue_put",

@@ -40,6 +40,9 @@ __all__ = [
     "ExtendItem",
     "ExtendOne",
     "ExtendRequest",
+    "FailItem",
+    "FailOne",
+    "FailRequest",
     "Health",
     "InvalidItem",
     "ItemOut",
@@ -52,6 +55,7 @@ __all__ = [
     "QueueList",
     "QueueStatsOut",
     "Rates",
+    "ReasonOut",
     "RedriveFailure",
     "RedriveRequest",
     "RedriveResponse",
@@ -62,6 +66,7 @@ __all__ = [
     "RequeueOne",
     "RequeueRequest",
     "Results",
+    "RetryBody",
     "decode_value",
     "encode_value",
     "new_release",
@@ -273,6 +278,12 @@ class ItemOut(BaseModel):
     stats: ItemStatsOut
     lease_expires: int
     group: str | None = Field(None, description="the item's group; null: none")
+    last_error: str | None = Field(
+        None,
+        description="why the item's previous delivery failed (a fail's error, or 'lease "
+        "expired'); present only when one did",
+    )
+    last_error_at: int | None = Field(None, description="when it failed (with last_error)")
 
 
 class DequeueResponse(BaseModel):
@@ -327,6 +338,25 @@ class RequeueRequest(_Strict):
     items: list[RequeueItem] = Field(min_length=1)
 
 
+class FailItem(_Strict):
+    id: ItemId
+    receipt: Receipt
+    error: str = Field(
+        "",
+        description="why it failed (up to 4096 bytes of UTF-8): kept with the item, shown on "
+        "its next delivery, peek, browse and in the dead letters",
+    )
+
+
+class FailRequest(_Strict):
+    items: list[FailItem] = Field(min_length=1)
+
+
+class FailOne(_Strict):
+    receipt: Receipt
+    error: str = Field("", description="why it failed (up to 4096 bytes of UTF-8)")
+
+
 class ExtendItem(_Strict):
     id: ItemId
     receipt: Receipt
@@ -366,6 +396,22 @@ class Results(BaseModel):
     results: list[ItemResult]
 
 
+class RetryBody(_Strict):
+    """A retry policy: exponential (``initial_ms``, ``multiplier``, ``max_ms``,
+    ``jitter``) or a list (``delays_ms``, the last repeating); its rules are checked by
+    ``storage/retry.py`` (a 422 naming the field)."""
+
+    initial_ms: int | None = Field(None, description="the first delay (exponential)")
+    multiplier: float | None = Field(None, description="each delay this times the last (>= 1)")
+    max_ms: int | None = Field(None, description="no delay longer than this")
+    jitter: float | None = Field(
+        None, description="0..1: each delay made up to this share shorter at random"
+    )
+    delays_ms: list[int] | None = Field(
+        None, description="the delays in order (instead of the above); the last repeats"
+    )
+
+
 class QueueConfigBody(_Strict):
     default_lease_ms: Lease = 30_000
     max_deliveries: int | None = Field(None, ge=1, le=0xFFFFFFFF)
@@ -377,6 +423,11 @@ class QueueConfigBody(_Strict):
         ge=0,
         le=7 * 24 * 3600 * 1000,
         description="how long idempotency keys are remembered (0: off)",
+    )
+    retry: RetryBody | None = Field(
+        None,
+        description="the next deadline of an item that failed or whose lease ran out; "
+        "default: due again at once",
     )
 
 
@@ -434,6 +485,14 @@ class MovedToOut(BaseModel):
     id: int
 
 
+class ReasonOut(BaseModel):
+    """One failure of an item."""
+
+    error: str
+    at: int = Field(description="when (ms since the epoch)")
+    delivery: int = Field(description="which delivery failed (its dequeue_count)")
+
+
 class BrowsedItemOut(BaseModel):
     """An item seen without leasing it; ``state`` "gone": no longer in the queue."""
 
@@ -451,6 +510,11 @@ class BrowsedItemOut(BaseModel):
         default=None,
         description="a gone item that was dead-lettered or redriven: where it went, while "
         "the server remembers the move",
+    )
+    last_error: str | None = Field(None, description="why it last failed (None: never)")
+    last_error_at: int | None = Field(None, description="when it last failed")
+    errors: list[ReasonOut] | None = Field(
+        None, description="its reasons, newest first (at most 5; a redriven item's too)"
     )
 
 

@@ -5,15 +5,18 @@ from __future__ import annotations
 from dq.storage.engine import Engine, EngineConfig
 from dq.storage.errors import StorageError
 from dq.storage.events import Event
+from dq.storage.retry import RetryPolicy
 from dq.storage.types import (
     Delivery,
     Enqueued,
     Extend,
+    Fail,
     ItemOutcome,
     ItemStats,
     NewItem,
     QueueConfig,
     QueueStats,
+    Reason,
     Release,
     Requeue,
 )
@@ -25,12 +28,15 @@ __all__ = [
     "Enqueued",
     "Event",
     "Extend",
+    "Fail",
     "ItemOutcome",
     "ItemStats",
     "NewItem",
     "QueueConfig",
     "QueueStats",
+    "Reason",
     "Release",
     "Requeue",
+    "RetryPolicy",
     "StorageError",
 ]

@@ -51,6 +51,7 @@ __all__ = [
     "decode_cursor",
     "encode_cursor",
     "gone",
+    "net_at",
     "resolve",
     "scan_candidates",
     "tombstone_key",
@@ -174,6 +175,7 @@ def _item(
         lease_expires=lease.expires if lease is not None else None,
         dead_lettered_from=q.meta.origins.get(item_id),
         group=group,
+        errors=q.item_reasons(item_id),
     )
 
 
@@ -356,6 +358,12 @@ def _net(q: Queue, pkey: bytes) -> tuple[int, tuple[bytes, bytes] | None]:
             net += 1
             pend.append((stats, value))
     return net, (_newest(pend) if pend else None)
+
+
+def net_at(q: Queue, pkey: bytes) -> int:
+    """Pendings minus tombstones of the pending key ``pkey`` over the current sources
+    (call under the queue lock): one block per segment file whose range holds it."""
+    return _net(q, pkey)[0]
 
 
 def resolve(q: Queue, item_id: int, candidates: set[bytes]) -> Found | None:

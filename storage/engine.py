@@ -27,7 +27,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,10 @@ from dq.storage.merge_policy import MergePolicy
 from dq.storage.moved import MovedItems
 from dq.storage.operations import MAX_DEDUP_WINDOW_MS, Operations, effective_dead_letter_queue
 from dq.storage.queue import Queue
+from dq.storage.queue_config import config_to_json
+from dq.storage.reasons import Reason, check_error
 from dq.storage.replica_engine import SCRATCH_PREFIX, ReplicaEngine, restore_replaced_queues
+from dq.storage.retry import retry_from_json
 from dq.storage.schedules import ScheduleOps
 from dq.storage.syncer import FsyncStats, InlineCommits, Syncer
 from dq.storage.types import (
@@ -62,6 +64,7 @@ from dq.storage.types import (
     Delivery,
     Enqueued,
     Extend,
+    Fail,
     ItemOutcome,
     NewItem,
     QueueConfig,
@@ -292,7 +295,7 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
                         raise _creation_error(name, exc) from exc
                     raise
                 # shipped before any record of the queue can be (ordered by the lock)
-                q.last_lsn = self._ship_control(name, "put_queue", config=asdict(config))
+                q.last_lsn = self._ship_control(name, "put_queue", config=config_to_json(config))
                 self._queues[name] = q
                 self.emit("queue_created", name, [])
             return q
@@ -336,7 +339,7 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
             if q.quarantined and q.failed is not None:
                 raise q.failed
             q.set_config(config)
-            lsn = self._ship_control(name, "put_queue", config=asdict(config))
+            lsn = self._ship_control(name, "put_queue", config=config_to_json(config))
             sink = self.replication
         self._await_commit(lsn, sink)
         return config
@@ -357,6 +360,7 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
                 f"dedup_window_ms must be between 0 (off) and {MAX_DEDUP_WINDOW_MS}",
                 dedup_window_ms=window,
             )
+        retry_from_json(config.retry)  # a policy built in code keeps the API's bounds too
         if config.dead_letter_queue is not None:
             check_queue_name(config.dead_letter_queue)
             if config.dead_letter_queue == name:
@@ -555,6 +559,20 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
     def requeue(self, name: str, items: Sequence[Requeue]) -> list[ItemOutcome]:
         return self.requeue_nowait(name, items).result(self.config.wait_timeout_s)
 
+    def fail_nowait(
+        self, name: str, items: Sequence[Fail], inline: InlineCommits | None = None
+    ) -> Future[list[ItemOutcome]]:
+        """Hand leased items back under the queue's retry policy, each keeping its error
+        (every error checked before anything is done: ``reasons.check_error``)."""
+        self._check_batch(len(items))
+        for i, f in enumerate(items):
+            check_error(f.error, i)
+        self._check_writable()
+        return self._queue(name).fail(items, inline)
+
+    def fail(self, name: str, items: Sequence[Fail]) -> list[ItemOutcome]:
+        return self.fail_nowait(name, items).result(self.config.wait_timeout_s)
+
     def extend(self, name: str, items: Sequence[Extend]) -> list[ItemOutcome]:
         self._check_batch(len(items))
         self._check_writable()
@@ -623,6 +641,7 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
         entries: list[DeadEntry],
         target: str,
         error: StorageError,
+        reasons: dict[int, tuple[Reason, ...]] | None = None,
     ) -> None:
         """The move was refused (a write stall, a replica group that acknowledges
         nothing): the items are no longer leased nor ahead of the cursor, so only a
@@ -641,11 +660,16 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
 
         def again() -> None:
             if not self.closed and self.writable:
-                self.dead_letter(source, entries)
+                self.dead_letter(source, entries, reasons)
 
         source.call_later(1.0, again)
 
-    def dead_letter(self, source: Queue, entries: list[DeadEntry]) -> None:
+    def dead_letter(
+        self,
+        source: Queue,
+        entries: list[DeadEntry],
+        reasons: dict[int, tuple[Reason, ...]] | None = None,
+    ) -> None:
         """Move entries to ``source``'s dead-letter queue, then cancel them at the source.
 
         The dead-letter copy is made durable first, so a crash in between leaves the
@@ -658,19 +682,21 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
         try:
             target = self._queue_for_write(target_name)
         except StorageError as exc:
-            self._retry_dead_letter(source, entries, target_name, exc)
+            self._retry_dead_letter(source, entries, target_name, exc, reasons)
             return
         for i, (key, stats, value, group) in enumerate(entries):
             enq, _req, cnt = decode_stats(stats)
             try:
+                why = reasons.get(key_id(key)) if reasons else None
                 fut = target.enqueue(
                     [(now, value)],
                     stats=(enq, now, cnt),
                     origin=source.name,
                     groups=None if group is None else [group],
+                    reasons=None if why is None else [why],
                 )
             except StorageError as exc:  # a passing refusal (a stall): try again shortly
-                self._retry_dead_letter(source, entries[i:], target_name, exc)
+                self._retry_dead_letter(source, entries[i:], target_name, exc, reasons)
                 return
 
             def moved(f: Future[Any], key: bytes = key) -> None:

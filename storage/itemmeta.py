@@ -20,10 +20,20 @@ as the item, so a crash keeps both or neither and a tick is never fired twice. T
 latest durable tick of each schedule is kept (``fired``); a sidecar is kept while it
 holds one (a later durable tick in a later log supersedes it).
 
+An item's reasons (``storage/reasons.py``: its last errors) are an error entry written
+with each pending entry of the item; the newest entry of an id names where the item is.
+
+A key entry names the item the key addresses now: written when the key is first
+enqueued, and again (same ``time``, so its window does not move) by every record that
+moves that item to a new deadline; an enqueue that replaces the item, or a move by key,
+writes it with a new ``time``. A key entry with id 0 says the key names no item any
+more (its item was cancelled by key). The newest entry of a key wins.
+
     meta entry, key:      01 | id u64 | deadline u64 | time u64 | key_length u8 | key (UTF-8)
     meta entry, origin:   02 | id u64 | name_length u8 | queue name (ASCII)
     meta entry, schedule: 03 | schedule id u64 | tick u64 | count u64 | name_length u8 | name
     meta entry, group:    04 | id u64 | group_length u8 | group (printable ASCII)
+    meta entry, error:    05 | version u8 | id u64 | deadline u64 | count u8 | reasons
 
 A group (``docs/delivery.md``) is written in every record that writes a pending entry of
 a grouped item (enqueue, requeue, lease expiry, a dead letter's enqueue), so the entry
@@ -39,7 +49,6 @@ import os
 import re
 import struct
 import sys
-import zlib
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -48,6 +57,8 @@ from typing import Any
 
 from dq.storage import fileio
 from dq.storage.errors import CorruptionError, InvalidGroup, InvalidKey, ReplicationTimeout
+from dq.storage.reasons import ERROR_ENTRY, TAG_ERROR, ItemErrors, decode_error_entry
+from dq.storage.sidecar import SIDECAR_HEADER, read_sidecar, sidecar_name, write_sidecar
 
 __all__ = [
     "MAX_KEY_BYTES",
@@ -65,6 +76,7 @@ __all__ = [
     "groups_of",
     "read_sidecar",
     "sidecar_name",
+    "sidecar_offsets",
     "without_groups",
     "write_sidecar",
 ]
@@ -83,11 +95,6 @@ SCHEDULE_ENTRY = struct.Struct(">BQQQB")  # tag, schedule id, tick, count, name 
 assert SCHEDULE_ENTRY.size == 26
 GROUP_ENTRY = struct.Struct(">BQB")  # tag, id, group length
 assert GROUP_ENTRY.size == 10
-SIDECAR_MAGIC = b"DQMT"
-SIDECAR_VERSION = 1
-#: magic, version, reserved, log number, metadata length, crc32 of the metadata
-SIDECAR_HEADER = struct.Struct(">4sHHQII")
-assert SIDECAR_HEADER.size == 24
 _SIDECAR = re.compile(r"(\d{10})\.meta")
 
 
@@ -150,6 +157,8 @@ def without_groups(buf: bytes, where: str = "<metadata>") -> bytes:
             out.append(encode_origin_entry(item_id, text))
         elif kind == "schedule":
             out.append(encode_schedule_entry(item_id, deadline, time, text))
+        elif kind == "error":  # as written (``time`` is where it starts)
+            out.append(buf[time : decode_error_entry(buf, time, where)[3]])
     return b"".join(out)
 
 
@@ -168,7 +177,9 @@ def encode_schedule_entry(schedule_id: int, tick: int, count: int, name: str) ->
 
 
 #: ("key", id, deadline, time, key) / ("origin", id, 0, 0, queue) /
-#: ("schedule", schedule id, tick, count, schedule name) / ("group", id, 0, 0, group)
+#: ("schedule", schedule id, tick, count, schedule name) / ("group", id, 0, 0, group) /
+#: ("error", id, deadline, offset of the entry in ``buf``, "") — its reasons:
+#: ``reasons.decode_error_entry(buf, offset)``
 Decoded = tuple[str, int, int, int, str]
 
 
@@ -204,38 +215,26 @@ def decode_meta(buf: bytes, where: str = "<metadata>") -> Iterator[Decoded]:
                 break
             yield "group", item_id, 0, 0, buf[start : start + n].decode("ascii", "replace")
             pos = start + n
+        elif tag == TAG_ERROR and end - pos >= ERROR_ENTRY.size:
+            try:
+                item_id, deadline, _reasons, after = decode_error_entry(buf, pos, where)
+            except CorruptionError:
+                break
+            yield "error", item_id, deadline, pos, ""
+            pos = after
         else:
             break
     if pos != end:
         raise CorruptionError("malformed item metadata", file=where, offset=pos)
 
 
-def sidecar_name(segment_no: int) -> str:
-    return f"{segment_no:010d}.meta"
-
-
-def write_sidecar(directory: str, segment_no: int, meta: bytes) -> str:
-    """Write the metadata of log ``segment_no`` durably (before its segment file exists)."""
-    body = SIDECAR_HEADER.pack(
-        SIDECAR_MAGIC, SIDECAR_VERSION, 0, segment_no, len(meta), zlib.crc32(meta)
-    )
-    path = os.path.join(directory, sidecar_name(segment_no))
-    fileio.write_file_atomic(path, body + meta)
-    return path
-
-
-def read_sidecar(path: str) -> tuple[int, bytes]:
-    with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < SIDECAR_HEADER.size:
-        raise CorruptionError("metadata sidecar shorter than its header", file=path, offset=0)
-    magic, version, _r, segment_no, length, crc = SIDECAR_HEADER.unpack_from(data, 0)
-    meta = data[SIDECAR_HEADER.size :]
-    if magic != SIDECAR_MAGIC or version != SIDECAR_VERSION:
-        raise CorruptionError("not a dq metadata sidecar", file=path, offset=0)
-    if len(meta) != length or zlib.crc32(meta) != crc:
-        raise CorruptionError("metadata sidecar checksum mismatch", file=path, offset=0)
-    return segment_no, meta
+def sidecar_offsets(meta: bytes, where: str) -> dict[int, int]:
+    """id -> offset of the newest error entry of each id in a log's metadata."""
+    found: dict[int, int] = {}
+    for kind, item_id, _deadline, offset, _text in decode_meta(meta, where):
+        if kind == "error":
+            found[item_id] = offset
+    return found
 
 
 @dataclass(slots=True)
@@ -267,8 +266,12 @@ class ItemMeta:
 
     def __init__(self) -> None:
         self.keys: dict[str, Remembered] = {}
+        #: item id -> the key that names it (the items ``keys`` names, and only those)
+        self.key_of: dict[int, str] = {}
         self._order: deque[tuple[int, str]] = deque()  # (time, key), oldest first
         self.origins: dict[int, str] = {}
+        #: the reasons of items that failed (``storage/reasons.py``)
+        self.errors = ItemErrors()
         #: schedule id -> its progress (``storage/schedules.py``)
         self.fired: dict[int, Fired] = {}
         #: when sidecars were last checked for expired keys (ms)
@@ -281,8 +284,29 @@ class ItemMeta:
         return self.keys.get(key)
 
     def remember(self, key: str, entry: Remembered) -> None:
+        old = self.keys.get(key)
+        if old is not None and old is not entry and self.key_of.get(old.id) == key:
+            del self.key_of[old.id]
         self.keys[key] = entry
+        if entry.id:
+            self.key_of[entry.id] = key
         self._order.append((entry.time, key))
+
+    def forget_key(self, key: str) -> None:
+        """The key names no item any more (its item was cancelled by key)."""
+        entry = self.keys.pop(key, None)
+        if entry is not None and self.key_of.get(entry.id) == key:
+            del self.key_of[entry.id]
+
+    def key_naming(self, item_id: int) -> tuple[str, Remembered] | None:
+        """The key that names item ``item_id`` now, with its entry (None: no key does)."""
+        key = self.key_of.get(item_id)
+        if key is None:
+            return None
+        entry = self.keys.get(key)
+        if entry is None or entry.id != item_id:
+            return None
+        return key, entry
 
     def settled(self, keys: list[str], entries: list[Remembered], fut: Future[Any]) -> None:
         """The batch that wrote ``keys`` is durable (keep them) or failed (forget them).
@@ -299,7 +323,7 @@ class ItemMeta:
                 continue
             entry.pending = None
             if failed and self.keys.get(key) is entry:
-                del self.keys[key]
+                self.forget_key(key)
 
     def prune(self, now: int, window: int) -> None:
         order, keys = self._order, self.keys
@@ -308,7 +332,7 @@ class ItemMeta:
             time, key = order.popleft()
             entry = keys.get(key)
             if entry is not None and entry.time == time and entry.pending is None:
-                del keys[key]
+                self.forget_key(key)
 
     # -------------------------------------------------------------- schedules
 
@@ -351,10 +375,21 @@ class ItemMeta:
 
     # -------------------------------------------------------------- loading
 
-    def load(self, buf: bytes, where: str, now: int, window: int) -> bool:
-        """Take what a durable record or sidecar says; True if it holds an origin or a
-        schedule's progress (something kept beyond the dedup window)."""
+    def load(
+        self,
+        buf: bytes,
+        where: str,
+        now: int,
+        window: int,
+        log: int = 0,
+        in_sidecar: bool = False,
+    ) -> bool:
+        """Take what a durable record or sidecar says (of log ``log``: a sidecar's
+        error entries are left on disk, a log's kept in memory until it is frozen);
+        True if it holds anything still worth keeping: an origin, a schedule's progress,
+        reasons, a key within its window. Later entries win over earlier ones."""
         has_origin = False
+        errors = self.errors
         for kind, item_id, deadline, time, text in decode_meta(buf, where):
             if kind == "origin":
                 self.origins[item_id] = _intern(text)
@@ -364,10 +399,21 @@ class ItemMeta:
                 has_origin = True
             elif kind == "group":
                 continue  # the memseg and the segment files hold groups
+            elif kind == "error":
+                if in_sidecar:
+                    errors.loaded(item_id, deadline, log, time, None)
+                else:
+                    reasons = decode_error_entry(buf, time, where)[2]
+                    errors.loaded(item_id, deadline, log, -1, reasons)
+                has_origin = True
             elif window > 0 and time > now - window:
+                has_origin = True  # a key within its window: kept (a later one may win)
                 known = self.keys.get(text)
-                if known is None or known.time < time:
-                    self.remember(text, Remembered(item_id, deadline, time))
+                if known is None or known.time <= time:
+                    if item_id == 0:
+                        self.forget_key(text)
+                    else:
+                        self.remember(text, Remembered(item_id, deadline, time))
         return has_origin
 
     def load_directory(self, directory: str, logs: list[str], now: int, window: int) -> None:
@@ -379,19 +425,34 @@ class ItemMeta:
             if _SIDECAR.fullmatch(name) is None:
                 continue
             path = os.path.join(directory, name)
-            _no, meta = read_sidecar(path)
-            before = len(self.keys)
-            if not self.load(meta, path, now, window) and len(self.keys) == before:
+            no, meta = read_sidecar(path)
+            if not self.load(meta, path, now, window, no, True):
                 fileio.remove(path)
         for path in logs:
-            for _off, meta in read_wal(path).meta:
-                self.load(meta, path, now, window)
+            contents = read_wal(path)
+            for _off, meta in contents.meta:
+                self.load(meta, path, now, window, contents.segment_no)
         self._order = deque(sorted(self._order))
 
-    def prune_sidecars(self, directory: str, now: int, window: int) -> int:
-        """Delete sidecars whose keys are all expired and that name no origin and no
-        schedule's latest durable tick. (A tick older than its schedule's durable one is
-        superseded by a later record, whose log, or sidecar once frozen, stays.)"""
+    def frozen(self, directory: str, log: int) -> dict[int, int] | None:
+        """Where the error entries of log ``log`` are in its sidecar (id -> offset),
+        read without the queue lock once the log is frozen; None if no item's newest
+        reasons are in it (nothing to read). ``errors.frozen`` takes the answer."""
+        if log not in self.errors.by_log:
+            return None
+        path = os.path.join(directory, sidecar_name(log))
+        try:
+            _no, meta = read_sidecar(path)
+        except (OSError, CorruptionError):
+            return None  # the texts stay in memory: nothing is lost
+        return sidecar_offsets(meta, path)
+
+    def prune_sidecars(self, directory: str, now: int, window: int, in_use: set[int]) -> int:
+        """Delete sidecars whose keys are all expired and that name no origin, no
+        schedule's latest durable tick and no item's newest reasons (``in_use``: the
+        logs ``errors.logs_in_use`` named under the queue lock). (A tick older than its
+        schedule's durable one is superseded by a later record, whose log, or sidecar
+        once frozen, stays.)"""
         removed = 0
         try:
             names = os.listdir(directory)
@@ -402,11 +463,13 @@ class ItemMeta:
                 continue
             path = os.path.join(directory, name)
             try:
-                _no, meta = read_sidecar(path)
+                no, meta = read_sidecar(path)
             except (OSError, CorruptionError):
                 continue
-            keep = False
+            keep = no in in_use
             for kind, item_id, deadline, time, _t in decode_meta(meta, path):
+                if keep:
+                    break
                 if kind == "schedule":
                     f = self.fired.get(item_id)
                     if f is not None and deadline >= f.durable_tick:
@@ -414,6 +477,8 @@ class ItemMeta:
                         break
                 elif kind == "group":
                     continue
+                elif kind == "error":
+                    continue  # kept while in use (above)
                 elif kind == "origin" or (window > 0 and time > now - window):
                     keep = True
                     break

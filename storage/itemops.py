@@ -1,6 +1,6 @@
 """The item operations every front end serves, each defined once.
 
-Four front ends serve enqueue, dequeue, release, requeue and extend: the HTTP routes
+Four front ends serve enqueue, dequeue, release, requeue, fail and extend: the HTTP routes
 (``server/routers/items.py``), their fast path (``server/hot_routes.py``), the ring
 (``shm/command_handler.py``) and SQS (``server/sqs/``). Each decodes its own wire
 format, encodes its own answers (``server/answers.py`` in JSON, ``shm/command_codec.py``
@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from dq.storage.errors import QueueNotFound
-from dq.storage.types import Enqueued, Extend, ItemOutcome, NewItem, Release, Requeue
+from dq.storage.types import Enqueued, Extend, Fail, ItemOutcome, NewItem, Release, Requeue
 from dq.storage.validation import LEASE_MS, MAX_LEASE_MS, WAIT_MS, check_batch, count_range
 from dq.storage.waits import Leased, Waits, leased
 
@@ -57,12 +57,16 @@ class ItemOps:
     - ``start_release(queue, items[, inline])``: release a batch, one outcome per item
       (a stale receipt is an outcome, not an error);
     - ``start_requeue(queue, items[, inline])``: requeue a batch with new deadlines;
+    - ``start_fail(queue, items[, inline])``: fail a batch, each item back under its
+      queue's retry policy with its error kept (an error over 4 KiB refuses the batch
+      before anything is done; a stale receipt is an outcome);
     - ``extend(queue, items)``: extend a batch of leases (in memory: nothing to wait for).
     """
 
     start_enqueue: StartWrite[NewItem, list[Enqueued]]
     start_release: StartWrite[Release, list[ItemOutcome]]
     start_requeue: StartWrite[Requeue, list[ItemOutcome]]
+    start_fail: StartWrite[Fail, list[ItemOutcome]]
     extend: Callable[[str, Sequence[Extend]], list[ItemOutcome]]
 
     def __init__(
@@ -76,6 +80,7 @@ class ItemOps:
         self.start_enqueue = engine.enqueue_nowait
         self.start_release = engine.release_nowait
         self.start_requeue = engine.requeue_nowait
+        self.start_fail = engine.fail_nowait
         self.extend = engine.extend
 
     # ------------------------------------------------------------------ dequeue

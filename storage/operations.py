@@ -32,12 +32,13 @@ from dq.storage.browse import (
     browse,
     decode_cursor,
     gone,
+    net_at,
     resolve,
     scan_candidates,
     tombstone_key,
     waiting_keys,
 )
-from dq.storage.codec import decode_stats, encode_stats, key_id
+from dq.storage.codec import decode_stats, encode_key, encode_stats, key_id
 from dq.storage.errors import (
     InvalidArgument,
     ItemNotFound,
@@ -49,6 +50,7 @@ from dq.storage.errors import (
 )
 from dq.storage.moved import MovedItems
 from dq.storage.queue_state import QueueState
+from dq.storage.reasons import Reason
 from dq.storage.types import (
     BrowsedItem,
     BrowsePage,
@@ -422,11 +424,13 @@ class Operations:
                     )
                     continue
                 enq, _req, _cnt = decode_stats(stats)
-                with src.lock:  # where the entry lives may change under a merge
+                with src.lock:  # where the entry lives may change under a merge; its
+                    # attempts start afresh, its reasons go with it
                     group = src.files.group_of(key, None)
+                    why = src.item_reasons(item_id)
                 try:
                     tq = self._queue_for_write(target)
-                    fut = _enqueue_waiting(tq, value, (enq, now, 0), group)
+                    fut = _enqueue_waiting(tq, value, (enq, now, 0), group, why)
                 except StorageError as exc:
                     failed.append(ItemOutcome(item_id, exc.code, exc.message))
                     continue
@@ -473,10 +477,13 @@ class Operations:
     # ------------------------------------------------------------------ upkeep
 
     def forget_expired_keys(self, q: Queue) -> None:
-        """Drop idempotency keys past their window from memory, and (once a minute)
-        delete metadata sidecars that hold nothing but expired keys."""
+        """Drop idempotency keys past their window from memory, the reasons of a few
+        items that are gone (``forget_gone_reasons``), and (once a minute) delete metadata
+        sidecars that hold nothing but expired keys."""
         now = self.now()
         window = q.config.dedup_window_ms
+        if q.meta.errors.notes:
+            self.forget_gone_reasons(q)
         with q.lock:
             if q.closed:
                 return
@@ -484,8 +491,37 @@ class Operations:
             due = now - q.meta.sidecars_checked >= 60_000
             if due:
                 q.meta.sidecars_checked = now
+                in_use = q.meta.errors.logs_in_use()
         if due:
-            q.meta.prune_sidecars(q.directory, now, window)
+            q.meta.prune_sidecars(q.directory, now, window, in_use)
+
+    def forget_gone_reasons(self, q: Queue) -> int:
+        """Forget the reasons of a few items that are gone (released, deleted, moved),
+        round robin over the items with reasons (``ItemErrors.next_to_check``); the
+        number forgotten.
+
+        An item is gone when the entry its note names is behind the dequeue cursor and
+        not leased (released), or ahead of it and cancelled (deleted, purged, redriven,
+        or released before a restart: one block per segment file holding its key). An
+        entry of a write in flight (at or past the barrier) is left for a later round."""
+        with q.lock:
+            if q.closed or q.failed is not None or not q.loaded:
+                return 0
+            errors = q.meta.errors
+            cursor = q.deliveries.cursor
+            barrier = q.commit.barrier()
+            gone = 0
+            for item_id in errors.next_to_check():
+                note = errors.notes[item_id]
+                pkey = encode_key(note.deadline, item_id)
+                if q.deliveries.leases.get(item_id) is not None:
+                    continue
+                if barrier is not None and pkey >= barrier:
+                    continue
+                if pkey <= cursor or net_at(q, pkey) <= 0:
+                    errors.forget(item_id)
+                    gone += 1
+            return gone
 
     # ------------------------------------------------------------------ stats
 
@@ -509,15 +545,20 @@ class Operations:
 
 
 def _enqueue_waiting(
-    q: Queue, value: bytes, stats: tuple[int, int, int], group: str | None = None
+    q: Queue,
+    value: bytes,
+    stats: tuple[int, int, int],
+    group: str | None = None,
+    reasons: tuple[Reason, ...] | None = None,
 ) -> Future[Any]:
-    """``Queue.enqueue`` of one item due now (keeping its group), waiting out a short
-    write stall."""
+    """``Queue.enqueue`` of one item due now (keeping its group and its reasons),
+    waiting out a short write stall."""
     give_up = time.monotonic() + 30
     groups = None if group is None else [group]
+    why = None if reasons is None else [reasons]
     while True:
         try:
-            return q.enqueue([(q.engine.now(), value)], stats=stats, groups=groups)
+            return q.enqueue([(q.engine.now(), value)], stats=stats, groups=groups, reasons=why)
         except WriteStall:
             if time.monotonic() > give_up:
                 raise

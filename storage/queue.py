@@ -30,8 +30,9 @@ The parts, each owning its own state (every one guarded by the queue's ``lock``)
 - ``health``, ``Health`` (``health.py``): why the queue refuses work (an I/O error,
   damage) and when it next tries to reopen;
 - beside them the operator's state (``queue_state.py``, ``state.json``), item metadata
-  (``itemmeta.py``: idempotency keys, dead-letter origins; ``dedup.py`` sorts a keyed
-  batch), rates (``rates.py``), due/delayed counts (``state_counts.py``), the config
+  (``itemmeta.py``: idempotency keys, dead-letter origins, items' reasons; ``dedup.py``
+  sorts a keyed batch; ``item_notes.py`` says what a moved item carries and where a
+  retry policy puts a failed one), rates (``rates.py``), due/delayed counts (``state_counts.py``), the config
   (``queue_config.py``, ``queue.json``).
 
 ``Queue`` is the only place where parts meet: every public method is one operation,
@@ -84,6 +85,7 @@ from dq.storage.errors import (
 from dq.storage.futures import Answer, answer, settle
 from dq.storage.group_commit import GroupCommit, PendingBatch
 from dq.storage.health import Health
+from dq.storage.item_notes import Carried, Carrying, carry, retry_deadline
 from dq.storage.itemmeta import ItemMeta, encode_group_entry, encode_origin_entry, groups_of
 from dq.storage.leases import Lease
 from dq.storage.memseg import MemSegment
@@ -91,6 +93,7 @@ from dq.storage.merge_policy import SegmentDesc
 from dq.storage.queue_config import CONFIG_FILE, load_config, save_config
 from dq.storage.queue_state import STATE_FILE, QueueState, load_state, save_state
 from dq.storage.rates import Rates
+from dq.storage.reasons import LEASE_EXPIRED, Reason, encode_error_entry
 from dq.storage.recovery import recover_directory
 from dq.storage.replication import KIND_RECORD_WITH_META
 from dq.storage.segment import SegmentReader
@@ -102,6 +105,7 @@ from dq.storage.types import (
     Delivery,
     Enqueued,
     Extend,
+    Fail,
     ItemOutcome,
     QueueConfig,
     QueueStats,
@@ -123,13 +127,15 @@ log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever
 @dataclass(slots=True)
 class Moves:
     """A record moving leased items to new deadlines: its entries, the pending entries
-    and tombstones to publish, and the groups written again with them."""
+    and tombstones to publish, and the groups, keys and reasons written again with them."""
 
     payload: bytes
     pend: list[tuple[bytes, bytes, bytes]]
     tombs: list[bytes]
     meta: bytes
     groups: dict[bytes, str]
+    #: what each moved item carries besides its group (``storage/item_notes.py``)
+    carried: list[Carried]
 
 
 class QueueHost(Protocol):
@@ -149,7 +155,12 @@ class QueueHost(Protocol):
 
     def merge_policy_hook(self, q: Queue) -> None: ...
 
-    def dead_letter(self, source: Queue, entries: list[DeadEntry]) -> None: ...
+    def dead_letter(
+        self,
+        source: Queue,
+        entries: list[DeadEntry],
+        reasons: dict[int, tuple[Reason, ...]] | None = None,
+    ) -> None: ...
 
 
 class Queue:
@@ -270,10 +281,12 @@ class Queue:
         extra_meta: bytes = b"",
         groups: Sequence[str | None] | None = None,
         inline: InlineCommits | None = None,
+        reasons: Sequence[tuple[Reason, ...] | None] | None = None,
     ) -> Future[list[Enqueued]]:
         """Enqueue (deadline, value) pairs, already validated. ``stats`` for dead letters
         and redrives; ``keys`` (idempotency), ``origin`` (the queue a dead letter came
-        from) and ``groups`` (each item's group or None, checked) travel in the same log
+        from), ``groups`` (each item's group or None, checked) and ``reasons`` (why each
+        failed: a dead letter's or a redriven item's history) travel in the same log
         record as the items (``storage/itemmeta.py``), and so does ``extra_meta``
         (metadata entries of the batch: a schedule's progress); ``now``: the engine's
         clock as the caller read it (read here if not given); ``inline``: the calling
@@ -295,7 +308,14 @@ class Queue:
                 )
             first = self.next_id
             fut = self._write_pending(
-                prepared, st, now, extra_meta, origin, groups=groups, inline=inline
+                prepared,
+                st,
+                now,
+                extra_meta,
+                origin,
+                groups=groups,
+                inline=inline,
+                reasons=reasons,
             )
         self.engine.emit("enqueued", self.name, range(first, first + len(prepared)))
         return fut
@@ -345,6 +365,7 @@ class Queue:
         keyed: KeyedBatch | None = None,
         groups: Sequence[str | None] | None = None,
         inline: InlineCommits | None = None,
+        reasons: Sequence[tuple[Reason, ...] | None] | None = None,
     ) -> Future[Any]:
         """Give the items ids and keys after the cursor, frame them as one log record and
         submit it (under the lock, the queue checked open and not stalled)."""
@@ -380,6 +401,12 @@ class Queue:
         self.rates.add("enqueue", n, now)
         if keyed is not None:
             meta = keyed.remember(self.meta, results)
+        if reasons is not None:
+            log_no = self.commit.wal.segment_no
+            for done, why in zip(results, reasons, strict=True):
+                if why:
+                    meta.append(encode_error_entry(done.id, done.deadline, why))
+                    self.meta.errors.written(done.id, done.deadline, log_no, why)
         token = self.commit.hold(pairs[0][0] if n == 1 else min(pairs)[0])
         batch = PendingBatch(
             self.files.memseg,
@@ -395,7 +422,7 @@ class Queue:
             batch, b"".join(parts), b"".join(meta) + b"".join(group_meta) + extra_meta, inline
         )
 
-    # ------------------------------------------------------------------ release, requeue, extend
+    # ------------------------------------------------------------------ release, requeue, fail, extend
 
     def release(
         self, items: Sequence[Release], inline: InlineCommits | None = None
@@ -422,7 +449,7 @@ class Queue:
         with self.lock:
             self.check_open()
             leases = self.deliveries.leases
-            moves: list[tuple[int, Lease, int]] = []
+            moves: list[tuple[int, Lease, int, Reason | None]] = []
             taken: list[tuple[int, Lease]] = []
             for r in items:
                 order.append(r.id)
@@ -434,7 +461,7 @@ class Queue:
                     continue
                 leases.pop(r.id)
                 taken.append((r.id, lease))
-                moves.append((r.id, lease, deadline))
+                moves.append((r.id, lease, deadline, None))
             moved: list[ItemOutcome] = []
             built = self._frame_moves(moves, now, moved)
             for o in moved:
@@ -446,6 +473,44 @@ class Queue:
                 return resolved(outcomes)
             fut = self._write_moves(built, outcomes, taken, inline)
         self.engine.emit("requeued", self.name, [o.id for o in moved])
+        return fut
+
+    def fail(
+        self, items: Sequence[Fail], inline: InlineCommits | None = None
+    ) -> Future[list[ItemOutcome]]:
+        """Hand leased items back under the retry policy (``item_notes.retry_deadline``),
+        each with its error added to its reasons; one outcome per item, with its next
+        deadline. The errors were checked by the caller (``reasons.check_error``)."""
+        now = self.engine.now()
+        results: dict[int, ItemOutcome] = {}
+        order: list[int] = []
+        with self.lock:
+            self.check_open()
+            leases = self.deliveries.leases
+            moves: list[tuple[int, Lease, int, Reason | None]] = []
+            taken: list[tuple[int, Lease]] = []
+            for f in items:
+                order.append(f.id)
+                try:
+                    lease = leases.check(f.id, f.receipt, self.next_id, now)
+                except StorageError as exc:
+                    results[f.id] = ItemOutcome(f.id, exc.code, exc.message)
+                    continue
+                leases.pop(f.id)
+                taken.append((f.id, lease))
+                reason = Reason(f.error, now, lease.dequeue_count)
+                moves.append((f.id, lease, retry_deadline(self.config, lease, now), reason))
+            moved: list[ItemOutcome] = []
+            built = self._frame_moves(moves, now, moved)
+            for o in moved:
+                results[o.id] = o
+            outcomes = [
+                results.get(i, ItemOutcome(i, "item_not_found", "value not found")) for i in order
+            ]
+            if built is None:
+                return resolved(outcomes)
+            fut = self._write_moves(built, outcomes, taken, inline)
+        self.engine.emit("requeued", self.name, [o.id for o in moved])  # a fail is a requeue
         return fut
 
     def extend(self, items: Sequence[Extend]) -> list[ItemOutcome]:
@@ -463,14 +528,25 @@ class Queue:
         return n
 
     def requeue_expired(self, now: int) -> int:
-        """Move every item whose lease ran out by ``now`` back, due now, its delivery
-        count kept (call under the lock). How many leases ran out."""
+        """Move every item whose lease ran out by ``now`` back — due now, or as the
+        retry policy says — its delivery count kept and "lease expired" added to its
+        reasons (call under the lock). How many leases ran out."""
         expired = self.deliveries.leases.pop_expired(now)
         if not expired:
             return 0
         self.lease_expired += len(expired)
         moved: list[ItemOutcome] = []
-        built = self._frame_moves([(i, lease, now) for i, lease in expired], now, moved)
+        config = self.config
+        moves = [
+            (
+                i,
+                lease,
+                retry_deadline(config, lease, now),
+                Reason(LEASE_EXPIRED, now, lease.dequeue_count),
+            )
+            for i, lease in expired
+        ]
+        built = self._frame_moves(moves, now, moved)
         if built is not None:
             try:
                 self._write_moves(built, moved, expired)
@@ -483,18 +559,23 @@ class Queue:
         return len(expired)
 
     def _frame_moves(
-        self, moves: list[tuple[int, Lease, int]], now: int, outcomes: list[ItemOutcome]
+        self,
+        moves: Sequence[tuple[int, Lease, int, Reason | None]],
+        now: int,
+        outcomes: list[ItemOutcome],
     ) -> Moves | None:
-        """Frame a record moving leased items to new deadlines (pending + tombstone); a
-        grouped item's group is written again with its new entry."""
+        """Frame a record moving leased items to new deadlines (pending + tombstone),
+        with what each item carries: its group, written again with its new entry, its
+        key and its reasons with ``reason`` (if any) added (``storage/item_notes.py``)."""
         parts: list[bytes] = []
         pend: list[tuple[bytes, bytes, bytes]] = []
         tombs: list[bytes] = []
         meta: list[bytes] = []
         groups: dict[bytes, str] = {}
+        carried: list[Carried] = []
         pack = PENDING_HEADER.pack
         lookup, place = self.files.lookup, self.deliveries.place
-        for item_id, lease, deadline in moves:
+        for item_id, lease, deadline, reason in moves:
             found = lookup(lease.key, lease.source)
             if found is None:
                 log.error("queue %s: value of item %d not found; left pending", self.name, item_id)
@@ -511,10 +592,11 @@ class Queue:
             if lease.group is not None:
                 meta.append(encode_group_entry(item_id, lease.group))
                 groups[key] = lease.group
+            carry(self.meta, self.item_reasons, item_id, deadline, reason, meta, carried)
             outcomes.append(ItemOutcome(item_id, deadline=deadline))
         if not parts:
             return None
-        return Moves(b"".join(parts), pend, tombs, b"".join(meta), groups)
+        return Moves(b"".join(parts), pend, tombs, b"".join(meta), groups, carried)
 
     def _write_moves(
         self,
@@ -523,7 +605,8 @@ class Queue:
         restore: list[tuple[int, Lease]],
         inline: InlineCommits | None = None,
     ) -> Future[Any]:
-        """Submit a record of moves (``_frame_moves``); a refusal gives back ``restore``."""
+        """Submit a record of moves (``_frame_moves``); a refusal gives back ``restore``,
+        and what memory said of the items' keys and reasons."""
         pend, tombs = built.pend, built.tombs
         token = self.commit.hold(min(k for k, _, _ in pend))
         batch = PendingBatch(
@@ -536,7 +619,21 @@ class Queue:
             wakes=True,
             groups=built.groups or None,
         )
-        return self._submit(batch, built.payload, built.meta, inline)
+        carrying = self._carry(built.carried, batch)
+        try:
+            return self._submit(batch, built.payload, built.meta, inline)
+        except BaseException:
+            carrying.give_back()
+            raise
+
+    def _carry(self, carried: list[Carried], batch: PendingBatch) -> Carrying:
+        """Memory says what ``batch``'s record carries from now on (it goes into the
+        current log); keys it moves wait for its publication (``remembered``)."""
+        log_no = self.commit.wal.segment_no
+        carrying, moving = Carrying.apply(self.meta, carried, log_no, batch.future)
+        if moving:
+            batch.remembered = (batch.remembered or []) + moving
+        return carrying
 
     # ------------------------------------------------------------------ tombstones
 
@@ -605,9 +702,36 @@ class Queue:
             )
             if out:
                 self.rates.add("dequeue", len(out), now)
+                self._annotate(out)
+            why: dict[int, tuple[Reason, ...]] = {}  # a dead letter keeps its reasons
+            for entry in dead:
+                reasons = self.item_reasons(key_id(entry[0]))
+                if reasons:
+                    why[key_id(entry[0])] = reasons
         if dead:
-            self.engine.dead_letter(self, dead)
+            self.engine.dead_letter(self, dead, why)
         return out
+
+    # ------------------------------------------------------------------ items' reasons
+
+    def item_reasons(self, item_id: int) -> tuple[Reason, ...] | None:
+        """Why item ``item_id`` failed, newest first (None: it never did); under the
+        lock. Read from the sidecar of the log they were written in once it is frozen."""
+        errors = self.meta.errors
+        if item_id not in errors.notes:
+            return None
+        return errors.reasons(self.directory, item_id)
+
+    def _annotate(self, out: Sequence[Delivery]) -> None:
+        """Give each delivery its item's last error (under the lock)."""
+        notes = self.meta.errors.notes
+        if not notes:
+            return
+        for d in out:
+            if d.id in notes:
+                reasons = self.item_reasons(d.id)
+                if reasons:
+                    d.last_error, d.last_error_at = reasons[0].error, reasons[0].at
 
     def next_wakeup(self) -> int | None:
         with self.lock:
@@ -734,7 +858,9 @@ class Queue:
                 entry.pending = None
         if batch.load_meta:
             where = f"replicated record of queue {self.name}"
-            self.meta.load(batch.load_meta, where, self.engine.now(), self.config.dedup_window_ms)
+            log_no = batch.wal.segment_no if batch.wal is not None else 0
+            now, window = self.engine.now(), self.config.dedup_window_ms
+            self.meta.load(batch.load_meta, where, now, window, log_no)
         if batch.token:
             self.commit.unhold(batch.token)
         if batch.wakes:
@@ -964,10 +1090,16 @@ class Queue:
         files = self.files
         try:
             result: FreezeResult = fut.result()
+            meta = self.meta
+            # the reasons written in this log are in its sidecar now: read where, so
+            # that memory lets go of their texts (``storage/reasons.py``)
+            in_sidecar = meta.frozen(self.directory, mem.segment_no)
             with self.lock:
                 if self.closed or gen != files.generation:
                     return
                 files.install_frozen(path, mem, result, self.deliveries.cursor)
+                if in_sidecar is not None and meta is self.meta:
+                    meta.errors.frozen(mem.segment_no, in_sidecar)
                 if files.rotate_requested and self.health.failed is None:
                     if self.engine.config.fsync == "always":
                         assert self.engine.syncer is not None

@@ -9,17 +9,35 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict
+from typing import Any
 
 from dq.storage import fileio
+from dq.storage.errors import InvalidArgument
+from dq.storage.retry import retry_from_json
 from dq.storage.types import QueueConfig
 
-__all__ = ["CONFIG_FILE", "load_config", "save_config"]
+__all__ = ["CONFIG_FILE", "config_from_json", "config_to_json", "load_config", "save_config"]
 
 CONFIG_FILE = "queue.json"
 
 
+def config_to_json(config: QueueConfig) -> dict[str, Any]:
+    """The config as ``queue.json`` and a replica group's ``put_queue`` frame hold it
+    (``retry`` in the shape the API shows: only its own fields)."""
+    out = asdict(config)
+    out["retry"] = None if config.retry is None else config.retry.to_json()
+    return out
+
+
+def config_from_json(raw: dict[str, Any]) -> QueueConfig:
+    """``config_to_json`` read back (a file without ``retry``: no policy)."""
+    fields = dict(raw)
+    fields["retry"] = retry_from_json(fields.get("retry"))
+    return QueueConfig(**fields)
+
+
 def save_config(directory: str, config: QueueConfig) -> None:
-    data = json.dumps({"version": 1, **asdict(config)}, sort_keys=True).encode()
+    data = json.dumps({"version": 1, **config_to_json(config)}, sort_keys=True).encode()
     fileio.write_file_atomic(os.path.join(directory, CONFIG_FILE), data)
 
 
@@ -29,6 +47,7 @@ _KINDS: dict[str, tuple[type, ...]] = {
     "max_deliveries": (int, type(None)),
     "dead_letter_queue": (str, type(None)),
     "dedup_window_ms": (int,),
+    "retry": (dict, type(None)),
 }
 
 
@@ -45,4 +64,7 @@ def load_config(directory: str) -> QueueConfig:
         kinds = _KINDS.get(name, ())
         if kinds and (isinstance(value, bool) or not isinstance(value, kinds)):
             raise ValueError(f"{name} is {value!r}")
-    return QueueConfig(**raw)
+    try:
+        return config_from_json(raw)
+    except InvalidArgument as exc:
+        raise ValueError(exc.message) from None

@@ -30,6 +30,7 @@ from dq.storage import fileio
 from dq.storage.errors import EngineUnavailable, InvalidArgument, NotLeader, ReplicationTimeout
 from dq.storage.futures import after_all, answer
 from dq.storage.queue import Queue
+from dq.storage.queue_config import config_from_json
 from dq.storage.queue_state import QueueState
 from dq.storage.replication import (
     KIND_CONTROL,
@@ -267,7 +268,7 @@ class ReplicaEngine:
         name = frame.queue
         kind = op["op"]
         if kind == "put_queue":
-            config = QueueConfig(**op["config"])
+            config = config_from_json(op["config"])
             q = self._queues.get(name)
             if q is None:
                 self._create(name, config)

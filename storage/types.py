@@ -13,6 +13,8 @@ from typing import Literal
 
 from dq.storage.errors import InvalidQueueName
 from dq.storage.moved import MovedTo
+from dq.storage.reasons import Reason
+from dq.storage.retry import RetryPolicy
 
 __all__ = [
     "MAX_QUEUE_NAME",
@@ -23,12 +25,14 @@ __all__ = [
     "Delivery",
     "Enqueued",
     "Extend",
+    "Fail",
     "FsyncMode",
     "ItemOutcome",
     "ItemStats",
     "NewItem",
     "QueueConfig",
     "QueueStats",
+    "Reason",
     "RedriveResult",
     "Release",
     "Requeue",
@@ -114,7 +118,9 @@ DeadEntry = tuple[bytes, bytes, bytes, str | None]
 
 @dataclass(slots=True)
 class Delivery:
-    """One delivery of one item to a consumer, named by its receipt."""
+    """One delivery of one item to a consumer, named by its receipt. ``last_error`` and
+    ``last_error_at``: why and when the item last failed (a fail's error, or "lease
+    expired"), None if it never did."""
 
     id: int
     receipt: str
@@ -124,6 +130,8 @@ class Delivery:
     lease_expires: int
     #: the item's group (``docs/delivery.md``), None if it has none
     group: str | None = None
+    last_error: str | None = None
+    last_error_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +146,16 @@ class Requeue:
     receipt: str
     deadline: int | None = None
     delay_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """Hand a leased item back under the queue's retry policy, saying why it failed
+    (``error``: up to 4 KiB of UTF-8, kept with the item)."""
+
+    id: int
+    receipt: str
+    error: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +194,8 @@ class QueueConfig:
     dead_letter_queue: str | None = None
     #: how long an idempotency key is remembered after its enqueue (0: keys are ignored)
     dedup_window_ms: int = 300_000
+    #: the next deadline of a failed item or an expired lease (None: due again at once)
+    retry: RetryPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,6 +253,8 @@ class BrowsedItem:
     dead_lettered_from: str | None = None
     moved_to: MovedTo | None = None
     group: str | None = None
+    #: why the item failed, newest first (``storage/reasons.py``); None: it never did
+    errors: tuple[Reason, ...] | None = None
 
 
 @dataclass(slots=True)

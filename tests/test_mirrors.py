@@ -109,6 +109,8 @@ COVERED_ELSEWHERE: dict[str, tuple[str, ...]] = {
         "storage/view.py",
     ),
     "tests/storage/test_operations.py": ("storage/browse.py", "storage/queue_state.py"),
+    "tests/storage/test_retry.py": ("storage/item_notes.py",),
+    "tests/storage/test_itemmeta_format_doc.py": ("storage/sidecar.py",),
     "tests/storage/test_faults_recovery.py": ("storage/queue_config.py",),
     "tests/storage/test_state_counts.py": ("storage/segment_counts.py",),
     "tests/storage/test_replication.py": ("storage/replica_engine.py",),

@@ -1,4 +1,5 @@
-"""Item routes under ``/v1/queues/{queue}``: enqueue, dequeue, release, requeue, extend.
+"""Item routes under ``/v1/queues/{queue}``: enqueue, dequeue, release, requeue, fail,
+extend.
 
 Each route decodes its body (the request models of ``server/schemas.py``), calls the
 operation (``storage/itemops.py``: its rules, its engine calls — the ones the ring and
@@ -35,6 +36,8 @@ from dq.server.schemas import (
     EnqueueResponse,
     ExtendOne,
     ExtendRequest,
+    FailOne,
+    FailRequest,
     InvalidItem,
     ItemResult,
     ReleaseOne,
@@ -47,7 +50,7 @@ from dq.server.schemas import (
 )
 from dq.storage.codec import MAX_ID
 from dq.storage.errors import StorageError
-from dq.storage.types import Extend, ItemOutcome, Release, Requeue
+from dq.storage.types import Extend, Fail, ItemOutcome, Release, Requeue
 
 __all__ = ["disconnected", "router"]
 
@@ -122,6 +125,13 @@ async def _requeue(service: Service, queue: str, batch: Sequence[Requeue]) -> li
     )
 
 
+async def _fail(service: Service, queue: str, batch: Sequence[Fail]) -> list[ItemOutcome]:
+    ops = service.ops
+    return await metered_durable(
+        service, "fail", lambda inline: ops.start_fail(queue, batch, inline)
+    )
+
+
 def _extend(service: Service, queue: str, batch: Sequence[Extend]) -> list[ItemOutcome]:
     # in memory: no durable write
     return metered(service, "extend", lambda: service.ops.extend(queue, batch))
@@ -142,6 +152,17 @@ async def requeue(queue: QueuePath, body: RequeueRequest, request: Request) -> R
     service = service_of(request)
     batch = [Requeue(i.id, i.receipt, i.deadline, i.delay_ms) for i in body.items]
     return _answer(await _requeue(service, queue, batch))
+
+
+@router.post(
+    "/fail",
+    response_model=Results,
+    summary="Fail a batch: back under the queue's retry policy, each keeping its error",
+)
+async def fail(queue: QueuePath, body: FailRequest, request: Request) -> Response:
+    service = service_of(request)
+    batch = [Fail(i.id, i.receipt, i.error) for i in body.items]
+    return _answer(await _fail(service, queue, batch))
 
 
 @router.post("/extend", response_model=Results, summary="Extend a batch of leases")
@@ -174,6 +195,18 @@ async def requeue_one(
     service = service_of(request)
     batch = [Requeue(item_id, body.receipt, body.deadline, body.delay_ms)]
     return single_outcome(await _requeue(service, queue, batch))
+
+
+@router.post(
+    "/items/{item_id}/fail",
+    response_model=ItemResult,
+    summary="Fail one item under the retry policy, keeping its error; a stale receipt is a 409",
+)
+async def fail_one(
+    queue: QueuePath, item_id: ItemIdPath, body: FailOne, request: Request
+) -> Response:
+    service = service_of(request)
+    return single_outcome(await _fail(service, queue, [Fail(item_id, body.receipt, body.error)]))
 
 
 @router.post(

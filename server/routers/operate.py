@@ -104,6 +104,9 @@ def item_json(
         out["group"] = i.group
     if i.moved_to is not None:
         out["moved_to"] = {"queue": i.moved_to.queue, "id": i.moved_to.id}
+    if i.errors:
+        out["last_error"], out["last_error_at"] = i.errors[0].error, i.errors[0].at
+        out["errors"] = [{"error": r.error, "at": r.at, "delivery": r.delivery} for r in i.errors]
     return out
 
 

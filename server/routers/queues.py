@@ -16,6 +16,7 @@ from dq.server.dependencies import QueuePath, service_of
 from dq.server.routers._common import ERRORS, json_response
 from dq.server.schemas import QueueConfigBody, QueueInfo, QueueList
 from dq.storage.errors import QueueNotFound, StorageError
+from dq.storage.retry import retry_from_json
 from dq.storage.types import QueueConfig, QueueStats
 
 if TYPE_CHECKING:
@@ -37,6 +38,7 @@ def queue_info(s: QueueStats) -> dict[str, object]:
             # the queue dead letters actually go to (<queue>.dlq unless configured)
             "dead_letter_queue": s.dead_letter_queue or c.dead_letter_queue,
             "dedup_window_ms": c.dedup_window_ms,
+            "retry": None if c.retry is None else c.retry.to_json(),
         },
         "stats": {
             "pending": s.pending,
@@ -101,10 +103,19 @@ async def put_queue(queue: QueuePath, body: QueueConfigBody, request: Request) -
     service = service_of(request)
     t0 = _perf()
     engine = service.engine
-    config = QueueConfig(
-        body.default_lease_ms, body.max_deliveries, body.dead_letter_queue, body.dedup_window_ms
-    )
     try:
+        retry = (
+            None
+            if body.retry is None
+            else retry_from_json(body.retry.model_dump(exclude_none=True))
+        )
+        config = QueueConfig(
+            body.default_lease_ms,
+            body.max_deliveries,
+            body.dead_letter_queue,
+            body.dedup_window_ms,
+            retry,
+        )
         await asyncio.to_thread(engine.put_queue, queue, config)  # writes and syncs metadata
         info = queue_info(engine.stats(queue))
     except StorageError as exc:

@@ -19,6 +19,7 @@ from dq.client import (
     Client,
     Enqueued,
     Extend,
+    Fail,
     Item,
     ItemStats,
     NewItem,
@@ -28,6 +29,7 @@ from dq.client import (
     RedriveResult,
     Release,
     Requeue,
+    RetryPolicy,
     StaleReceipt,
 )
 from dq.client._calls import (
@@ -35,6 +37,7 @@ from dq.client._calls import (
     EnqueueMany,
     EnqueueOne,
     ExtendMany,
+    FailMany,
     ItemBatch,
     ReleaseMany,
     ReleaseOne,
@@ -130,6 +133,16 @@ CASES: list[tuple[Any, ...]] = [
      "PUT", "/v1/queues/q", None,
      {"default_lease_ms": 5, "max_deliveries": None, "dead_letter_queue": None,
       "dedup_window_ms": 7}, True, QUEUE, "info"),
+    ("put_queue", ("q", QueueConfig(retry=RetryPolicy(delays_ms=(10, 20)))), {}, "PutQueue",
+     "PUT", "/v1/queues/q", None,
+     {"default_lease_ms": 30_000, "max_deliveries": None, "dead_letter_queue": None,
+      "dedup_window_ms": 300_000, "retry": {"delays_ms": [10, 20]}}, True, QUEUE, "info"),
+    ("fail", ("q", 4, "4.r", "KeyError: 'x'"), {}, "FailMany", "POST", "/v1/queues/q/fail",
+     None, {"items": [{"id": 4, "receipt": "4.r", "error": "KeyError: 'x'"}]}, False,
+     {"results": [{"id": 4, "ok": True, "deadline": 90}]}, 90),
+    ("fail_many", ("q", [Fail(4, "4.r", "no")]), {}, "FailMany", "POST", "/v1/queues/q/fail",
+     None, {"items": [{"id": 4, "receipt": "4.r", "error": "no"}]}, False, OK,
+     [Outcome(4, True)]),
     ("delete_queue", ("q",), {}, "DeleteQueue", "DELETE", "/v1/queues/q", None, None, False,
      None, None),
     ("health", (), {}, "Health", "GET", "/healthz", None, None, True, {"status": "ok"},
@@ -288,6 +301,7 @@ def test_part_of_a_batch_is_the_same_call_for_those_items() -> None:
     calls: list[ItemBatch[Any]] = [
         ReleaseMany("q", [Release(1, "a"), Release(2, "b")]),
         RequeueMany("q", [Requeue(1, "a"), Requeue(2, "b")]),
+        FailMany("q", [Fail(1, "a", "x"), Fail(2, "b", "y")]),
         ExtendMany("q", [Extend(1, "a", 5), Extend(2, "b", 5)]),
     ]
     for call in calls:

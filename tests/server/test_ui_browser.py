@@ -414,6 +414,41 @@ def test_dead_letter_tab_shows_when_each_died_and_its_value(
         assert died.endswith("ago)"), died
 
 
+def test_dead_letter_tab_shows_why_each_died(
+    page: Any, api: httpx.Client, server: LiveServer, shot: Callable[[Any, str], Path]
+) -> None:
+    """The reason column shows each dead letter's last error (a consumer's fail, or an
+    expired lease); opening one lists every reason it keeps, newest first."""
+    api.put("/v1/queues/declined", json={"max_deliveries": 2}).raise_for_status()
+    api.post("/v1/queues/declined/items", json={"items": [{"value": "charge 9"}]})
+    for attempt in (1, 2):
+        body = {"count": 1, "wait_ms": 2000}
+        item = api.post("/v1/queues/declined/dequeue", json=body).json()["items"][0]
+        fail = {
+            "id": item["id"],
+            "receipt": item["receipt"],
+            "error": f"CardDeclined: try {attempt}",
+        }
+        api.post("/v1/queues/declined/fail", json={"items": [fail]}).raise_for_status()
+
+    def moved() -> bool:  # a dequeue once it is due again moves it to declined.dlq
+        assert not api.post("/v1/queues/declined/dequeue", json={"count": 1}).json()["items"]
+        return bool(queue_info(api, "declined.dlq")["stats"]["pending"] == 1)
+
+    eventually(moved)
+    page.goto(server.url + "/ui/" + REFRESH + "#/queue/declined.dlq/dead")
+    reason = page.locator('table.items tbody tr[data-id] td[data-col="reason"]')
+    expect()(reason).to_have_text("CardDeclined: try 2")
+    page.locator("table.items tbody tr[data-id] a[data-open]").click()
+    reasons = page.locator("ol.reasons li pre.reason")
+    expect()(reasons).to_have_count(2)
+    assert [reasons.nth(i).inner_text() for i in range(2)] == [
+        "CardDeclined: try 2",
+        "CardDeclined: try 1",
+    ]
+    shot(page, "dead-letter-reasons")
+
+
 def test_select_and_delete_dead_letters(page: Any, api: httpx.Client, server: LiveServer) -> None:
     dead_letter(api, "doomed", 3)
     page.goto(server.url + "/ui/" + REFRESH + "#/queue/doomed.dlq/dead")

@@ -8,6 +8,7 @@ import struct
 from pathlib import Path
 
 from dq.storage.codec import (
+    TOMBSTONE,
     decode_key,
     decode_stats,
     encode_key,
@@ -27,6 +28,7 @@ from dq.storage.itemmeta import (
     read_sidecar,
     write_sidecar,
 )
+from dq.storage.reasons import Reason, decode_error_entry, encode_error_entry
 from dq.storage.recovery import load_log
 from dq.storage.schedule_store import decode, encode
 from dq.storage.segment import SegmentReader
@@ -158,3 +160,24 @@ def test_segment_groups_example_is_what_freezing_writes(tmp_path: Path) -> None:
         assert r.get_grouped(encode_key(D, 2)) == (encode_stats(D, 0, 0), b"world", "customer-42")
     finally:
         r.close()
+
+
+def test_wal_error_example_decodes(tmp_path: Path) -> None:
+    data = example("wal-error-example")
+    path = tmp_path / "0000000008.log"
+    path.write_bytes(data)
+    contents = read_wal(str(path))
+    [(_offset, meta)] = contents.meta
+    assert list(decode_meta(meta)) == [("error", 1, D + 1000, 0, "")]
+    assert decode_error_entry(meta, 0) == (1, D + 1000, (Reason("boom", D, 1),), len(meta))
+    [(_at, payload)] = contents.records
+    entries = [(decode_key(k), s and decode_stats(s), v) for k, s, v, _ in iter_entries(payload)]
+    assert entries == [((D + 1000, 1, 0), (D, D, 1), b"hello"), ((D, 1, 3), None, None)]
+    body = encode_error_entry(1, D + 1000, (Reason("boom", D, 1),))
+    body = struct.pack(">I", len(body)) + body
+    body += encode_pending(encode_key(D + 1000, 1), encode_stats(D, D, 1), b"hello")
+    body += encode_key(D, 1, TOMBSTONE)
+    assert encode_header(8, 1) + frame_record(body, RECORD_WITH_META) == data
+    m = ItemMeta()
+    assert m.load(meta, str(path), D, 300_000, log=8)  # reasons keep their sidecar
+    assert m.errors.reasons(str(tmp_path), 1) == (Reason("boom", D, 1),)

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import HealthCheck, Phase, settings
@@ -33,13 +33,16 @@ from dq.storage import (
     Engine,
     EngineConfig,
     Extend,
+    Fail,
     NewItem,
     QueueConfig,
     Release,
     Requeue,
+    RetryPolicy,
 )
 from dq.storage.codec import encode_key, key_deadline, key_id
 from dq.storage.errors import ItemNotFound, WriteStall
+from dq.storage.reasons import LEASE_EXPIRED, MAX_REASONS
 from dq.storage.scheduler import Scheduler
 from dq.storage.schedules import ScheduleSpec
 from tests.storage.conftest import FakeClock
@@ -47,6 +50,8 @@ from tests.storage.held_sync import gated_syncs
 
 Q = "jobs"
 DLQ = "jobs.dead"
+#: the retry policy of Q (DLQ has none: a failed item there is due again at once)
+RETRY_DELAYS = (100, 1500)
 
 
 @dataclass
@@ -61,6 +66,7 @@ class Item:
     receipt: str | None = None
     lease_expires: int = 0
     group: str | None = None  # its group (``docs/delivery.md``), kept for life
+    errors: list[str] = field(default_factory=list)  # why it failed, newest first
 
 
 def _order(item: Item) -> tuple[int, int]:
@@ -83,7 +89,13 @@ class EngineVsModel(RuleBasedStateMachine):
         )
         self.engine = self.open_engine()
         self.engine.put_queue(
-            Q, QueueConfig(default_lease_ms=1000, max_deliveries=3, dead_letter_queue=DLQ)
+            Q,
+            QueueConfig(
+                default_lease_ms=1000,
+                max_deliveries=3,
+                dead_letter_queue=DLQ,
+                retry=RetryPolicy(delays_ms=RETRY_DELAYS),
+            ),
         )
         # no idempotency keys: only a schedule's progress keeps its ticks from doubling
         self.engine.put_queue(DLQ, QueueConfig(default_lease_ms=1000, dedup_window_ms=0))
@@ -146,6 +158,25 @@ class EngineVsModel(RuleBasedStateMachine):
             return cd if item_id > key_id(cursor) else cd + 1
         return deadline
 
+    def moved(self, queue: str, item: Item) -> None:
+        """A key names its item where it is now: a repeat answers its new deadline."""
+        if queue != Q:
+            return
+        for k, (item_id, _deadline, written) in list(self.keys.items()):
+            if item_id == item.id:
+                self.keys[k] = (item_id, item.deadline, written)
+
+    def retry_at(self, queue: str, item: Item, now: int) -> int:
+        """The policy's deadline of a failed or expired item (none, or out of
+        deliveries: now)."""
+        if queue != Q or item.count >= 3:
+            return now
+        return now + RETRY_DELAYS[min(item.count, len(RETRY_DELAYS)) - 1]
+
+    @staticmethod
+    def failed(item: Item, error: str) -> None:
+        item.errors = [error, *item.errors][:MAX_REASONS]
+
     def leased(self, queue: str = Q) -> list[Item]:
         return [i for i in self.model[queue].values() if i.receipt is not None]
 
@@ -158,7 +189,9 @@ class EngineVsModel(RuleBasedStateMachine):
                 if queue == Q:  # stale receipts are tried on Q (an id of DLQ may not be one)
                     self.stale.append((item.id, item.receipt))
                 item.receipt = None
-                item.deadline = self.place(queue, now, item.id)
+                item.deadline = self.place(queue, self.retry_at(queue, item, now), item.id)
+                self.moved(queue, item)
+                self.failed(item, LEASE_EXPIRED)
                 item.requeue_time = now
                 item.durable_count = item.count
         self.engine.expire_leases(queue)
@@ -247,6 +280,7 @@ class EngineVsModel(RuleBasedStateMachine):
             (i.id, i.deadline, i.value, i.group) for i in expected
         ]
         for d, item in zip(got, expected, strict=True):
+            assert d.last_error == (item.errors[0] if item.errors else None), (d, item)
             item.count += 1
             item.receipt = d.receipt
             item.lease_expires = now + lease
@@ -270,15 +304,13 @@ class EngineVsModel(RuleBasedStateMachine):
                     item.count,
                     item.count,
                     group=item.group,
+                    errors=list(item.errors),
                 )
 
     def _dlq_deadline(self, item_id: int) -> int:
-        q = self.engine.queue(DLQ)
-        for m in q.files.memsegs():
-            for key in m.keys:
-                if key_id(key) == item_id and key[15] & 3 == 0:
-                    return key_deadline(key)
-        raise AssertionError("dead-lettered item not found in the dead-letter queue")
+        found = self.engine.peek(DLQ, item_id, with_values=False)
+        assert found.deadline is not None, "dead-lettered item not found in the dead-letter queue"
+        return found.deadline
 
     @precondition(lambda self: bool(self.leased()))
     @rule(data=st.data())
@@ -313,6 +345,7 @@ class EngineVsModel(RuleBasedStateMachine):
         self.stale.append((item.id, item.receipt))
         item.receipt = None
         item.deadline = expected
+        self.moved(Q, item)
         item.requeue_time = now
         item.durable_count = item.count
 
@@ -408,6 +441,32 @@ class EngineVsModel(RuleBasedStateMachine):
         if not visible:
             apply(result)
         self.dequeued(Q, got, expected, moved, now, lease)
+
+    @precondition(lambda self: bool(self.leased()))
+    @rule(data=st.data())
+    def fail(self, data: st.DataObject) -> None:
+        """A consumer fails an item: back under the policy, its error kept."""
+        item = data.draw(st.sampled_from(sorted(self.leased(), key=lambda i: i.id)))
+        now = self.clock.now
+        receipt = item.receipt
+        assert receipt is not None
+        self.values += 1
+        error = f"error {self.values}"
+        if item.lease_expires <= now:
+            out = self.engine.fail(Q, [Fail(item.id, receipt, error)])
+            assert out[0].error == "stale_receipt", out
+            return
+        expected = self.place(Q, self.retry_at(Q, item, now), item.id)
+        out = self.engine.fail(Q, [Fail(item.id, receipt, error)])
+        assert out[0].ok, out
+        assert out[0].deadline == expected
+        self.stale.append((item.id, receipt))
+        item.receipt = None
+        item.deadline = expected
+        self.moved(Q, item)
+        item.requeue_time = now
+        item.durable_count = item.count
+        self.failed(item, error)
 
     @precondition(lambda self: bool(self.leased()))
     @rule(data=st.data(), lease=st.integers(1, 5000))
@@ -564,7 +623,13 @@ class EngineVsModel(RuleBasedStateMachine):
             new_id = next_id + n
             deadline = self.place(Q, now, new_id)
             self.model[Q][new_id] = Item(
-                new_id, deadline, item.value, item.enqueue_time, now, group=item.group
+                new_id,
+                deadline,
+                item.value,
+                item.enqueue_time,
+                now,
+                group=item.group,
+                errors=list(item.errors),
             )
             del self.model[DLQ][item.id]
 
@@ -591,6 +656,7 @@ class EngineVsModel(RuleBasedStateMachine):
         for b, i in zip(seen, expected, strict=True):
             state = "leased" if i.receipt else ("due" if i.deadline <= now else "delayed")
             assert b.state == state, (b, i)
+            assert [r.error for r in b.errors or ()] == i.errors, (b, i)
             assert b.stats is not None and b.stats.dequeue_count == i.count
 
     @rule()

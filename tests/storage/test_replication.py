@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from dq.storage import Engine, EngineConfig, NewItem, QueueConfig, Release, Requeue
+from dq.storage import Engine, EngineConfig, Fail, NewItem, QueueConfig, Release, Requeue
 from dq.storage.errors import (
     CorruptionError,
     InvalidArgument,
@@ -100,11 +100,16 @@ class AutoCommit:
 
 def _items(engine: Engine, name: str) -> list[tuple[int, int, bytes]]:
     """(id, deadline, value) of every item in the queue, leased or not."""
+    return [(i, d, v) for i, d, v, _e in _items_and_reasons(engine, name)]
+
+
+def _items_and_reasons(engine: Engine, name: str) -> list[tuple[int, int, bytes, Any]]:
+    """(id, deadline, value, reasons) of every item in the queue, leased or not."""
     out = []
     after = None
     for _ in range(1000):
         page = engine.browse(name, "all", after=after, limit=500, with_values=True)
-        out += [(i.id, i.deadline, i.value) for i in page.items]
+        out += [(i.id, i.deadline, i.value, i.errors) for i in page.items]
         if page.next is None:
             return out
         after = page.next
@@ -116,7 +121,7 @@ def _state(engine: Engine) -> dict[str, Any]:
         name: (
             engine.get_queue(name),
             engine.queue(name).state.paused,
-            _items(engine, name),
+            _items_and_reasons(engine, name),
         )
         for name in engine.list_queues()
     }
@@ -366,6 +371,7 @@ def _busy_leader(leader: Engine, sink: ListSink, clock: Any) -> None:
     got = leader.dequeue("mail", 5, 1000)
     leader.release("mail", [Release(d.id, d.receipt) for d in got[:2]])
     leader.requeue("mail", [Requeue(got[2].id, got[2].receipt, deadline=now + 10_000)])
+    leader.fail("mail", [Fail(got[3].id, got[3].receipt, "ValueError: bad address")])
     leader.enqueue("jobs", [NewItem(b"j", 0)])
     leader.pause("jobs")
     leader.put_queue("gone", QueueConfig())
@@ -390,6 +396,8 @@ def test_a_follower_applying_the_stream_holds_what_the_leader_holds(
     follower.set_role(False, "http://leader:1")
     follower.apply(sink.frames).result(timeout=10)
     assert _state(follower) == _state(leader)
+    failed = [e for _i, _d, _v, e in _items_and_reasons(follower, "mail") if e]
+    assert [[r.error for r in e] for e in failed] == [["ValueError: bad address"]]
     assert {f.kind for f in sink.frames} >= {KIND_RECORD, KIND_CONTROL}
 
     # the follower's copy survives a restart (it is in its logs, not just in memory)

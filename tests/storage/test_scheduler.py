@@ -131,7 +131,7 @@ def test_progress_moves_to_sidecars_and_superseded_ones_are_deleted(
         e.freeze(Q)
     sidecars = sorted(directory.glob("*.meta"))
     assert len(sidecars) == 3
-    removed = e.queue(Q).meta.prune_sidecars(str(directory), clock.now, 0)
+    removed = e.queue(Q).meta.prune_sidecars(str(directory), clock.now, 0, set())
     assert removed == 2
     [kept] = sorted(directory.glob("*.meta"))
     _no, meta = read_sidecar(str(kept))

@@ -1,5 +1,6 @@
-// One item shown in full: state, deadline, stats, lease, and its value as text or hex,
-// cut at SHOW_BYTES so a 1 MiB value does not freeze the page.
+// One item shown in full: state, deadline, stats, lease, why it failed (each reason it
+// keeps, newest first), and its value as text or hex, cut at SHOW_BYTES so a 1 MiB value
+// does not freeze the page.
 
 import { bytes, duration, esc, hexdump, num, time, valueBytes } from "../format.js";
 
@@ -30,6 +31,15 @@ export function itemPanel(item) {
   }
   rows.push(["Value size", bytes(item.value_size)]);
   box.innerHTML = `<dl class="kv">${rows.map(([k, v]) => `<dt>${k}</dt><dd data-field="${k.toLowerCase()}">${v}</dd>`).join("")}</dl>`;
+  if (item.errors && item.errors.length) {
+    const list = document.createElement("ol");
+    list.className = "reasons";
+    list.innerHTML = item.errors.map((r) => `<li data-delivery="${r.delivery}"><span class="muted">${time(r.at)},
+      delivery ${num(r.delivery)}:</span> <pre class="reason">${esc(r.error)}</pre></li>`).join("");
+    const title = document.createElement("h3");
+    title.textContent = "Why it failed";
+    box.append(title, list);
+  }
   if (item.value === undefined || item.value === null) return box;
   const data = valueBytes(item.value, item.encoding);
   const isText = item.encoding !== "base64";

@@ -1,7 +1,8 @@
 // Browsing a queue's items by state with the server's cursor (50 a page, values left out
 // until one item is opened), used by the Items, Leased and Dead letters tabs.
 // Leased rows count down and turn amber when their lease is about to run out; dead
-// letters show when they died and a preview of their value (the server sends only the
+// letters show when they died, why (their last error, REASON_CHARS of it; the item's
+// panel shows all its reasons) and a preview of their value (the server sends only the
 // first PREVIEW_BYTES of each), and can be selected and redriven or deleted.
 
 import { del, get, post, q } from "../api.js";
@@ -12,6 +13,15 @@ import { itemPanel } from "./item.js";
 const PAGE = 50;
 const SOON_MS = 10_000;
 const PREVIEW_BYTES = 120;
+const REASON_CHARS = 120;
+
+// Why a dead letter died, on one line: its last error (a fail's, or "lease expired").
+function reason(it) {
+  const text = it.last_error;
+  if (!text) return "–";
+  const line = text.replace(/\s+/g, " ");
+  return line.length > REASON_CHARS ? line.slice(0, REASON_CHARS) + "…" : line;
+}
 
 // A value's first bytes as one line: text as text, anything else as hex.
 function preview(it) {
@@ -54,7 +64,7 @@ export async function browser(root, queue, { mode, info, ctx }) {
     </div>
     <table class="items"><thead></thead><tbody></tbody></table>
     <div id="detail"></div>`;
-  const head = dead ? ["", "Id", "From", "Died", "Value", "Deliveries", "Size", ""]
+  const head = dead ? ["", "Id", "From", "Died", "Reason", "Value", "Deliveries", "Size", ""]
     : mode === "leased" ? ["Id", "Lease expires", "Time left", "Deliveries", "Deadline", "Size"]
       : ["Id", "State", "Deadline", "Deliveries", "Size"];
   root.querySelector("thead").innerHTML = `<tr>${head.map((h, i) => `<th class="${i === 0 ? "text" : ""}">${h}</th>`).join("")}</tr>`;
@@ -67,6 +77,7 @@ export async function browser(root, queue, { mode, info, ctx }) {
       return `<tr data-id="${it.id}" class="${selected.has(it.id) ? "selected" : ""}">
         <td><input type="checkbox" class="write" data-select="${it.id}" ${selected.has(it.id) ? "checked" : ""} aria-label="select ${it.id}"></td>
         <td>${open}</td><td class="text">${esc(it.dead_lettered_from ?? "–")}</td><td data-col="died">${died(it, now)}</td>
+        <td class="text reason" data-col="reason" title="${esc(it.last_error ?? "")}">${esc(reason(it))}</td>
         <td class="text preview" data-col="value">${esc(preview(it))}</td>
         <td>${num(st.dequeue_count)}</td><td>${bytes(it.value_size)}</td>
         <td><button class="write" data-redrive="${it.id}">Redrive</button> <button class="write" data-delete="${it.id}">Delete</button></td></tr>`;
