@@ -364,12 +364,14 @@ def test_every_slot_tail_passes_is_answered_for_a_client_that_refills_at_once(
                     f"the server moved tail no more ({len(client.in_flight)} commands "
                     "waiting for an answer)"
                 ) from None
-            client.collect()
-            if client.idle() and len(work.delivered) < total and finds < 20:
-                finds += 1  # what the scripted FINDs did not reach
-                work.find(6, parts=2, continues=1)
-            client.fill()  # refilled before the server goes on from its advance
-            turn.set()
+            try:
+                client.collect()
+                if client.idle() and len(work.delivered) < total and finds < 20:
+                    finds += 1  # what the scripted FINDs did not reach
+                    work.find(6, parts=2, continues=1)
+                client.fill()  # refilled before the server goes on from its advance
+            finally:
+                turn.set()
     except AssertionError as exc:
         failed = exc  # reported after what the server-side check saw
     finally:
