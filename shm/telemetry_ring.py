@@ -188,7 +188,12 @@ class TelemetryRing:
                 continue
             off = self.msg_off(start)
             mtok = self.lock(off, steal=False)
-            self.unlock(OFF_LOCK, htok)
+            if not self.unlock(OFF_LOCK, htok):
+                # The writer took the header over while we held it (we were held up
+                # between taking this message and locking it): it may have written the
+                # slot again since, with a newer message; this one is lost to us.
+                self.unlock(off, mtok)
+                continue
             data = bytes(buf[off + 8 : off + self.stride])
             if self.unlock(off, mtok):
                 return data

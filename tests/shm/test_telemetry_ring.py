@@ -306,6 +306,38 @@ def test_a_stopped_reader_does_not_stall_the_writer() -> None:
         proc.join(10)
 
 
+def test_a_reader_held_up_after_taking_a_message_never_returns_a_newer_one_instead() -> None:
+    """A reader takes the oldest message off the header, then is held up (descheduled)
+    before it locks the message, longer than the writer waits for the header lock: the
+    writer takes the header over and writes the freed slot again. The reader must drop
+    what it took, not return the newer message in its place (the ring would then run
+    backwards for it: "d" before "b" and "c")."""
+    ring = make(qmax=3, steal_after_s=0.01)
+    for ch in "abc":
+        ring.enqueue(word(ch))
+    reader = TelemetryRing(ring.buf)
+    held, go = threading.Event(), threading.Event()
+    real_lock = reader.lock
+
+    def held_up_lock(off: int, *, steal: bool) -> int:
+        if off != OFF_LOCK and not held.is_set():
+            held.set()
+            assert go.wait(10)
+        return real_lock(off, steal=steal)
+
+    reader.lock = held_up_lock  # type: ignore[method-assign]
+    got: list[bytes | None] = []
+    t = threading.Thread(target=lambda: got.append(reader.dequeue()))
+    t.start()
+    assert held.wait(10)
+    ring.enqueue(word("d"))  # takes the header over; slot 0, "a"'s, is free: "d" goes there
+    assert ring.stolen == 1
+    go.set()
+    t.join(10)
+    assert got == [word("b")]
+    assert [reader.dequeue(), reader.dequeue(), reader.dequeue()] == [word("c"), word("d"), None]
+
+
 # ---- many processes: readers never see a torn message ----------------------------------
 
 
