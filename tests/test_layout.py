@@ -37,8 +37,14 @@ def _is_our_module(dotted: str, root: Path) -> bool:
     return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """Each file parsed once for all the checks (several walk every module)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def _bare_imports(path: Path, root: Path = ROOT) -> list[str]:
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -217,7 +223,7 @@ def _graph(*, module_level: bool, runtime: bool = False) -> dict[str, set[str]]:
     known = set(modules)
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _tree(path)
         edges: set[str] = set()
         for node in _import_nodes(tree, module_level=module_level, runtime=runtime):
             edges |= _targets(name, path, node, known)

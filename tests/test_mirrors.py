@@ -15,6 +15,7 @@ leave the list (a test below says so).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,6 +155,7 @@ def mirrored(module: str, root: Path = ROOT) -> bool:
     )
 
 
+@functools.cache
 def modules_with_logic(root: Path = ROOT) -> list[str]:
     return sorted(
         path.relative_to(root).as_posix()
