@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run spark lock test check lint typecheck typecheck-tree unit bench docker-smoke docker-smoke-replicated clean
+.PHONY: run spark lock test check lint typecheck typecheck-tree unit sanitize bench docker-smoke docker-smoke-replicated clean
 
 # Each set-up installs exactly the versions of its lock file (requirements/*.txt, made by
 # `make lock`), hash-checked, then the project itself without touching them. `make run`
@@ -68,7 +68,28 @@ typecheck: $(STAMP) typecheck-tree
 unit: $(STAMP)
 	$(BIN)/pytest
 
-test: lint typecheck unit
+test: lint typecheck unit sanitize
+
+# The C extensions built again with AddressSanitizer and UBSan into build/sanitize (a copy
+# of the packages, the .venv's own build untouched), and the tests that drive them run
+# against that build: the engine's (tests/storage: the in-memory segment) and the rings'
+# (tests/shm: the atomics). Python is not built with ASan, so its runtime is preloaded;
+# CPython leaks by design at exit, so leak detection is off. Any report fails the run.
+# docs/architecture.md ("Compiled parts") says how to read a report.
+SAN_DIR   := $(CURDIR)/build/sanitize
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g
+SAN_TESTS ?= tests/storage tests/shm
+SAN_ENV    = LD_PRELOAD=$$(gcc -print-file-name=libasan.so) PYTHONPATH=$(SAN_DIR) \
+             ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
+sanitize: $(STAMP)
+	rm -rf $(SAN_DIR) && mkdir -p $(SAN_DIR)/dq
+	tar -cf - --exclude='*.so' --exclude=__pycache__ $(PKG_DIRS) | tar -xf - -C $(SAN_DIR)/dq
+	touch $(SAN_DIR)/dq/__init__.py
+	CFLAGS="$(SAN_FLAGS)" LDFLAGS="-fsanitize=address,undefined" $(BIN)/python setup.py -q \
+	    build_ext --build-lib $(SAN_DIR) --build-temp $(SAN_DIR)/obj
+	$(SAN_ENV) $(BIN)/python -c 'import dq.storage._memseg as m, dq.shm._atomics as a; \
+	    assert all(x.__file__.startswith("$(SAN_DIR)/") for x in (m, a)), (m, a)'
+	$(SAN_ENV) $(BIN)/pytest -p no:cacheprovider --capture=sys -q $(SAN_TESTS)
 
 # The fast tier: every test that starts no process and no server (a few minutes).
 # Tests that do carry the `integration` marker and run in `make test` only; the guard in
