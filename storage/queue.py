@@ -738,6 +738,19 @@ class Queue:
             return self.deliveries.next_wakeup(self.files.view, self.state.paused)
 
     def stats(self) -> QueueStats:
+        # A segment file's counts decode its blocks the first time (after a restart, a
+        # freeze or a merge): done here without the lock, for the keys this count will
+        # ask, so the writes and reads of the queue go on meanwhile
+        # (``storage/segment_counts.py``); the count under the lock then decodes nothing.
+        with self.lock:
+            cursor = self.deliveries.cursor
+            head = self.files.view.peek(cursor)
+            probes = self.state_counter.probes(
+                cursor, self.engine.now(), None if head is None else head[0]
+            )
+            learning = [r.counts for r in self.files.segments]
+        for counts in learning:
+            counts.learn(probes)
         now = self.engine.now()
         with self.lock:
             files = self.files

@@ -441,6 +441,12 @@ class SegmentReader:
             self._counts = SegmentCounts(self)
         return self._counts
 
+    def reopen(self) -> SegmentReader:
+        """The same file through a new handle (a descriptor and decompressor of its own),
+        for a thread that reads it without the queue's lock (``SegmentCounts.learn``);
+        OSError if the file is gone."""
+        return SegmentReader(self.path)
+
     @property
     def seg_lo(self) -> int:
         return self.info.seg_lo

@@ -63,6 +63,18 @@ class StateCounter:
     def __init__(self) -> None:
         self._oldest: int | None = None
 
+    def probes(self, cursor: bytes, now: int, head: bytes | None) -> list[bytes]:
+        """The keys ``count`` with the same arguments asks every source first: a segment
+        file learns its counts there without the queue's lock beforehand
+        (``SegmentCounts.learn``), so the count itself decodes nothing."""
+        low = tombstone_of(cursor) if cursor else b""
+        keys = [max(_last_key(now), low)]
+        if low:
+            keys.append(low)
+        if head is not None and key_deadline(head) <= now:
+            keys.append(_last_key(key_deadline(head)))  # the oldest due item's search
+        return keys
+
     def count(
         self, sources: Sequence[CountSource], cursor: bytes, now: int, head: bytes | None
     ) -> Counted:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import os
 import random
 from collections.abc import Callable
 from pathlib import Path
@@ -304,3 +305,77 @@ def test_a_segment_file_counts_exactly_below_any_key(tmp_path: Path) -> None:
                 assert reader.counts.net_upto(probe) == expected, (kind, probe.hex())
         finally:
             reader.close()
+
+
+def _mixed_file(path: Path, rng: random.Random, n: int = 6000) -> list[bytes]:
+    """A segment file of pendings and tombstones mixed; its keys."""
+    entries: list[tuple[bytes, bytes]] = []
+    for i in range(n):
+        key = encode_key(1_800_000_000_000 + rng.randint(0, 500) * 7, i + 1, 0)
+        if rng.random() < 0.3:
+            key = key[:15] + bytes([key[15] | TOMBSTONE])
+            entries.append((key, key))
+        else:
+            value = b"x" * rng.randint(0, 400)
+            entries.append((key, encode_pending(key, encode_stats(1, 0, 0), value)))
+    entries.sort()
+    write_segment(str(path), entries, seg_lo=1, seg_hi=1, max_id=n)
+    return [k for k, _ in entries]
+
+
+def test_learning_leaves_the_count_nothing_to_decode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SegmentCounts.learn`` (what a stats call runs without the queue's lock) decodes,
+    through a handle of its own, every block a count at its probes needs: the count then
+    reads nothing through the queue's reader, and is exact. Keys it was not told of are
+    counted as before."""
+    rng = random.Random(3)
+    keys = _mixed_file(tmp_path / "1-1.seg", rng)
+    net = [0]
+    for k in keys:
+        net.append(net[-1] + (-1 if k[15] & 3 == TOMBSTONE else 1))
+    for _ in range(5):
+        reader = SegmentReader(str(tmp_path / "1-1.seg"))
+        try:
+            assert len(reader.first_keys) > 12
+            probes = rng.sample(keys, 3)
+            reader.counts.learn(probes)
+
+            def no_read(i: int) -> bytes:
+                raise AssertionError(f"block {i} read under the queue's lock")
+
+            with monkeypatch.context() as m:
+                m.setattr(reader, "read_raw", no_read)
+                for probe in probes:
+                    assert reader.counts.net_upto(probe) == net[bisect.bisect_right(keys, probe)]
+            for probe in rng.sample(keys, 50):  # the rest learned under the lock, as before
+                assert reader.counts.net_upto(probe) == net[bisect.bisect_right(keys, probe)]
+        finally:
+            reader.close()
+
+
+def test_a_file_gone_or_replaced_before_learning_is_counted_as_before(tmp_path: Path) -> None:
+    """A segment file merged away (deleted) before ``learn`` opens it, or another file
+    in its place: nothing is learned from it, and the count reads its own reader."""
+    rng = random.Random(4)
+    path = tmp_path / "1-1.seg"
+    keys = _mixed_file(path, rng)
+    net = [0]
+    for k in keys:
+        net.append(net[-1] + (-1 if k[15] & 3 == TOMBSTONE else 1))
+    probes = rng.sample(keys, 3)
+    for replace in (False, True):
+        reader = SegmentReader(str(path))
+        try:
+            os.unlink(path)
+            if replace:
+                _mixed_file(path, random.Random(99))
+            reader.counts.learn(probes)
+            assert reader.counts._unknown == len(reader.first_keys)  # nothing learned
+            for probe in probes:
+                assert reader.counts.net_upto(probe) == net[bisect.bisect_right(keys, probe)]
+        finally:
+            reader.close()
+        if not replace:
+            _mixed_file(path, random.Random(4))  # the same file again, for the next round
