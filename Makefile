@@ -87,8 +87,8 @@ sanitize: $(STAMP)
 	touch $(SAN_DIR)/dq/__init__.py
 	CFLAGS="$(SAN_FLAGS)" LDFLAGS="-fsanitize=address,undefined" $(BIN)/python setup.py -q \
 	    build_ext --build-lib $(SAN_DIR) --build-temp $(SAN_DIR)/obj
-	$(SAN_ENV) $(BIN)/python -c 'import dq.storage._memseg as m, dq.shm._atomics as a; \
-	    assert all(x.__file__.startswith("$(SAN_DIR)/") for x in (m, a)), (m, a)'
+	$(SAN_ENV) $(BIN)/python -c 'import dq.storage._memseg as m, dq.storage._wal as w, \
+	    dq.shm._atomics as a; assert all(x.__file__.startswith("$(SAN_DIR)/") for x in (m, w, a))'
 	$(SAN_ENV) $(BIN)/pytest -p no:cacheprovider --capture=sys -q $(SAN_TESTS)
 
 # The fast tier: every test that starts no process and no server (a few minutes).

@@ -3,8 +3,10 @@
 - ``dq.shm._atomics``: CPython has no compare-and-swap, ordered loads/stores or futex on
   shared memory; see docs/shm.md ("Atomics and waking").
 - ``dq.storage._memseg``: the in-memory segment as fixed-size records (~50 bytes an entry
-  beyond its value instead of ~200 of Python objects); see docs/architecture.md
-  ("Compiled parts").
+  beyond its value instead of ~200 of Python objects);
+- ``dq.storage._wal``: the log's record framing, and a durable round's write and
+  fdatasync in one release of the GIL (called only through storage/fileio.py);
+see docs/architecture.md ("Compiled parts").
 
 ``make sanitize`` builds the same sources with AddressSanitizer and UBSan (``CFLAGS`` and
 ``LDFLAGS`` from the environment are added to these flags) into a separate tree.
@@ -20,5 +22,6 @@ setup(
     ext_modules=[
         Extension("dq.shm._atomics", sources=["shm/_atomics.c"], extra_compile_args=FLAGS),
         Extension("dq.storage._memseg", sources=["storage/_memseg.c"], extra_compile_args=FLAGS),
+        Extension("dq.storage._wal", sources=["storage/_wal.c"], extra_compile_args=FLAGS),
     ]
 )

@@ -6,9 +6,9 @@ Run from the repository root:  .venv/bin/python -m bench.hot_split [--ops 1000] 
 The workload is fixed and runs in one thread: ``--ops`` durable single enqueues of
 256-byte items, then as many single dequeues each followed by the release of what it
 got, on an engine with ``fsync always`` whose group commit runs on the calling thread
-(as the server's loop runs it). callgrind counts the process's own instructions, not the
-kernel's, so the disk is not counted; ``fileio.fdatasync`` is made a no-op only to keep
-the runs short. For each part it prints, per operation:
+(as the server's loop runs it). Its log writes and syncs are real: callgrind counts the
+process's own instructions, not the kernel's, so the disk is not in the figures. For each
+part it prints, per operation:
 
 - Python function calls, by module (``sys.setprofile``), and the calls into the
   in-memory segment (its methods, and reads of its ``entries``);
@@ -44,9 +44,7 @@ MEMSEG_CALLS = ("add", "add_pending", "add_tombstones_behind", "next_after", "ne
 
 def _engine(data: str) -> tuple[Any, Any]:
     """An engine committing on the calling thread, and its queue "q" (created)."""
-    from dq.storage import Engine, EngineConfig, fileio
-
-    fileio.fdatasync = lambda fd, path: None  # type: ignore[assignment]
+    from dq.storage import Engine, EngineConfig
     eng = Engine.open(data, EngineConfig(fsync="always", compaction="inline", auto_merge=False))
     assert eng.syncer is not None
     eng.syncer.stop()

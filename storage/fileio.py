@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
+from dq.storage import _wal
 from dq.storage.errors import StorageFull
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ __all__ = [
     "open_for_write",
     "pread",
     "pwrite_all",
+    "pwrite_and_sync",
     "remove",
     "rename",
     "simulate_power_loss",
@@ -123,10 +125,10 @@ def fdatasync(fd: int, path: str) -> None:
         with power.lock:
             if not power.dead:
                 if power.sync_to_disk:
-                    os.fdatasync(fd)
+                    _wal.fdatasync(fd)
                 power.synced(fd)
         return
-    os.fdatasync(fd)
+    _wal.fdatasync(fd)
 
 
 def fsync_dir(path: str) -> None:
@@ -223,11 +225,35 @@ def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int, path:
 
 
 def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, offset)
-        view = view[n:]
-        offset += n
+    _wal.pwrite_all(fd, data, offset)
+
+
+def pwrite_and_sync(
+    fd: int, data: bytes | bytearray | memoryview, offset: int, path: str
+) -> Exception | None:
+    """``pwrite_all`` then ``fdatasync``: a durable group commit round's two steps.
+
+    The write's failure is raised (``StorageFull`` for a full disk) and nothing is
+    synced; the sync's failure is *returned* (the write was done: the caller's offset
+    moves past it), None when both are done. With no fault hook and no power-loss layer
+    installed (always, outside tests) both system calls are one compiled call with the
+    GIL released once, so no other thread's Python runs between them; when a test
+    watches, each step is announced and taken on its own, through the same compiled
+    system calls.
+    """
+    if FAULTS or POWER is not None:
+        pwrite_all(fd, data, offset, path)
+        try:
+            fdatasync(fd, path)
+        except Exception as exc:
+            return exc
+        return None
+    try:
+        err = _wal.pwrite_fdatasync(fd, data, offset)
+    except OSError as exc:
+        _raise_full(exc, path)
+        raise
+    return OSError(err, os.strerror(err), path) if err else None
 
 
 def create(path: str) -> int:

@@ -8,6 +8,8 @@ ids are never reused even after every segment is merged away). Then records:
 
 A type-1 payload is a batch of entries in the original design's format (``dq.storage.codec``).
 One record is one atomic batch: it is either wholly recovered or wholly dropped.
+Framing and its CRC-32 are compiled (``storage/_wal.c``), as is a durable round's write
+and fdatasync, which ``fileio.pwrite_and_sync`` runs with the GIL released once.
 
 Recovery rule (``read_wal``): decided by declared lengths, never by the contents of
 a payload. A record whose length runs past the end of the file, or a complete record
@@ -23,10 +25,9 @@ import logging
 import os
 import struct
 import threading
-import zlib
 from dataclasses import dataclass, field
 
-from dq.storage import fileio
+from dq.storage import _wal, fileio
 from dq.storage.errors import CorruptionError, EngineUnavailable
 
 __all__ = [
@@ -64,7 +65,7 @@ _META_LENGTH = struct.Struct(">I")
 
 def encode_header(segment_no: int, id_floor: int) -> bytes:
     body = HEADER.pack(MAGIC, VERSION, 0, segment_no, id_floor, 0, 0)[:28]
-    return body + struct.pack(">I", zlib.crc32(body))
+    return body + struct.pack(">I", _wal.crc32(body))
 
 
 def record_body(payload: bytes, meta: bytes = b"") -> tuple[int, bytes]:
@@ -84,14 +85,9 @@ def split_meta(body: bytes) -> tuple[bytes, bytes]:
     return body[_META_LENGTH.size : _META_LENGTH.size + n], body[_META_LENGTH.size + n :]
 
 
-#: crc32 of each record type's byte: where a record's checksum starts
-_KIND_CRC = {kind: zlib.crc32(bytes((kind,))) for kind in _RECORD_KINDS}
-
-
 def frame_header(payload: bytes, kind: int = RECORD_ENTRIES) -> bytes:
     """The 9-byte header that frames ``payload`` as a record of type ``kind``."""
-    crc = zlib.crc32(payload, _KIND_CRC[kind])
-    return RECORD_HEADER.pack(len(payload), crc, kind)
+    return _wal.header(payload, kind)
 
 
 def frame_record(payload: bytes, kind: int = RECORD_ENTRIES) -> bytes:
@@ -126,7 +122,7 @@ def _parse_header(path: str, data: bytes) -> tuple[int, int]:
     magic, version, _r1, segment_no, id_floor, _r2, crc = HEADER.unpack_from(data, 0)
     if magic != MAGIC:
         raise CorruptionError("not a dq log (bad magic)", file=path, offset=0)
-    if zlib.crc32(data[:28]) != crc:
+    if _wal.crc32(data[:28]) != crc:
         raise CorruptionError("log header checksum mismatch", file=path, offset=0)
     if version != VERSION:
         raise CorruptionError(f"unsupported log version {version}", file=path, offset=4)
@@ -171,7 +167,7 @@ def read_wal(path: str) -> WalContents:
         if end > size:
             break  # torn tail: the write of this record never finished
         payload = data[start:end]
-        if kind not in _RECORD_KINDS or zlib.crc32(payload, zlib.crc32(bytes((kind,)))) != crc:
+        if kind not in _RECORD_KINDS or _wal.crc32(payload, _wal.crc32(bytes((kind,)))) != crc:
             if _zero(data, end):
                 break  # the last record, torn: its bytes did not all reach the disk
             raise CorruptionError(
@@ -278,10 +274,7 @@ class WalWriter:
             kind, body = record_body(payload, meta)
         else:
             kind, body = RECORD_ENTRIES, payload
-        buffer = self._buffer
-        buffer += frame_header(body, kind)  # header and body appended apart: no copy of both
-        buffer += body
-        self.size += RECORD_HEADER.size + len(body)
+        self.size += _wal.frame_into(self._buffer, body, kind)
         self.appended_seq += 1
         return self.appended_seq
 
@@ -301,16 +294,37 @@ class WalWriter:
         if self.closed:  # never write through a descriptor number that may be reused
             raise EngineUnavailable("log is closed", file=self.path)
         if data:
-            end = self.offset + len(data)
-            if self.prealloc and end > self.allocated:
-                grown = end + self.prealloc - end % self.prealloc
-                fileio.pwrite_all(
-                    self._fd, bytes(grown - self.allocated), self.allocated, self.path
-                )
-                self.allocated = grown
+            end = self._grow(len(data))
             fileio.pwrite_all(self._fd, data, self.offset, self.path)
             self.offset = end
             self.allocated = max(self.allocated, end)
+
+    def _grow(self, n: int) -> int:
+        """Preallocate past the ``n`` bytes about to be written; where they will end."""
+        end = self.offset + n
+        if self.prealloc and end > self.allocated:
+            grown = end + self.prealloc - end % self.prealloc
+            fileio.pwrite_all(self._fd, bytes(grown - self.allocated), self.allocated, self.path)
+            self.allocated = grown
+        return end
+
+    def write_and_sync(self, data: bytes) -> None:
+        """``write`` then ``sync`` (call under ``io_lock``), a durable round's two steps:
+        one compiled call without the GIL unless a test watches the steps
+        (``fileio.pwrite_and_sync``). If the write went through and the sync failed,
+        ``offset`` is past the data and ``synced_offset`` is not, as with the two calls."""
+        if self.closed:
+            raise EngineUnavailable("log is closed", file=self.path)
+        if not data:
+            self.sync()
+            return
+        end = self._grow(len(data))
+        failed = fileio.pwrite_and_sync(self._fd, data, self.offset, self.path)
+        self.offset = end
+        self.allocated = max(self.allocated, end)
+        if failed is not None:
+            raise failed
+        self.synced_offset = end
 
     def sync(self) -> None:
         """fdatasync (call under ``io_lock``): everything written so far becomes durable."""
