@@ -45,6 +45,7 @@ MEMSEG_CALLS = ("add", "add_pending", "add_tombstones_behind", "next_after", "ne
 def _engine(data: str) -> tuple[Any, Any]:
     """An engine committing on the calling thread, and its queue "q" (created)."""
     from dq.storage import Engine, EngineConfig
+
     eng = Engine.open(data, EngineConfig(fsync="always", compaction="inline", auto_merge=False))
     assert eng.syncer is not None
     eng.syncer.stop()
