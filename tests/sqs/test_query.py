@@ -204,3 +204,43 @@ def test_query_protocol_empty_results_keep_their_element(server: LiveServer, qna
     assert root.find("sqs:ListQueuesResult", NS) is not None, ET.tostring(root)
     status, root = _call(url, Action="PurgeQueue")
     assert status == 200 and root.find("sqs:PurgeQueueResult", NS) is None
+
+
+def test_query_protocol_fifo_queue(server: LiveServer, qname: str) -> None:
+    """A FIFO queue as a pre-2024 SDK uses it: the attributes at creation, a batch with
+    groups and deduplication ids, SequenceNumber in the XML answers, an attempt id."""
+    status, root = _call(
+        server.url + "/",
+        Action="CreateQueue",
+        QueueName=qname + ".fifo",
+        **{"Attribute.1.Name": "FifoQueue", "Attribute.1.Value": "true"},
+    )
+    assert status == 200
+    url = _find(root, "sqs:CreateQueueResult/sqs:QueueUrl")
+    entries = {}
+    for i, (group, dedup) in enumerate((("g", "one"), ("g", "two"), ("g", "one")), 1):
+        entries |= {
+            f"SendMessageBatchRequestEntry.{i}.Id": f"e{i}",
+            f"SendMessageBatchRequestEntry.{i}.MessageBody": f"body {i}",
+            f"SendMessageBatchRequestEntry.{i}.MessageGroupId": group,
+            f"SendMessageBatchRequestEntry.{i}.MessageDeduplicationId": dedup,
+        }
+    status, root = _call(url, Action="SendMessageBatch", **entries)
+    assert status == 200
+    results = root.findall("sqs:SendMessageBatchResult/sqs:SendMessageBatchResultEntry", NS)
+    numbers = {_find(r, "sqs:Id"): _find(r, "sqs:SequenceNumber") for r in results}
+    assert numbers["e3"] == numbers["e1"] < numbers["e2"]  # e3 repeats e1
+    status, root = _call(
+        url, Action="ReceiveMessage", ReceiveRequestAttemptId="r-1", **{"AttributeName.1": "All"}
+    )
+    msg = root.find("sqs:ReceiveMessageResult/sqs:Message", NS)
+    assert msg is not None
+    attrs = {_find(a, "sqs:Name"): _find(a, "sqs:Value") for a in msg.findall("sqs:Attribute", NS)}
+    assert attrs["SequenceNumber"] == numbers["e1"] and attrs["MessageGroupId"] == "g"
+    _, again = _call(url, Action="ReceiveMessage", ReceiveRequestAttemptId="r-1")
+    assert _find(again, "sqs:ReceiveMessageResult/sqs:Message/sqs:ReceiptHandle") == _find(
+        msg, "sqs:ReceiptHandle"
+    )
+    status, root = _call(url, Action="SendMessage", MessageBody="x", MessageDeduplicationId="d")
+    assert status == 400
+    assert _find(root, "sqs:Error/sqs:Code") == "MissingParameter"
