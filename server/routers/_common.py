@@ -1,4 +1,4 @@
-"""Helpers shared by the routers: JSON responses, error docs, outcome conversion.
+"""Helpers shared by the routers: JSON responses, error docs, a single item's answer.
 
 Invariant: every route documents the error statuses it can answer (``ERRORS``), so
 the OpenAPI document is a complete contract (schemathesis checks it).
@@ -12,11 +12,12 @@ from typing import Any
 
 from fastapi import Response
 
+from dq.server.answers import outcome_dict
 from dq.server.errors import error_response, item_status
 from dq.server.schemas import ErrorBody
 from dq.storage.types import ItemOutcome
 
-__all__ = ["ERRORS", "json_response", "outcome_dict", "single_outcome"]
+__all__ = ["ERRORS", "json_response", "single_outcome"]
 
 _DESCRIPTIONS = {
     400: "Bad input (invalid queue name, receipt, deadline, malformed JSON)",
@@ -41,20 +42,6 @@ def json_response(content: object, status: int = 200) -> Response:
     """Serialize once with the stdlib: the routes build plain dicts on hot paths."""
     body = json.dumps(content, separators=(",", ":")).encode()
     return Response(body, status_code=status, media_type="application/json")
-
-
-def outcome_dict(o: ItemOutcome) -> dict[str, object]:
-    d: dict[str, object] = {"id": o.id, "ok": o.error is None}
-    if o.error is not None:
-        d["error"] = o.error
-        d["message"] = o.message or o.error
-    if o.receipt is not None:
-        d["receipt"] = o.receipt
-    if o.deadline is not None:
-        d["deadline"] = o.deadline
-    if o.lease_expires is not None:
-        d["lease_expires"] = o.lease_expires
-    return d
 
 
 def single_outcome(outcomes: Sequence[ItemOutcome]) -> Response:
