@@ -1,4 +1,5 @@
-"""Helpers shared by the routers: JSON responses, error docs, a single item's answer.
+"""Helpers shared by the routers: JSON responses, error docs, a single item's answer,
+engine calls in a worker thread.
 
 Invariant: every route documents the error statuses it can answer (``ERRORS``), so
 the OpenAPI document is a complete contract (schemathesis checks it).
@@ -6,18 +7,25 @@ the OpenAPI document is a complete contract (schemathesis checks it).
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from fastapi import Response
 
 from dq.server.answers import outcome_dict
+from dq.server.dependencies import Service
 from dq.server.errors import error_response, item_status
 from dq.server.schemas import ErrorBody
+from dq.storage.errors import StorageError
 from dq.storage.types import ItemOutcome
 
-__all__ = ["ERRORS", "json_response", "single_outcome"]
+__all__ = ["ERRORS", "in_thread", "json_response", "single_outcome"]
+
+_perf = time.perf_counter
+T = TypeVar("T")
 
 _DESCRIPTIONS = {
     400: "Bad input (invalid queue name, receipt, deadline, malformed JSON)",
@@ -42,6 +50,20 @@ def json_response(content: object, status: int = 200) -> Response:
     """Serialize once with the stdlib: the routes build plain dicts on hot paths."""
     body = json.dumps(content, separators=(",", ":")).encode()
     return Response(body, status_code=status, media_type="application/json")
+
+
+async def in_thread(service: Service, op: str, call: Callable[[], T], items: int = 0) -> T:
+    """``call`` (an engine call that may read segment files or wait for an fsync) in a
+    worker thread, so the event loop never blocks on it; its time goes to the metrics as
+    ``op`` (with ``items``), or with its error's code when it raises."""
+    t0 = _perf()
+    try:
+        out = await asyncio.to_thread(call)
+    except StorageError as exc:
+        service.metrics.observe_error(op, exc.code, _perf() - t0)
+        raise
+    service.metrics.observe(op, _perf() - t0, items)
+    return out
 
 
 def single_outcome(outcomes: Sequence[ItemOutcome]) -> Response:

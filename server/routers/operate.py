@@ -8,17 +8,14 @@ Items are shaped by ``item_json`` here, for browse and peek alike.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import time
-from collections.abc import Callable
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from dq.server.dependencies import QueuePath, Service, service_of
+from dq.server.dependencies import QueuePath, service_of
 from dq.server.errors import ApiError
-from dq.server.routers._common import ERRORS, json_response
+from dq.server.routers._common import ERRORS, in_thread, json_response
 from dq.server.routers.queues import queue_info
 from dq.server.schemas import (
     BackupRequest,
@@ -35,7 +32,6 @@ from dq.server.schemas import (
     encode_value,
 )
 from dq.storage.codec import MAX_ID
-from dq.storage.errors import StorageError
 from dq.storage.types import BrowsedItem
 
 __all__ = ["MAX_PREVIEW_BYTES", "item_json", "router", "value_preview"]
@@ -46,19 +42,6 @@ MAX_PREVIEW_BYTES = 4096
 
 router = APIRouter(tags=["operate"], responses=ERRORS)
 ItemIdPath = Annotated[int, Path(ge=0, le=MAX_ID, description="item id")]
-_perf = time.perf_counter
-T = TypeVar("T")
-
-
-async def _run(service: Service, op: str, call: Callable[[], T], items: int = 0) -> T:
-    t0 = _perf()
-    try:
-        out = await asyncio.to_thread(call)
-    except StorageError as exc:
-        service.metrics.observe_error(op, exc.code, _perf() - t0)
-        raise
-    service.metrics.observe(op, _perf() - t0, items)
-    return out
 
 
 def value_preview(value: bytes, limit: int) -> tuple[bytes, bool]:
@@ -117,7 +100,7 @@ def item_json(
 )
 async def pause(queue: QueuePath, request: Request) -> Response:
     service = service_of(request)
-    stats = await _run(service, "pause", lambda: service.engine.pause(queue))
+    stats = await in_thread(service, "pause", lambda: service.engine.pause(queue))
     return json_response(queue_info(stats))
 
 
@@ -128,7 +111,7 @@ async def pause(queue: QueuePath, request: Request) -> Response:
 )
 async def resume(queue: QueuePath, request: Request) -> Response:
     service = service_of(request)
-    stats = await _run(service, "resume", lambda: service.engine.resume(queue))
+    stats = await in_thread(service, "resume", lambda: service.engine.resume(queue))
     return json_response(queue_info(stats))
 
 
@@ -160,7 +143,7 @@ async def browse(
     ] = None,
 ) -> Response:
     service = service_of(request)
-    page = await _run(
+    page = await in_thread(
         service,
         "browse",
         lambda: service.engine.browse(queue, state, after, limit, values),
@@ -182,7 +165,7 @@ async def peek(
     encoding: Annotated[Encoding | None, Query(description="force base64 values")] = None,
 ) -> Response:
     service = service_of(request)
-    item = await _run(service, "peek", lambda: service.engine.peek(queue, item_id, values))
+    item = await in_thread(service, "peek", lambda: service.engine.peek(queue, item_id, values))
     return json_response(item_json(item, encoding))
 
 
@@ -193,7 +176,7 @@ async def peek(
 )
 async def purge(queue: QueuePath, request: Request) -> Response:
     service = service_of(request)
-    n = await _run(service, "purge", lambda: service.engine.purge(queue))
+    n = await in_thread(service, "purge", lambda: service.engine.purge(queue))
     return json_response({"purged": n})
 
 
@@ -204,7 +187,7 @@ async def purge(queue: QueuePath, request: Request) -> Response:
 )
 async def delete_item(queue: QueuePath, item_id: ItemIdPath, request: Request) -> Response:
     service = service_of(request)
-    await _run(service, "delete_item", lambda: service.engine.delete_item(queue, item_id), 1)
+    await in_thread(service, "delete_item", lambda: service.engine.delete_item(queue, item_id), 1)
     return json_response({"deleted": item_id})
 
 
@@ -218,7 +201,7 @@ async def redrive(
 ) -> Response:
     service = service_of(request)
     b = body or RedriveRequest(to=None, ids=None, limit=None)
-    result = await _run(
+    result = await in_thread(
         service, "redrive", lambda: service.engine.redrive(queue, b.to, b.ids, b.limit)
     )
     return json_response(
@@ -263,5 +246,5 @@ def backup_path(root: str, dest: str) -> str:
 async def backup(body: BackupRequest, request: Request) -> Response:
     service = service_of(request)
     dest = backup_path(service.settings.backup_dir, body.dest)
-    result = await _run(service, "backup", lambda: service.engine.backup(dest))
+    result = await in_thread(service, "backup", lambda: service.engine.backup(dest))
     return json_response({"path": result.path, "bytes": result.bytes, "files": result.files})

@@ -10,15 +10,12 @@ the server takes writes.
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from dq.server.dependencies import QueuePath, Service, service_of
-from dq.server.routers._common import ERRORS, json_response
+from dq.server.dependencies import QueuePath, service_of
+from dq.server.routers._common import ERRORS, in_thread, json_response
 from dq.server.schedule_schemas import (
     ScheduleBody,
     ScheduleList,
@@ -27,7 +24,7 @@ from dq.server.schedule_schemas import (
     ScheduleRun,
 )
 from dq.server.schemas import decode_value, encode_value
-from dq.storage.errors import InvalidSchedule, StorageError
+from dq.storage.errors import InvalidSchedule
 from dq.storage.schedules import ScheduleInfo, ScheduleSpec
 
 __all__ = ["every_queue", "router", "schedule_json"]
@@ -42,19 +39,6 @@ NamePath = Annotated[
         json_schema_extra={"pattern": r"^[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}$"},
     ),
 ]
-_perf = time.perf_counter
-T = TypeVar("T")
-
-
-async def _run(service: Service, op: str, call: Callable[[], T]) -> T:
-    t0 = _perf()
-    try:
-        out = await asyncio.to_thread(call)
-    except StorageError as exc:
-        service.metrics.observe_error(op, exc.code, _perf() - t0)
-        raise
-    service.metrics.observe(op, _perf() - t0, 0)
-    return out
 
 
 def schedule_json(info: ScheduleInfo, lateness_ms: int | None) -> dict[str, Any]:
@@ -113,13 +97,22 @@ def _spec(body: ScheduleBody) -> ScheduleSpec:
     )
 
 
+async def _set_paused(request: Request, queue: str, name: str, paused: bool) -> Response:
+    service = service_of(request)
+    op = "schedule_pause" if paused else "schedule_resume"
+    info = await in_thread(
+        service, op, lambda: service.engine.set_schedule_paused(queue, name, paused)
+    )
+    return _answer(request, info)
+
+
 @router.put("/{name}", response_model=ScheduleOut, summary="Create a schedule or replace it")
 async def put_schedule(
     queue: QueuePath, name: NamePath, body: ScheduleBody, request: Request
 ) -> Response:
     service = service_of(request)
     engine = service.engine
-    info = await _run(
+    info = await in_thread(
         service, "schedule_put", lambda: engine.put_schedule(queue, name, _spec(body))
     )
     return _answer(request, info)
@@ -128,7 +121,7 @@ async def put_schedule(
 @router.get("", response_model=ScheduleList, summary="The queue's schedules")
 async def list_schedules(queue: QueuePath, request: Request) -> Response:
     service = service_of(request)
-    infos = await _run(service, "schedule_get", lambda: service.engine.list_schedules(queue))
+    infos = await in_thread(service, "schedule_get", lambda: service.engine.list_schedules(queue))
     return json_response(
         {"schedules": [schedule_json(i, _lateness(request, queue, i.schedule.name)) for i in infos]}
     )
@@ -149,7 +142,7 @@ async def all_schedules(
     if after:
         queue, _, name = after.partition("/")
         cursor = (queue, name)
-    infos, more = await _run(
+    infos, more = await in_thread(
         service, "schedule_get", lambda: service.engine.schedules_page(cursor, limit)
     )
     return json_response(
@@ -166,24 +159,22 @@ async def all_schedules(
 @router.get("/{name}", response_model=ScheduleOut, summary="A schedule, its progress and next runs")
 async def get_schedule(queue: QueuePath, name: NamePath, request: Request) -> Response:
     service = service_of(request)
-    info = await _run(service, "schedule_get", lambda: service.engine.schedule_info(queue, name))
+    info = await in_thread(
+        service, "schedule_get", lambda: service.engine.schedule_info(queue, name)
+    )
     return _answer(request, info)
 
 
 @router.delete("/{name}", status_code=204, summary="Delete a schedule (its items stay)")
 async def delete_schedule(queue: QueuePath, name: NamePath, request: Request) -> Response:
     service = service_of(request)
-    await _run(service, "schedule_delete", lambda: service.engine.delete_schedule(queue, name))
+    await in_thread(service, "schedule_delete", lambda: service.engine.delete_schedule(queue, name))
     return Response(status_code=204)
 
 
 @router.post("/{name}/pause", response_model=ScheduleOut, summary="Pause: fire nothing")
 async def pause_schedule(queue: QueuePath, name: NamePath, request: Request) -> Response:
-    service = service_of(request)
-    info = await _run(
-        service, "schedule_pause", lambda: service.engine.set_schedule_paused(queue, name, True)
-    )
-    return _answer(request, info)
+    return await _set_paused(request, queue, name, True)
 
 
 @router.post(
@@ -192,11 +183,7 @@ async def pause_schedule(queue: QueuePath, name: NamePath, request: Request) -> 
     summary="Resume: fire the ticks from now on (not those that passed while paused)",
 )
 async def resume_schedule(queue: QueuePath, name: NamePath, request: Request) -> Response:
-    service = service_of(request)
-    info = await _run(
-        service, "schedule_resume", lambda: service.engine.set_schedule_paused(queue, name, False)
-    )
-    return _answer(request, info)
+    return await _set_paused(request, queue, name, False)
 
 
 @router.post(
@@ -206,7 +193,7 @@ async def resume_schedule(queue: QueuePath, name: NamePath, request: Request) ->
 )
 async def run_schedule(queue: QueuePath, name: NamePath, request: Request) -> Response:
     service = service_of(request)
-    done, key = await _run(
+    done, key = await in_thread(
         service, "schedule_run", lambda: service.engine.run_schedule(queue, name)
     )
     return json_response({"id": done.id, "deadline": done.deadline, "key": key})

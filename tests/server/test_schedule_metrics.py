@@ -39,3 +39,18 @@ def test_ticks_and_lateness_are_published(tmp_path: Path) -> None:
         assert 'dq_requests_total{operation="schedule_put",outcome="ok"} 2.0' in text
 
     run(tmp_path, call, schedule_min_every_ms=100)
+
+
+def test_refused_calls_are_counted_by_their_error(tmp_path: Path) -> None:
+    async def call(http: httpx.AsyncClient) -> None:
+        r = await http.put("/v1/queues/m/schedules/a", json={"every_ms": 1})
+        assert r.status_code == 400, r.text
+        r = await http.get("/v1/queues/m/schedules/missing")
+        assert r.status_code == 404, r.text
+        text = (await http.get("/metrics")).text
+        refused = r.json()["error"]
+        assert 'dq_requests_total{operation="schedule_put",outcome="invalid_schedule"} 1.0' in text
+        assert f'dq_requests_total{{operation="schedule_get",outcome="{refused}"}} 1.0' in text
+        assert 'dq_requests_total{operation="schedule_put",outcome="ok"} 0.0' in text
+
+    run(tmp_path, call)
