@@ -12,6 +12,7 @@ from dq.client._batches import DEFAULT_MAX_BATCH, Batches
 from dq.client._calls import (
     Backup,
     Browse,
+    CancelKey,
     DeleteItem,
     DeleteQueue,
     Dequeue,
@@ -22,8 +23,10 @@ from dq.client._calls import (
     GetQueue,
     Health,
     ListQueues,
+    PatchKey,
     Pause,
     Peek,
+    PeekKey,
     Purge,
     PutQueue,
     Redrive,
@@ -108,14 +111,16 @@ class AsyncClient:
         delay_ms: int | None = None,
         key: str | None = None,
         group: str | None = None,
+        on_duplicate: str = "keep",
     ) -> int:
         """Enqueue one item; returns its id once it is durable. With ``key``, a repeat
-        within the queue's dedup window returns the first item's id (safe to retry);
-        ``group`` is the item's group, which the queue's delivery rules go by
-        (``docs/delivery.md``)."""
-        if group is None:
+        within the queue's dedup window returns the first item's id (safe to retry), or
+        with ``on_duplicate="replace"`` gives the key's pending item this value and
+        deadline (its id; debounce, ``docs/retries.md``); ``group`` is the item's group,
+        which the queue's delivery rules go by (``docs/delivery.md``)."""
+        if group is None and on_duplicate == "keep":
             return await self.transport.call(EnqueueOne(queue, value, deadline, delay_ms, key))
-        item = as_new_item(value, deadline, delay_ms, key, group)
+        item = as_new_item(value, deadline, delay_ms, key, group, on_duplicate)
         done = await self.transport.call(EnqueueMany(queue, [item]))
         return done[0].id
 
@@ -233,6 +238,29 @@ class AsyncClient:
     async def peek(self, queue: str, id: int, values: bool = True) -> BrowsedItem:
         """Item ``id`` wherever it is; state "gone" once it left the queue."""
         return await self.transport.call(Peek(queue, id, values))
+
+    async def peek_key(self, queue: str, key: str, values: bool = True) -> BrowsedItem:
+        """The item ``key`` names, wherever it is (state "gone" once it left the queue);
+        ``KeyNotFound`` (404 ``key_not_found``) past the key's window."""
+        return await self.transport.call(PeekKey(queue, key, values))
+
+    async def cancel_key(self, queue: str, key: str) -> int:
+        """Cancel the pending item ``key`` names; its id. ``Conflict`` (``item_leased``)
+        if a consumer has it, ``ItemNotFound`` once it is gone."""
+        return await self.transport.call(CancelKey(queue, key))
+
+    async def patch_key(
+        self,
+        queue: str,
+        key: str,
+        *,
+        deadline: int | None = None,
+        delay_ms: int | None = None,
+        value: bytes | str | None = None,
+    ) -> Enqueued:
+        """Give the pending item ``key`` names a new deadline and/or value: its id and
+        the deadline it has now (``Conflict``, ``item_leased``, if a consumer has it)."""
+        return await self.transport.call(PatchKey(queue, key, deadline, delay_ms, value))
 
     async def purge(self, queue: str) -> int:
         """Remove every item (leased ones too: their receipts go stale); how many."""

@@ -56,6 +56,7 @@ __all__ = [
     "Backup",
     "Browse",
     "Call",
+    "CancelKey",
     "DeleteItem",
     "DeleteQueue",
     "Dequeue",
@@ -67,8 +68,10 @@ __all__ = [
     "Health",
     "ItemBatch",
     "ListQueues",
+    "PatchKey",
     "Pause",
     "Peek",
+    "PeekKey",
     "Purge",
     "PutQueue",
     "Redrive",
@@ -492,6 +495,78 @@ class Peek(Call[BrowsedItem]):
 
     def decode(self, doc: Any) -> BrowsedItem:
         return _wire.parse_browsed(doc)
+
+
+def _key_path(queue: str, key: str) -> str:
+    """The path of the item ``key`` names: the key escaped (a ``/`` in it as ``%2F``)."""
+    return f"{queue_path(queue)}/keys/{quote(key, safe='')}"
+
+
+class PeekKey(Call[BrowsedItem]):
+    """The item ``key`` names, wherever it is (state "gone" once it left the queue)."""
+
+    __slots__ = ("params",)
+
+    def __init__(self, queue: str, key: str, values: bool) -> None:
+        self.path = _key_path(queue, key)
+        self.queue = queue
+        self.idempotent = True
+        self.params = {"values": "true" if values else "false"}
+
+    def decode(self, doc: Any) -> BrowsedItem:
+        return _wire.parse_browsed(doc)
+
+
+class CancelKey(Call[int]):
+    """Cancel the pending item ``key`` names; its id."""
+
+    __slots__ = ()
+
+    method = "DELETE"
+
+    def __init__(self, queue: str, key: str) -> None:
+        self.path = _key_path(queue, key)
+        self.queue = queue
+        self.idempotent = False
+
+    def decode(self, doc: Any) -> int:
+        return int(doc["cancelled"])
+
+
+class PatchKey(Call[Enqueued]):
+    """Give the pending item ``key`` names a new deadline and/or value; its id and
+    the deadline it now has."""
+
+    __slots__ = ("body",)
+
+    method = "PATCH"
+
+    def __init__(
+        self,
+        queue: str,
+        key: str,
+        deadline: int | None,
+        delay_ms: int | None,
+        value: bytes | str | None,
+    ) -> None:
+        body: dict[str, Any] = {}
+        if deadline is not None:
+            body["deadline"] = deadline
+        if delay_ms is not None:
+            body["delay_ms"] = delay_ms
+        if value is not None:
+            data = value.encode("utf-8") if isinstance(value, str) else as_new_item(value).value
+            body.update(_wire.value_json(data))
+        self.path = _key_path(queue, key)
+        self.queue = queue
+        self.idempotent = False
+        self.body = body
+
+    def json(self) -> Any:
+        return self.body
+
+    def decode(self, doc: Any) -> Enqueued:
+        return Enqueued(int(doc["id"]), int(doc["deadline"]))
 
 
 class Purge(Call[int]):

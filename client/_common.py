@@ -14,6 +14,7 @@ def as_new_item(
     delay_ms: int | None = None,
     key: str | None = None,
     group: str | None = None,
+    on_duplicate: str = "keep",
 ) -> NewItem:
     if isinstance(value, NewItem):
         return value
@@ -23,7 +24,7 @@ def as_new_item(
         data = bytes(value)
     else:  # bytes(123) is 123 zero bytes and bytes(True) one: the value would be lost
         raise TypeError(f"a value is bytes or str, not {type(value).__name__}")
-    return NewItem(data, deadline, delay_ms, key, group)
+    return NewItem(data, deadline, delay_ms, key, group, on_duplicate)
 
 
 def as_release(item: Item | Release) -> Release:

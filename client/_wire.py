@@ -60,7 +60,13 @@ __all__ = [
     "release_json",
     "release_one_json",
     "requeue_body",
+    "value_json",
 ]
+
+
+def value_json(value: bytes) -> dict[str, str]:
+    """``{"value", "encoding"}`` for ``value``: text if it is UTF-8, else base64."""
+    return _value(value)
 
 
 def _value(value: bytes) -> dict[str, str]:
@@ -78,11 +84,15 @@ def _when(d: dict[str, Any], deadline: int | None, delay_ms: int | None) -> dict
     return d
 
 
-def _keyed(d: dict[str, Any], key: str | None, group: str | None = None) -> dict[str, Any]:
+def _keyed(
+    d: dict[str, Any], key: str | None, group: str | None = None, on_duplicate: str = "keep"
+) -> dict[str, Any]:
     if key is not None:
         d["key"] = key
     if group is not None:
         d["group"] = group
+    if on_duplicate != "keep":
+        d["on_duplicate"] = on_duplicate
     return d
 
 
@@ -93,7 +103,7 @@ def _keyed(d: dict[str, Any], key: str | None, group: str | None = None) -> dict
 
 
 def _item_json(
-    value: bytes, deadline: Any, delay_ms: Any, key: Any, group: Any = None
+    value: bytes, deadline: Any, delay_ms: Any, key: Any, group: Any = None, how: Any = "keep"
 ) -> str | None:
     if type(value) is not bytes:
         return None
@@ -119,6 +129,10 @@ def _item_json(
         if type(group) is not str:
             return None
         out += ',"group":' + _quote(group)
+    if how != "keep":
+        if type(how) is not str:
+            return None
+        out += ',"on_duplicate":' + _quote(how)
     return out + "}"
 
 
@@ -132,7 +146,7 @@ def enqueue_json(items: Sequence[NewItem]) -> bytes | None:
     """``enqueue_body(items)`` as JSON bytes."""
     parts = []
     for i in items:
-        item = _item_json(i.value, i.deadline, i.delay_ms, i.key, i.group)
+        item = _item_json(i.value, i.deadline, i.delay_ms, i.key, i.group, i.on_duplicate)
         if item is None:
             return None
         parts.append(item)
@@ -194,7 +208,8 @@ def dequeue_body(
 def enqueue_body(items: Sequence[NewItem]) -> dict[str, Any]:
     return {
         "items": [
-            _keyed(_when(_value(i.value), i.deadline, i.delay_ms), i.key, i.group) for i in items
+            _keyed(_when(_value(i.value), i.deadline, i.delay_ms), i.key, i.group, i.on_duplicate)
+            for i in items
         ]
     }
 
@@ -249,7 +264,12 @@ def _retry(d: dict[str, Any] | None) -> RetryPolicy | None:
 
 
 def parse_enqueued(doc: Any) -> list[Enqueued]:
-    return [Enqueued(e["id"], e["deadline"], bool(e.get("duplicate", False))) for e in doc["items"]]
+    return [
+        Enqueued(
+            e["id"], e["deadline"], bool(e.get("duplicate", False)), bool(e.get("replaced", False))
+        )
+        for e in doc["items"]
+    ]
 
 
 def _decode(text: str, encoding: str) -> bytes:

@@ -9,9 +9,11 @@ ClientError
     ├── Unauthorized          401
     ├── NotFound              404
     │   ├── QueueNotFound
-    │   └── ItemNotFound
+    │   ├── ItemNotFound
+    │   └── KeyNotFound       no item has that key within the queue's dedup window
     ├── Conflict              409
-    │   └── StaleReceipt      that delivery is over; nothing changed
+    │   ├── StaleReceipt      that delivery is over; nothing changed
+    │   └── ItemLeased        a consumer has the item a key names; nothing changed
     ├── TooLarge              413
     ├── NotLeaderError        421 that could not be followed (``leader``: the last one named)
     ├── Unavailable           503 (retryable)
@@ -26,7 +28,9 @@ __all__ = [
     "BadRequest",
     "ClientError",
     "Conflict",
+    "ItemLeased",
     "ItemNotFound",
+    "KeyNotFound",
     "NotFound",
     "NotLeaderError",
     "QueueNotFound",
@@ -109,7 +113,15 @@ class ItemNotFound(NotFound):
     pass
 
 
+class KeyNotFound(NotFound):
+    pass
+
+
 class Conflict(ServerError):
+    pass
+
+
+class ItemLeased(Conflict):
     pass
 
 
@@ -142,6 +154,8 @@ _BY_CODE: dict[str, type[ServerError]] = {
     "validation_error": ValidationError,
     "queue_not_found": QueueNotFound,
     "item_not_found": ItemNotFound,
+    "key_not_found": KeyNotFound,
+    "item_leased": ItemLeased,
     "stale_receipt": StaleReceipt,
     "unauthorized": Unauthorized,
     "storage_full": StorageFull,
@@ -159,7 +173,13 @@ _BY_STATUS: dict[int, type[ServerError]] = {
     503: Unavailable,
     507: StorageFull,
 }
-_STATUS_OF_CODE = {"stale_receipt": 409, "item_not_found": 404, "invalid_receipt": 400}
+_STATUS_OF_CODE = {
+    "stale_receipt": 409,
+    "item_not_found": 404,
+    "invalid_receipt": 400,
+    "item_leased": 409,
+    "key_not_found": 404,
+}
 
 
 def error_for(

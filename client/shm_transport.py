@@ -469,9 +469,10 @@ class ShmTransport:
 
     def _enqueue_many(self, call: EnqueueMany) -> list[Enqueued]:
         """One PUT_MANY (one PUT for an item the ring's PUT holds). Over HTTP whole: what
-        does not fit one command, what a follower refused, and a batch with a deadline
-        of 0, which a ring field cannot tell from "not given" (an item due at the epoch
-        sorts first; one due now, last)."""
+        does not fit one command, what a follower refused, a batch with a deadline of 0,
+        which a ring field cannot tell from "not given" (an item due at the epoch sorts
+        first; one due now, last), and one with a group or an ``on_duplicate``
+        "replace", which the ring's commands do not carry."""
         queue, items = call.queue, call.items
         span = self._put_span(items) if items else None
         if span is None:
@@ -491,6 +492,8 @@ class ShmTransport:
             if item.deadline == 0:  # "not given" (now) on the ring; the epoch over HTTP
                 return None
             if item.group is not None:  # the ring's PUT carries no group: HTTP does
+                return None
+            if item.on_duplicate != "keep":  # nor a replace of a key's item: HTTP does
                 return None
         one = items[0]
         if len(items) == 1 and one.key is None and len(one.value) <= VALUE_MAX:

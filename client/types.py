@@ -41,7 +41,9 @@ class NewItem:
     ``dedup_window_ms`` a repeat answers the first item (``Enqueued.duplicate``) and
     writes nothing, so a batch whose items all have keys is retried after a lost answer.
     ``group`` (1-128 printable ASCII characters) is the item's group, which the queue's
-    delivery rules go by (``docs/delivery.md``).
+    delivery rules go by (``docs/delivery.md``). ``on_duplicate`` "replace": a repeat of
+    a key whose item is pending gives that item this value and deadline instead
+    (``Enqueued.replaced``; debounce, ``docs/retries.md``).
     """
 
     value: bytes
@@ -49,6 +51,7 @@ class NewItem:
     delay_ms: int | None = None
     key: str | None = None
     group: str | None = None
+    on_duplicate: str = "keep"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,8 @@ class Enqueued:
     deadline: int
     #: the key was seen within the window: the first item's id and deadline, nothing written
     duplicate: bool = False
+    #: on_duplicate "replace": the key's pending item got this value and deadline
+    replaced: bool = False
 
 
 @dataclass(frozen=True, slots=True)

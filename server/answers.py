@@ -24,12 +24,16 @@ __all__ = ["dequeued_json", "enqueued_json", "outcome_dict", "results_json"]
 #: line, ~40 % cheaper than an f-string choosing the word inside it.
 _ENQUEUED_JSON = '{"id":%d,"deadline":%d,"duplicate":false}'
 _DUPLICATE_JSON = '{"id":%d,"deadline":%d,"duplicate":true}'
+_REPLACED_JSON = '{"id":%d,"deadline":%d,"duplicate":false,"replaced":true}'
 
 
 def enqueued_json(done: Sequence[Enqueued]) -> bytes:
-    """``EnqueueResponse``."""
+    """``EnqueueResponse``; ``replaced`` is said only when true."""
     fresh, again = _ENQUEUED_JSON, _DUPLICATE_JSON
-    parts = [(again if e.duplicate else fresh) % (e.id, e.deadline) for e in done]
+    parts = [
+        (_REPLACED_JSON if e.replaced else again if e.duplicate else fresh) % (e.id, e.deadline)
+        for e in done
+    ]
     return ('{"items":[' + ",".join(parts) + "]}").encode()
 
 

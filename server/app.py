@@ -24,7 +24,16 @@ from dq.server.metrics import Metrics
 from dq.server.path_guard import EncodedSlashGuard
 from dq.server.replication import routes as replication
 from dq.server.replication.metrics import ReplicationCollector
-from dq.server.routers import consumers, dashboard, items, operate, ops, queues, schedules
+from dq.server.routers import (
+    consumers,
+    dashboard,
+    items,
+    keys,
+    operate,
+    ops,
+    queues,
+    schedules,
+)
 from dq.server.routers._common import ERRORS
 from dq.server.schedule_metrics import ScheduleCollector
 from dq.server.settings import Settings
@@ -96,6 +105,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(items.router, dependencies=guarded)
     app.include_router(queues.router, dependencies=guarded)
     app.include_router(operate.router, dependencies=guarded)
+    app.include_router(keys.router, dependencies=guarded)
     app.include_router(schedules.router, dependencies=guarded)
     app.include_router(schedules.every_queue, dependencies=guarded)
     app.include_router(ops.router)

@@ -48,6 +48,10 @@ __all__ = [
     "ItemOut",
     "ItemResult",
     "ItemStatsOut",
+    "KeyCancelled",
+    "KeyMoved",
+    "KeyPatch",
+    "KeyedItemOut",
     "NewItemIn",
     "Purged",
     "QueueConfigBody",
@@ -160,6 +164,17 @@ class NewItemIn(TypedDict):
             ),
         ]
     ]
+    on_duplicate: NotRequired[
+        Annotated[
+            Literal["keep", "replace"],
+            Field(
+                description="with a key seen within the window: keep (default) answers "
+                "the key's item and writes nothing; replace gives the key's item, if it "
+                "is pending, this value and deadline (one item, never two), else enqueues "
+                "a new item the key names from then on (docs/retries.md)"
+            ),
+        ]
+    ]
 
 
 class InvalidItem(ValueError):
@@ -182,7 +197,14 @@ class InvalidItem(ValueError):
 #: item of every enqueue and release. ``_new_item`` and ``new_release`` write the slots
 #: (the same objects, compared equal and hashed alike); the assertions keep them in step
 #: with the fields.
-assert [f.name for f in fields(NewItem)] == ["value", "deadline", "delay_ms", "key", "group"]
+assert [f.name for f in fields(NewItem)] == [
+    "value",
+    "deadline",
+    "delay_ms",
+    "key",
+    "group",
+    "on_duplicate",
+]
 assert [f.name for f in fields(Release)] == ["id", "receipt"]
 _make = object.__new__
 _item_slots = NewItem.__dict__  # the slots' member descriptors
@@ -191,6 +213,7 @@ _set_deadline = _item_slots["deadline"].__set__
 _set_delay = _item_slots["delay_ms"].__set__
 _set_key = _item_slots["key"].__set__
 _set_group = _item_slots["group"].__set__
+_set_on_duplicate = _item_slots["on_duplicate"].__set__
 _set_id = Release.__dict__["id"].__set__
 _set_receipt = Release.__dict__["receipt"].__set__
 
@@ -201,6 +224,7 @@ def _new_item(
     delay_ms: int | None,
     key: str | None,
     group: str | None = None,
+    on_duplicate: str = "keep",
 ) -> NewItem:
     item: NewItem = _make(NewItem)
     _set_value(item, value)
@@ -208,6 +232,7 @@ def _new_item(
     _set_delay(item, delay_ms)
     _set_key(item, key)
     _set_group(item, group)
+    _set_on_duplicate(item, on_duplicate)
     return item
 
 
@@ -242,7 +267,11 @@ def to_new_items(items: list[NewItemIn]) -> list[NewItem]:
             raise InvalidItem(n, "value is not valid UTF-8 text; send it as base64") from None
         except ValueError as exc:  # bad base64: decode_value says how
             raise InvalidItem(n, str(exc)) from None
-        append(new_item(data, deadline, delay, i.get("key"), i.get("group")))
+        append(
+            new_item(
+                data, deadline, delay, i.get("key"), i.get("group"), i.get("on_duplicate", "keep")
+            )
+        )
     return out
 
 
@@ -256,6 +285,11 @@ class EnqueuedItem(BaseModel):
     duplicate: bool = Field(
         False,
         description="the key was seen within the window: the first item's id, nothing written",
+    )
+    replaced: bool = Field(
+        False,
+        description="on_duplicate replace: the key's pending item got this value and "
+        "deadline (its id); present only when true",
     )
 
 
@@ -521,6 +555,31 @@ class BrowsedItemOut(BaseModel):
 class BrowsePageOut(BaseModel):
     items: list[BrowsedItemOut]
     next: str | None = Field(description="cursor of the next page (pass as after); null at the end")
+
+
+class KeyedItemOut(BrowsedItemOut):
+    """The item a key names (``GET /v1/queues/{queue}/keys/{key}``)."""
+
+    key: str
+
+
+class KeyPatch(_When):
+    """A new deadline (``deadline`` or ``delay_ms``) and/or value for the pending item
+    a key names."""
+
+    value: str | None = Field(None, description="the new value, as text in `encoding`")
+    encoding: Encoding = "utf-8"
+
+
+class KeyMoved(BaseModel):
+    id: int
+    deadline: int = Field(description="the deadline the item has now")
+    key: str
+
+
+class KeyCancelled(BaseModel):
+    cancelled: int = Field(description="the id of the item cancelled")
+    key: str
 
 
 class Purged(BaseModel):

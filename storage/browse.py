@@ -339,25 +339,7 @@ class Found:
 
 def _net(q: Queue, pkey: bytes) -> tuple[int, tuple[bytes, bytes] | None]:
     """(pendings - tombstones, newest pending) of ``pkey`` over the current sources."""
-    tomb = _tomb(pkey)
-    before = (int.from_bytes(pkey, "big") - 1).to_bytes(16, "big")
-    readers = [
-        r
-        for r in q.files.segments
-        if r.first_keys and r.first_keys[0] <= tomb and pkey <= r.info.last_key
-    ]
-    net = 0
-    pend: list[tuple[bytes, bytes]] = []
-    for key, stats, value in _merged(q, before, readers):
-        if key > tomb:
-            break
-        if stats is None:
-            net -= 1
-        else:
-            assert value is not None
-            net += 1
-            pend.append((stats, value))
-    return net, (_newest(pend) if pend else None)
+    return q.files.count(pkey)
 
 
 def net_at(q: Queue, pkey: bytes) -> int:

@@ -35,6 +35,7 @@ from dq.storage.codec import MAX_DEADLINE, decode_stats, key_id
 from dq.storage.compactor import Compactor
 from dq.storage.config import EngineConfig
 from dq.storage.errors import (
+    BrokenRule,
     ConfigConflict,
     DataDirLocked,
     DeadLetterQueueInUse,
@@ -49,6 +50,7 @@ from dq.storage.errors import (
 )
 from dq.storage.events import Event
 from dq.storage.itemmeta import check_group, check_key
+from dq.storage.keyops import KeyOps
 from dq.storage.merge_policy import MergePolicy
 from dq.storage.moved import MovedItems
 from dq.storage.operations import MAX_DEDUP_WINDOW_MS, Operations, effective_dead_letter_queue
@@ -60,6 +62,7 @@ from dq.storage.retry import retry_from_json
 from dq.storage.schedules import ScheduleOps
 from dq.storage.syncer import FsyncStats, InlineCommits, Syncer
 from dq.storage.types import (
+    ON_DUPLICATE,
     DeadEntry,
     Delivery,
     Enqueued,
@@ -137,7 +140,7 @@ def _system_clock() -> int:
     return time.time_ns() // 1_000_000
 
 
-class Engine(Operations, ReplicaEngine, ScheduleOps):
+class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
     def __init__(
         self, root: str, config: EngineConfig, clock: Callable[[], int] | None, lock_fd: int
     ) -> None:
@@ -458,11 +461,14 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
 
     def _prepare(
         self, items: Sequence[NewItem], now: int
-    ) -> tuple[list[tuple[int, bytes]], list[str | None] | None]:
-        """The batch's (deadline, value) pairs and its idempotency keys (None when no
-        item has one), all validated: the size of the batch, then each item's value and
+    ) -> tuple[list[tuple[int, bytes]], list[str | None] | None, list[bool] | None]:
+        """The batch's (deadline, value) pairs, its idempotency keys (None when no item
+        has one) and which keyed items replace a pending item of their key (None: none
+        does), all validated: the size of the batch, then each item's value and
         deadline in order, then the keys — so bad input is refused before anything is
-        written, and the first error found is the same whichever way the batch is sent."""
+        written, and the first error found is the same whichever way the batch is sent.
+        (``on_duplicate`` says what a repeated key does: an item without a key has
+        none to repeat, and its ``on_duplicate`` changes nothing.)"""
         self._check_batch(len(items))
         limit = self.config.max_value_bytes
         # an item without deadline or delay is due now: ``resolve_deadline``'s answer,
@@ -487,11 +493,22 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
             if not keyed and getattr(item, "key", None) is not None:
                 keyed = True
         if not keyed:
-            return out, None
+            return out, None, None
+        replace: list[bool] | None = None
         for n, item in enumerate(items):
             if item.key is not None:
                 check_key(item.key, n)
-        return out, [i.key for i in items]
+                how = getattr(item, "on_duplicate", "keep")
+                if how != "keep":
+                    if how not in ON_DUPLICATE:
+                        raise BrokenRule(
+                            f"items.{n}: on_duplicate must be 'keep' or 'replace'",
+                            "on_duplicate",
+                        )
+                    if replace is None:
+                        replace = [False] * len(items)
+                    replace[n] = True
+        return out, [i.key for i in items], replace
 
     # ------------------------------------------------------------------ operations
 
@@ -510,12 +527,18 @@ class Engine(Operations, ReplicaEngine, ScheduleOps):
         ``meta``: item metadata entries the batch's log record also carries (a
         schedule's progress, ``storage/schedules.py``)."""
         now = self.now()
-        prepared, keys = self._prepare(items, now)
+        prepared, keys, replace = self._prepare(items, now)
         if not prepared:
             return resolved([])
         groups = _groups(items)
         return self._queue_for_write(name).enqueue(
-            prepared, keys=keys, now=now, extra_meta=meta, groups=groups, inline=inline
+            prepared,
+            keys=keys,
+            now=now,
+            extra_meta=meta,
+            groups=groups,
+            inline=inline,
+            replace=replace,
         )
 
     def enqueue(

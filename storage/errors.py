@@ -21,6 +21,8 @@ file, offset) as attributes and a stable ``code`` string that clients can rely o
     │   └── BatchTooLarge                                            (413)
     ├── QueueNotFound                                                (404)
     ├── ItemNotFound             id was never assigned in this queue (404)
+    ├── KeyNotFound              no item has this key within the dedup window (404)
+    ├── ItemLeased               the item a key names is leased: not changed (409)
     ├── ScheduleNotFound         no schedule of that name on the queue (404)
     ├── StaleReceipt             that delivery is over               (409)
     ├── QueueExists / ConfigConflict                                 (409)
@@ -53,7 +55,9 @@ __all__ = [
     "InvalidQueueName",
     "InvalidReceipt",
     "InvalidSchedule",
+    "ItemLeased",
     "ItemNotFound",
+    "KeyNotFound",
     "NotADeadLetterQueue",
     "NotLeader",
     "OutOfRange",
@@ -171,6 +175,22 @@ class QueueNotFound(StorageError):
 class ItemNotFound(StorageError):
     code = "item_not_found"
     http_status = 404
+
+
+class KeyNotFound(StorageError):
+    """No item has this key within the queue's dedup window (the key was never used,
+    its window ran out, or its item was cancelled by key)."""
+
+    code = "key_not_found"
+    http_status = 404
+
+
+class ItemLeased(StorageError):
+    """The item is leased: a consumer has it, so it is not changed by key (its receipt
+    is what settles it)."""
+
+    code = "item_leased"
+    http_status = 409
 
 
 class ScheduleNotFound(StorageError):

@@ -21,7 +21,16 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from dq.storage.errors import QueueNotFound
-from dq.storage.types import Enqueued, Extend, Fail, ItemOutcome, NewItem, Release, Requeue
+from dq.storage.types import (
+    BrowsedItem,
+    Enqueued,
+    Extend,
+    Fail,
+    ItemOutcome,
+    NewItem,
+    Release,
+    Requeue,
+)
 from dq.storage.validation import LEASE_MS, MAX_LEASE_MS, WAIT_MS, check_batch, count_range
 from dq.storage.waits import Leased, Waits, leased
 
@@ -61,6 +70,13 @@ class ItemOps:
       queue's retry policy with its error kept (an error over 4 KiB refuses the batch
       before anything is done; a stale receipt is an outcome);
     - ``extend(queue, items)``: extend a batch of leases (in memory: nothing to wait for).
+
+    The items a key names (``storage/keyops.py``; blocking calls, for a worker thread):
+
+    - ``peek_key(queue, key[, with_values])``: the item, wherever it is;
+    - ``cancel_key(queue, key)``: cancel it if pending; its id;
+    - ``patch_key(queue, key, *, deadline, delay_ms, value)``: give it a new deadline
+      and/or value if pending; its id and new deadline.
     """
 
     start_enqueue: StartWrite[NewItem, list[Enqueued]]
@@ -68,6 +84,9 @@ class ItemOps:
     start_requeue: StartWrite[Requeue, list[ItemOutcome]]
     start_fail: StartWrite[Fail, list[ItemOutcome]]
     extend: Callable[[str, Sequence[Extend]], list[ItemOutcome]]
+    peek_key: Callable[..., BrowsedItem]
+    cancel_key: Callable[[str, str], int]
+    patch_key: Callable[..., Enqueued]
 
     def __init__(
         self, engine: Engine, *, max_wait_ms: int = 20_000, waits: Waits | None = None
@@ -82,6 +101,9 @@ class ItemOps:
         self.start_requeue = engine.requeue_nowait
         self.start_fail = engine.fail_nowait
         self.extend = engine.extend
+        self.peek_key = engine.peek_key
+        self.cancel_key = engine.cancel_key
+        self.patch_key = engine.patch_key
 
     # ------------------------------------------------------------------ dequeue
 

@@ -58,6 +58,7 @@ from dq.storage.codec import (
     MAX_ID,
     PENDING_HEADER,
     TOMBSTONE,
+    decode_stats,
     encode_key,
     encode_stats,
     iter_entries,
@@ -86,7 +87,15 @@ from dq.storage.futures import Answer, answer, settle
 from dq.storage.group_commit import GroupCommit, PendingBatch
 from dq.storage.health import Health
 from dq.storage.item_notes import Carried, Carrying, carry, retry_deadline
-from dq.storage.itemmeta import ItemMeta, encode_group_entry, encode_origin_entry, groups_of
+from dq.storage.itemmeta import (
+    ItemMeta,
+    Remembered,
+    encode_group_entry,
+    encode_key_entry,
+    encode_origin_entry,
+    groups_of,
+)
+from dq.storage.key_moves import KeyState, Rekey
 from dq.storage.leases import Lease
 from dq.storage.memseg import MemSegment
 from dq.storage.merge_policy import SegmentDesc
@@ -282,15 +291,17 @@ class Queue:
         groups: Sequence[str | None] | None = None,
         inline: InlineCommits | None = None,
         reasons: Sequence[tuple[Reason, ...] | None] | None = None,
+        replace: Sequence[bool] | None = None,
     ) -> Future[list[Enqueued]]:
         """Enqueue (deadline, value) pairs, already validated. ``stats`` for dead letters
         and redrives; ``keys`` (idempotency), ``origin`` (the queue a dead letter came
         from), ``groups`` (each item's group or None, checked) and ``reasons`` (why each
         failed: a dead letter's or a redriven item's history) travel in the same log
         record as the items (``storage/itemmeta.py``), and so does ``extra_meta``
-        (metadata entries of the batch: a schedule's progress); ``now``: the engine's
-        clock as the caller read it (read here if not given); ``inline``: the calling
-        thread's own group commits (``_submit``)."""
+        (metadata entries of the batch: a schedule's progress); ``replace``: which keyed
+        items replace the pending item of their key (``storage/dedup.py``); ``now``: the
+        engine's clock as the caller read it (read here if not given); ``inline``: the
+        calling thread's own group commits (``_submit``)."""
         if now is None:
             now = self.engine.now()
         st = encode_stats(*stats) if stats is not None else encode_stats(now, 0, 0)
@@ -304,7 +315,7 @@ class Queue:
             window = self.config.dedup_window_ms
             if keys is not None and window > 0 and any(k is not None for k in keys):
                 return self._enqueue_keyed(
-                    prepared, st, keys, now, window, extra_meta, groups, inline
+                    prepared, st, keys, now, window, extra_meta, groups, inline, replace
                 )
             first = self.next_id
             fut = self._write_pending(
@@ -330,22 +341,28 @@ class Queue:
         extra_meta: bytes,
         groups: Sequence[str | None] | None = None,
         inline: InlineCommits | None = None,
+        replace: Sequence[bool] | None = None,
     ) -> Future[list[Enqueued]]:
         """An enqueue where some items carry keys (under the lock): only the items whose
-        key is new (or that have none) are written (``storage/dedup.py``)."""
+        key is new (or that have none) are written, and the pending items that items
+        with "replace" repeat the keys of move (``storage/dedup.py``), all in one
+        record."""
         meta = self.meta
-        batch = split_keyed(meta, keys, now, window)
+        batch = split_keyed(meta, keys, now, window, replace, self.key_state, prepared)
         fresh = batch.fresh
-        if fresh:
+        if fresh or batch.rekeys:
             first = self.next_id
+            picked = [batch.substitute.get(i, i) for i in fresh]  # a later "replace" wins
+            for r in batch.rekeys:
+                r.group = None if groups is None or r.source is None else groups[r.source]
             try:
                 fut = self._write_pending(
-                    [prepared[i] for i in fresh],
+                    [prepared[i] for i in picked],
                     st,
                     now,
                     extra_meta,
                     keyed=batch,
-                    groups=None if groups is None else [groups[i] for i in fresh],
+                    groups=None if groups is None else [groups[i] for i in picked],
                     inline=inline,
                 )
             except BaseException:
@@ -399,28 +416,218 @@ class Queue:
                 grouped[key] = group
             item_id += 1
         self.rates.add("enqueue", n, now)
+        entries: list[tuple[bytes, bytes | None, bytes | None]] | None = None
+        rekeyed: list[tuple[Remembered, int, int]] = []
+        carried: list[Carried] = []
         if keyed is not None:
             meta = keyed.remember(self.meta, results)
+            if keyed.rekeys:
+                entries = []
+                grouped = {} if grouped is None else grouped
+                moves = self._frame_rekeys(
+                    keyed.rekeys, now, parts, entries, meta, grouped, rekeyed, carried
+                )
+                for r, moved in zip(keyed.rekeys, moves, strict=True):
+                    assert r.index is not None
+                    keyed.results[r.index] = moved
         if reasons is not None:
             log_no = self.commit.wal.segment_no
             for done, why in zip(results, reasons, strict=True):
                 if why:
                     meta.append(encode_error_entry(done.id, done.deadline, why))
                     self.meta.errors.written(done.id, done.deadline, log_no, why)
-        token = self.commit.hold(pairs[0][0] if n == 1 else min(pairs)[0])
+        lowest = [min(pairs)[0]] if pairs else []
+        if entries:
+            lowest.append(min(k for k, _s, _v in entries))
+        token = self.commit.hold(min(lowest))
         batch = PendingBatch(
             self.files.memseg,
             results if keyed is None else None,
             keyed=pairs,
             stats=st,
+            entries=entries,
             token=token,
             remembered=None if keyed is None else keyed.new_entries,
             wakes=True,
             groups=grouped,
         )
-        return self._submit(
-            batch, b"".join(parts), b"".join(meta) + b"".join(group_meta) + extra_meta, inline
+        if not rekeyed:
+            return self._submit(
+                batch, b"".join(parts), b"".join(meta) + b"".join(group_meta) + extra_meta, inline
+            )
+        give_back = self._rekeyed(rekeyed, carried, batch)
+        try:
+            return self._submit(
+                batch, b"".join(parts), b"".join(meta) + b"".join(group_meta) + extra_meta, inline
+            )
+        except BaseException:
+            give_back.give_back()
+            for entry, deadline, time in rekeyed:
+                entry.deadline, entry.time, entry.pending = deadline, time, None
+            raise
+
+    # ------------------------------------------------------------------ items by key
+
+    def key_state(self, entry: Remembered) -> KeyState:
+        """Where the item ``entry`` (a key's) names is now (under the lock): leased, gone,
+        or pending — its entry found in a write on its way to disk, or in the in-memory
+        segments and the segment files that can hold its key (``SegmentSet.count``)."""
+        pkey = encode_key(entry.deadline, entry.id)
+        lease = self.deliveries.leases.get(entry.id)
+        if lease is not None:
+            return KeyState("leased", lease.key, lease=lease)
+        flying = self._in_flight(pkey)
+        if flying is not None:
+            return flying
+        if pkey <= self.deliveries.cursor:
+            return KeyState("gone", pkey)  # behind the cursor, only a lease is live
+        net, newest = self.files.count(pkey)
+        if net > 0 and newest is not None:
+            return KeyState("pending", pkey, newest[0], newest[1])
+        return KeyState("gone", pkey)
+
+    def _in_flight(self, pkey: bytes) -> KeyState | None:
+        """The entry ``pkey`` as a write waiting to be durable leaves it — written
+        (pending), or cancelled — or None if no such write touches it."""
+        tomb = tombstone_of(pkey)
+        found: KeyState | None = None
+        for batch in self.commit.waiting:  # in append order: the last one says
+            if batch.keyed is not None:
+                for key, value in batch.keyed:
+                    if key == pkey:
+                        found = KeyState("pending", pkey, batch.stats, value)
+            if batch.entries is not None:
+                for key, entry_stats, entry_value in batch.entries:
+                    if key == pkey and entry_stats is not None and entry_value is not None:
+                        found = KeyState("pending", pkey, entry_stats, entry_value)
+                    elif key == tomb:
+                        found = KeyState("gone", pkey)
+        return found
+
+    def _fresh_key(self, deadline: int, item_id: int, moving: bytes | None) -> tuple[int, bytes]:
+        """The key a moved item's new entry takes: (deadline, id) placed after the cursor,
+        and 1 ms later while it is a key this log already holds — the item's own earlier
+        entry there, pending or cancelled, a move by key ahead of the cursor may come back
+        to. One log holds a key once (its in-memory segment keeps one entry a key, a
+        freeze one entry a key), so a second would be lost. ``moving``: the pending key
+        of an item moved by key, whose own writes may still be on their way to disk,
+        and which its new entry must not be either."""
+        deadline, key = self.deliveries.place(deadline, item_id)
+        entries = self.files.memseg.entries
+        while (
+            key in entries
+            or tombstone_of(key) in entries
+            or key == moving
+            or (moving is not None and self._in_flight(key) is not None)
+        ):
+            deadline += 1
+            key = encode_key(deadline, item_id)
+        return deadline, key
+
+    def _frame_rekeys(
+        self,
+        rekeys: Sequence[Rekey],
+        now: int,
+        parts: list[bytes],
+        entries: list[tuple[bytes, bytes | None, bytes | None]],
+        meta: list[bytes],
+        groups: dict[bytes, str],
+        rekeyed: list[tuple[Remembered, int, int]],
+        carried: list[Carried],
+    ) -> list[Enqueued]:
+        """Frame the moves of pending items by key (under the lock): each item's new
+        entry — same id, the new deadline (placed after the cursor, and 1 ms later if it
+        would be the very key it leaves) and value, its delivery count kept — the
+        tombstone of the entry it leaves (kept in memory: it is ahead of the cursor),
+        the key entry naming it there, written now (its window starts again), and its
+        reasons. Notes in ``rekeyed`` what each key said before."""
+        pack = PENDING_HEADER.pack
+        out: list[Enqueued] = []
+        for r in rekeys:
+            entry, old = r.entry, r.state.pkey
+            item_id = entry.id
+            deadline, key = self._fresh_key(r.deadline, item_id, old)
+            enq, _req, cnt = decode_stats(r.state.stats)
+            st = encode_stats(enq, now, cnt)
+            tomb = tombstone_of(old)
+            parts += (pack(key, st, len(r.value)), r.value, tomb)
+            entries += ((key, st, r.value), (tomb, None, None))
+            meta.append(encode_key_entry(item_id, deadline, now, r.key.encode()))
+            if r.group is not None:
+                meta.append(encode_group_entry(item_id, r.group))
+                groups[key] = r.group
+            reasons = self.item_reasons(item_id)
+            if reasons is not None:
+                meta.append(encode_error_entry(item_id, deadline, reasons))
+                carried.append(Carried(item_id, deadline, None, reasons))
+            rekeyed.append((entry, entry.deadline, entry.time))
+            entry.deadline, entry.time = deadline, now
+            self.meta.remember(r.key, entry)  # its window starts again now
+            out.append(Enqueued(item_id, deadline, replaced=True))
+        return out
+
+    def _rekeyed(
+        self,
+        rekeyed: list[tuple[Remembered, int, int]],
+        carried: list[Carried],
+        batch: PendingBatch,
+    ) -> Carrying:
+        """Keys moved by ``batch`` wait for its publication; memory says the reasons it
+        carries. Returns what gives those back if the record is refused."""
+        carrying = self._carry(carried, batch)
+        moving = [entry for entry, _d, _t in rekeyed]
+        for entry in moving:
+            entry.pending = batch.future
+        batch.remembered = (batch.remembered or []) + moving
+        return carrying
+
+    def rekey(
+        self, key: str, entry: Remembered, state: KeyState, deadline: int, value: bytes, now: int
+    ) -> tuple[Future[Any], Enqueued]:
+        """Move the pending item ``key`` names (``state``) to ``deadline`` with ``value``
+        (call under the lock, the queue checked open and not stalled): one record, as an
+        enqueue with "replace" writes it; its group stays."""
+        r = Rekey(key, entry, state, deadline, value)
+        r.group = self.files.group_of(state.pkey, None) or self._group_in_flight(state.pkey)
+        parts: list[bytes] = []
+        entries: list[tuple[bytes, bytes | None, bytes | None]] = []
+        meta: list[bytes] = []
+        groups: dict[bytes, str] = {}
+        rekeyed: list[tuple[Remembered, int, int]] = []
+        carried: list[Carried] = []
+        [done] = self._frame_rekeys([r], now, parts, entries, meta, groups, rekeyed, carried)
+        token = self.commit.hold(min(k for k, _s, _v in entries))
+        batch = PendingBatch(
+            self.files.memseg, done, entries=entries, token=token, wakes=True, groups=groups or None
         )
+        give_back = self._rekeyed(rekeyed, carried, batch)
+        try:
+            return self._submit(batch, b"".join(parts), b"".join(meta)), done
+        except BaseException:
+            give_back.give_back()
+            for e, d, t in rekeyed:
+                e.deadline, e.time, e.pending = d, t, None
+            raise
+
+    def _group_in_flight(self, pkey: bytes) -> str | None:
+        for batch in self.commit.waiting:
+            if batch.groups and pkey in batch.groups:
+                return batch.groups[pkey]
+        return None
+
+    def cancel_by_key(self, key: str, entry: Remembered, state: KeyState) -> Future[Any]:
+        """Cancel the pending item ``key`` names (``state``; call under the lock, the
+        queue checked open): the tombstone of its entry (kept in memory: it is ahead of
+        the cursor, and a barrier until published) and, in the same record, a key entry
+        that names no item (id 0), so the key is free again — after a restart too."""
+        tomb = tombstone_of(state.pkey)
+        forget = encode_key_entry(0, 0, entry.time, key.encode())
+        token = self.commit.hold(state.pkey)
+        batch = PendingBatch(self.files.memseg, entry.id, entries=[(tomb, None, None)], token=token)
+        fut = self._submit(batch, tomb, forget)
+        if self.meta.keys.get(key) is entry:
+            self.meta.forget_key(key)
+        return fut
 
     # ------------------------------------------------------------------ release, requeue, fail, extend
 
@@ -574,13 +781,13 @@ class Queue:
         groups: dict[bytes, str] = {}
         carried: list[Carried] = []
         pack = PENDING_HEADER.pack
-        lookup, place = self.files.lookup, self.deliveries.place
+        lookup, fresh = self.files.lookup, self._fresh_key
         for item_id, lease, deadline, reason in moves:
             found = lookup(lease.key, lease.source)
             if found is None:
                 log.error("queue %s: value of item %d not found; left pending", self.name, item_id)
                 continue
-            deadline, key = place(deadline, item_id)
+            deadline, key = fresh(deadline, item_id, None)
             st = encode_stats(lease.enqueue_time, now, lease.dequeue_count)
             value = found[1]
             parts.append(pack(key, st, len(value)))

@@ -17,7 +17,7 @@ new deadline, so the newest error entry of an id always names where the item is:
 
 Memory: an item's reasons are held in memory only while the log they were written in is
 not frozen (that log's size bounds them); once its metadata is in a sidecar
-(``NNNNNNNNNN.meta``) only where they are is kept (an ``ErrorNote``: about 150 bytes an
+(``NNNNNNNNNN.meta``) only where they are is kept (an ``ErrorNote``: about 280 bytes an
 item, whatever the text), and a delivery or a peek reads them back from the sidecar with
 one ``pread``. A note is dropped once its item is gone — released (its key falls behind
 the dequeue cursor without a lease), deleted, purged or moved — which ``prune`` finds a

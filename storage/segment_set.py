@@ -23,13 +23,14 @@ import shutil
 import time
 
 from dq.storage import fileio
+from dq.storage.codec import TOMBSTONE, decode_stats
 from dq.storage.compactor import FreezeResult
 from dq.storage.errors import InvalidArgument
 from dq.storage.health import backoff
 from dq.storage.memseg import MemSegment
 from dq.storage.merge_policy import SegmentDesc
 from dq.storage.recovery import Recovered
-from dq.storage.segment import SegmentReader, segment_name
+from dq.storage.segment import SegmentCursor, SegmentReader, segment_name
 from dq.storage.view import MergedView
 from dq.storage.wal import WalWriter
 
@@ -119,6 +120,42 @@ class SegmentSet:
                 if hit is not None:
                     return hit
         return None
+
+    def count(self, pkey: bytes) -> tuple[int, tuple[bytes, bytes] | None]:
+        """(pendings - tombstones, newest pending as (stats, value)) of the pending key
+        ``pkey`` over every in-memory segment and segment file: a look-up per in-memory
+        segment, one block per segment file whose range holds it. Tombstones not kept in
+        memory (a delivered entry's) are not counted: that entry is behind the cursor,
+        where only a lease says an item is live."""
+        tomb = pkey[:15] + bytes((pkey[15] | TOMBSTONE,))
+        net = 0
+        pend: list[tuple[bytes, bytes]] = []
+        for mem in self.memsegs():
+            entries = mem.entries
+            found = entries.get(pkey)
+            if found is not None:
+                net += 1
+                pend.append(found)
+            if tomb in entries:
+                net -= 1
+        before = (int.from_bytes(pkey, "big") - 1).to_bytes(16, "big")
+        for reader in self.segments:
+            if not reader.first_keys or not reader.first_keys[0] <= tomb:
+                continue
+            if pkey > reader.info.last_key:
+                continue
+            cur = SegmentCursor(reader, before)
+            while cur.key is not None and cur.key <= tomb:
+                if cur.key == tomb:
+                    net -= 1
+                else:
+                    _k, stats, value = cur.entry()
+                    net += 1
+                    pend.append((stats, value))
+                cur.advance()
+        if not pend:
+            return net, None
+        return net, max(pend, key=lambda p: decode_stats(p[0])[1])
 
     def group_of(self, key: bytes, hint: object | None) -> str | None:
         """The group of the pending entry ``key`` wherever it lives now (None: none):

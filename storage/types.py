@@ -18,6 +18,7 @@ from dq.storage.retry import RetryPolicy
 
 __all__ = [
     "MAX_QUEUE_NAME",
+    "ON_DUPLICATE",
     "QUEUE_NAME_PATTERN",
     "BrowsePage",
     "BrowsedItem",
@@ -30,6 +31,7 @@ __all__ = [
     "ItemOutcome",
     "ItemStats",
     "NewItem",
+    "OnDuplicate",
     "QueueConfig",
     "QueueStats",
     "Reason",
@@ -41,6 +43,10 @@ __all__ = [
 ]
 
 FsyncMode = Literal["always", "interval", "never"]
+#: what an enqueue whose key names a pending item does: answer it ("keep") or give it
+#: the new value and deadline ("replace")
+OnDuplicate = Literal["keep", "replace"]
+ON_DUPLICATE = ("keep", "replace")
 
 MAX_QUEUE_NAME = 128
 QUEUE_NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -88,7 +94,9 @@ class NewItem:
     """What a producer hands in. ``deadline`` and ``delay_ms`` are exclusive; neither means now.
 
     ``key`` (1-128 bytes of UTF-8) makes the enqueue idempotent: within the queue's
-    ``dedup_window_ms`` a repeat answers the first item's id and deadline, writes nothing.
+    ``dedup_window_ms`` a repeat answers the first item's id and deadline, writes nothing
+    (``on_duplicate`` "keep", the default); with "replace" a repeat whose item is still
+    pending gives that item this value and deadline instead (``docs/retries.md``).
     ``group`` (1-128 printable ASCII characters) is the item's group, which the queue's
     delivery rules go by (``docs/delivery.md``).
     """
@@ -98,6 +106,7 @@ class NewItem:
     delay_ms: int | None = None
     key: str | None = None
     group: str | None = None
+    on_duplicate: OnDuplicate = "keep"
 
 
 @dataclass(slots=True)
@@ -105,11 +114,13 @@ class Enqueued:
     """The id the server assigned and the deadline the item was stored with.
 
     ``duplicate``: the item's key was seen within the dedup window; id and deadline are
-    the first item's, and nothing was written."""
+    the item's it names, and nothing was written. ``replaced``: the key's item was
+    pending and now has this enqueue's value and deadline (``on_duplicate`` "replace")."""
 
     id: int
     deadline: int
     duplicate: bool = False
+    replaced: bool = False
 
 
 #: an entry on its way to a dead-letter queue: (key, stats, value, its item's group)

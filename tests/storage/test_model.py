@@ -1,13 +1,15 @@
 """The engine and a trivial in-memory model, driven through the same random operations.
 
 Hypothesis picks enqueues (with past, present and future deadlines, with and without
-idempotency keys), dequeues, releases, requeues, extends, stale receipts, clock moves,
-lease expiry, freezes, merges of any contiguous segment range, pause and resume,
+idempotency keys, and with "replace" of a key's pending item), dequeues, releases,
+requeues, fails under the queue's retry policy, extends, stale receipts, clock moves,
+lease expiry, cancels by key, freezes, merges of any contiguous segment range, pause and resume,
 purge, delete by id, redrive of dead letters, browsing, a schedule's ticks (every
 5 s, ``catch_up: all``, into a queue keeping no idempotency keys: each tick once, across
 reopens and power losses), and close-and-reopen; after
-every step the engine and the model must agree on what was delivered, on what a
-browse shows, and on the counts.
+every step the engine and the model must agree on what was delivered (with the last
+error of each delivery), on what a browse shows (with each item's reasons), on what a
+key names, and on the counts.
 
 With ``fsync="always"`` (``EngineVsModelSynced`` here, and the machine under faults) a
 step also dequeues while an enqueue, a requeue or a delete has its log's fsync held
@@ -24,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -41,7 +44,7 @@ from dq.storage import (
     RetryPolicy,
 )
 from dq.storage.codec import encode_key, key_deadline, key_id
-from dq.storage.errors import ItemNotFound, WriteStall
+from dq.storage.errors import ItemLeased, ItemNotFound, KeyNotFound, WriteStall
 from dq.storage.reasons import LEASE_EXPIRED, MAX_REASONS
 from dq.storage.scheduler import Scheduler
 from dq.storage.schedules import ScheduleSpec
@@ -158,6 +161,20 @@ class EngineVsModel(RuleBasedStateMachine):
             return cd if item_id > key_id(cursor) else cd + 1
         return deadline
 
+    def fresh(self, queue: str, deadline: int, item_id: int, old: int | None = None) -> int:
+        """Where a moved item's new entry goes: placed after the cursor, then 1 ms later
+        while its own earlier entry holds that key in the current log (one log holds a
+        key once) or it is the entry it leaves (``old``, a move by key)."""
+        deadline = self.place(queue, deadline, item_id)
+        entries = self.engine.queue(queue).files.memseg.entries
+        while (
+            encode_key(deadline, item_id) in entries
+            or encode_key(deadline, item_id, 3) in entries
+            or deadline == old
+        ):
+            deadline += 1
+        return deadline
+
     def moved(self, queue: str, item: Item) -> None:
         """A key names its item where it is now: a repeat answers its new deadline."""
         if queue != Q:
@@ -189,7 +206,7 @@ class EngineVsModel(RuleBasedStateMachine):
                 if queue == Q:  # stale receipts are tried on Q (an id of DLQ may not be one)
                     self.stale.append((item.id, item.receipt))
                 item.receipt = None
-                item.deadline = self.place(queue, self.retry_at(queue, item, now), item.id)
+                item.deadline = self.fresh(queue, self.retry_at(queue, item, now), item.id)
                 self.moved(queue, item)
                 self.failed(item, LEASE_EXPIRED)
                 item.requeue_time = now
@@ -338,7 +355,7 @@ class EngineVsModel(RuleBasedStateMachine):
             out = self.engine.requeue(Q, [Requeue(item.id, receipt, deadline=now + delay)])
             assert out[0].error == "stale_receipt", out
             return
-        expected = self.place(Q, now + delay, item.id)
+        expected = self.fresh(Q, now + delay, item.id)
         out = self.engine.requeue(Q, [Requeue(item.id, item.receipt, deadline=now + delay)])
         assert out[0].ok, out
         assert out[0].deadline == expected
@@ -396,7 +413,7 @@ class EngineVsModel(RuleBasedStateMachine):
                 receipt = item.receipt
                 assert receipt is not None
                 delay = data.draw(st.integers(-3000, 1000))
-                moved_to = self.place(Q, now + delay, item.id)
+                moved_to = self.fresh(Q, now + delay, item.id)
                 keys = [encode_key(moved_to, item.id)]
                 fut = self.engine.requeue_nowait(
                     Q, [Requeue(item.id, receipt, deadline=now + delay)]
@@ -456,7 +473,7 @@ class EngineVsModel(RuleBasedStateMachine):
             out = self.engine.fail(Q, [Fail(item.id, receipt, error)])
             assert out[0].error == "stale_receipt", out
             return
-        expected = self.place(Q, self.retry_at(Q, item, now), item.id)
+        expected = self.fresh(Q, self.retry_at(Q, item, now), item.id)
         out = self.engine.fail(Q, [Fail(item.id, receipt, error)])
         assert out[0].ok, out
         assert out[0].deadline == expected
@@ -554,6 +571,72 @@ class EngineVsModel(RuleBasedStateMachine):
             self.model[Q][item_id] = Item(item_id, deadline, f"k{k}".encode(), now, group=group(k))
             if k is not None:
                 self.keys[k] = (item_id, deadline, now)
+
+    def _key_names(self, k: str) -> Item | None:
+        """The item key ``k`` names in Q within its window (None: none, or it is gone)."""
+        known = self.keys.get(k)
+        if known is None or self.clock.now - known[2] >= 300_000:
+            return None
+        return self.model[Q].get(known[0])
+
+    @rule(k=st.sampled_from(["a", "b", "c"]), delay=st.integers(0, 3000))
+    def replace_enqueue(self, k: str, delay: int) -> None:
+        """An enqueue with "replace": the pending item of its key gets the new value and
+        deadline (its id, delivery count and reasons kept); a leased or gone one is left
+        be, and a new item takes the key."""
+        self.expire(Q)  # an expired lease is an item back in the queue
+        now = self.clock.now
+        self.values += 1
+        value = b"r%d" % self.values
+        group = f"g-{k}" if k in ("a", "b") else None
+        target = self._key_names(k)
+        if target is not None and target.receipt is not None:
+            target = None  # leased: not replaced
+        next_id = self.engine.queue(Q).next_id
+        if target is not None:
+            moved_to = self.fresh(Q, now + delay, target.id, target.deadline)
+        [got] = self.engine.enqueue(
+            Q, [NewItem(value, delay_ms=delay, key=k, group=group, on_duplicate="replace")]
+        )
+        if target is None:
+            deadline = self.place(Q, now + delay, next_id)
+            assert (got.id, got.deadline, got.replaced, got.duplicate) == (
+                next_id,
+                deadline,
+                False,
+                False,
+            )
+            self.model[Q][next_id] = Item(next_id, deadline, value, now, group=group)
+            self.keys[k] = (next_id, deadline, now)
+            return
+        deadline = moved_to
+        assert (got.id, got.deadline, got.replaced) == (target.id, deadline, True)
+        target.value, target.deadline, target.requeue_time = value, deadline, now
+        target.group = group
+        self.keys[k] = (target.id, deadline, now)
+
+    @rule(k=st.sampled_from(["a", "b", "c", "d", "e"]))
+    def cancel_by_key(self, k: str) -> None:
+        """A cancel by key removes a pending item and frees its key; a leased one is
+        refused (nothing changes), and so is a key that names nothing or an item gone."""
+        self.expire(Q)
+        known = self.keys.get(k)
+        if known is None or self.clock.now - known[2] >= 300_000:
+            with pytest.raises(KeyNotFound):
+                self.engine.cancel_key(Q, k)
+            return
+        item = self.model[Q].get(known[0])
+        if item is None:
+            with pytest.raises(ItemNotFound):
+                self.engine.cancel_key(Q, k)
+            return
+        if item.receipt is not None:
+            with pytest.raises(ItemLeased):
+                self.engine.cancel_key(Q, k)
+            return
+        assert self.engine.cancel_key(Q, k) == item.id
+        del self.model[Q][item.id]
+        del self.keys[k]
 
     @rule()
     def pause(self) -> None:
