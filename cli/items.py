@@ -1,4 +1,5 @@
-"""``dq put``, ``dq get``, ``dq ack``, ``dq requeue``: item commands against a live server."""
+"""``dq put``, ``dq get``, ``dq ack``, ``dq requeue``, ``dq fail``: item commands against a
+live server."""
 
 from __future__ import annotations
 
@@ -44,6 +45,13 @@ def register(subparsers: Any) -> None:
         "dedup window answers the first item and writes nothing)",
     )
     p.add_argument(
+        "--replace",
+        action="store_true",
+        help="with --key: a repeat gives the key's pending item this value and deadline "
+        "(one item, never two: debounce); a leased one is left be and a new item takes "
+        "the key",
+    )
+    p.add_argument(
         "--group",
         help="the items' group (1-128 printable ASCII characters), which the queue's "
         "delivery rules go by: group_limit, fair, rate_limit (docs/delivery.md)",
@@ -74,6 +82,19 @@ def register(subparsers: Any) -> None:
     _when_flags(p)
     add_common(p)
     p.set_defaults(func=requeue)
+
+    p = subparsers.add_parser(
+        "fail",
+        help="hand an item back because it failed (the queue's retry policy says when)",
+        description="Hand a leased item back because it failed: it is due again when the "
+        "queue's retry policy says (docs/retries.md) and keeps REASON as its last error.",
+    )
+    p.add_argument("queue")
+    p.add_argument("id", type=int)
+    p.add_argument("receipt")
+    p.add_argument("reason", nargs="?", default="", help="why it failed (up to 4096 bytes)")
+    add_common(p)
+    p.set_defaults(func=fail)
 
 
 def _when_flags(p: argparse.ArgumentParser) -> None:
@@ -115,6 +136,9 @@ def put(args: argparse.Namespace) -> int:
     else:
         raw = [sys.stdin.buffer.read()]
     keys = args.key or []
+    if args.replace and not keys:
+        print("dq put: --replace replaces the item of a key: give --key", file=sys.stderr)
+        return 2
     if keys and len(keys) != len(raw):
         print(f"dq put: give one --key per value ({len(raw)}), not {len(keys)}", file=sys.stderr)
         return 2
@@ -126,6 +150,7 @@ def put(args: argparse.Namespace) -> int:
             delay_ms,
             keys[n] if keys else None,
             args.group,
+            "replace" if args.replace else "keep",
         )
         for n, v in enumerate(raw)
     ]
@@ -136,7 +161,8 @@ def put(args: argparse.Namespace) -> int:
             emit_json(done)
         else:
             for e in done:
-                print(f"{e.id}\t{when(e.deadline)}" + ("\tduplicate" if e.duplicate else ""))
+                how = "\treplaced" if e.replaced else "\tduplicate" if e.duplicate else ""
+                print(f"{e.id}\t{when(e.deadline)}{how}")
         return 0
 
     return run_remote(args, action)
@@ -227,6 +253,18 @@ def requeue(args: argparse.Namespace) -> int:
             emit_json({"id": args.id, "ok": True, "deadline": deadline})
         else:
             print(f"requeued {args.id} (deadline {when(deadline)})")
+        return 0
+
+    return run_remote(args, action)
+
+
+def fail(args: argparse.Namespace) -> int:
+    def action(dq: Client) -> int:
+        deadline = dq.fail(args.queue, args.id, args.receipt, args.reason)
+        if args.json:
+            emit_json({"id": args.id, "ok": True, "deadline": deadline})
+        else:
+            print(f"failed {args.id} (due again {when(deadline)})")
         return 0
 
     return run_remote(args, action)

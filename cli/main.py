@@ -21,6 +21,7 @@ COMMAND_MODULES: list[str] = [
     "dq.cli.items",
     "dq.cli.admin",
     "dq.cli.operate",
+    "dq.cli.keys",
     "dq.cli.schedules",
     "dq.cli.shm",
     "dq.cli.storage_tools",

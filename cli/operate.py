@@ -1,5 +1,5 @@
-"""Operator commands: ``dq create``, ``delete``, ``pause``, ``resume``, ``peek``,
-``browse``, ``redrive``, ``purge`` and ``backup``.
+"""Operator commands: ``dq create``, ``delete``, ``pause``, ``resume``, ``peek`` (by id
+or key), ``browse``, ``redrive``, ``purge`` and ``backup``.
 
 All but ``backup --data-dir`` talk to a running server (``--url``/``--token``, as the
 other client commands). Each prints one line saying what happened (or a table for
@@ -49,8 +49,9 @@ def register(subparsers: Any) -> None:
     )
     _queue_cmd(subparsers, "pause", "stop handing out items (writes go on)", pause)
     _queue_cmd(subparsers, "resume", "hand out items again", resume)
-    p = _queue_cmd(subparsers, "peek", "show one item by id without leasing it", peek)
-    p.add_argument("id", type=int)
+    p = _queue_cmd(subparsers, "peek", "show one item by id or key without leasing it", peek)
+    p.add_argument("id", type=int, nargs="?", help="the item's id (or give --key)")
+    p.add_argument("--key", help="the item the key names (docs/retries.md, Items by key)")
     p = _queue_cmd(subparsers, "browse", "list items in deadline order without leasing", browse)
     p.add_argument("--state", choices=("all", "due", "delayed", "leased"), default="all")
     p.add_argument("--limit", type=int, default=50, help="items per page (max 1000)")
@@ -176,12 +177,21 @@ def _table(items: list[BrowsedItem], values: bool) -> None:
 
 
 def peek(args: argparse.Namespace) -> int:
+    if (args.id is None) == (args.key is None):
+        print("dq peek: give the item's ID or --key KEY (one of them)", file=sys.stderr)
+        return 2
+
     def action(dq: Client) -> int:
-        item = dq.peek(args.queue, args.id)
+        if args.key is not None:
+            item = dq.peek_key(args.queue, args.key)
+        else:
+            item = dq.peek(args.queue, args.id)
         if args.json:
             emit_json(item)
         else:
             _table([item], values=True)
+            for why in item.errors:  # newest first: why its deliveries failed
+                print(f"failed on delivery {why.delivery} at {when(why.at)}: {why.error}")
             if item.moved_to is not None:  # dead-lettered or redriven: a new id elsewhere
                 to = item.moved_to
                 print(f"moved to {to.queue} as item {to.id}: dq peek {to.queue} {to.id}")

@@ -4,24 +4,21 @@
 gives it a new deadline and/or value if it is pending. The rules — a leased item is
 409 ``item_leased`` and nothing changes, a gone one 404 ``item_not_found``, a key past
 its window 404 ``key_not_found`` — are the engine's (``storage/keyops.py``, through
-``storage/itemops.py``); each call runs in a worker thread (it may read a block of a
-segment file, and a write waits for its fsync). A key may hold ``/``: the route takes
-the rest of the path as the key (``server/path_guard.py`` lets its escaped slashes
-through).
+``storage/itemops.py``); each call runs in a worker thread (``in_thread``: it may read
+a block of a segment file, and a write waits for its fsync). A key may hold ``/``: the
+route takes the rest of the path as the key (``server/path_guard.py`` lets its escaped
+slashes through).
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from dq.server.dependencies import QueuePath, Service, service_of
+from dq.server.dependencies import QueuePath, service_of
 from dq.server.errors import ApiError
-from dq.server.routers._common import ERRORS, json_response
+from dq.server.routers._common import ERRORS, in_thread, json_response
 from dq.server.routers.operate import item_json
 from dq.server.schemas import (
     Encoding,
@@ -31,7 +28,6 @@ from dq.server.schemas import (
     KeyPatch,
     decode_value,
 )
-from dq.storage.errors import StorageError
 
 __all__ = ["router"]
 
@@ -39,19 +35,6 @@ router = APIRouter(prefix="/v1/queues/{queue}/keys", tags=["keys"], responses=ER
 KeyPath = Annotated[
     str, Path(description="the item's key (1-128 bytes of UTF-8; a '/' in it may be sent as is)")
 ]
-_perf = time.perf_counter
-T = TypeVar("T")
-
-
-async def _run(service: Service, op: str, call: Callable[[], T]) -> T:
-    t0 = _perf()
-    try:
-        out = await asyncio.to_thread(call)
-    except StorageError as exc:
-        service.metrics.observe_error(op, exc.code, _perf() - t0)
-        raise
-    service.metrics.observe(op, _perf() - t0, 1)
-    return out
 
 
 @router.get(
@@ -67,7 +50,7 @@ async def peek_key(
     encoding: Annotated[Encoding | None, Query(description="force base64 values")] = None,
 ) -> Response:
     service = service_of(request)
-    item = await _run(service, "key_get", lambda: service.ops.peek_key(queue, key, values))
+    item = await in_thread(service, "key_get", lambda: service.ops.peek_key(queue, key, values), 1)
     return json_response({**item_json(item, encoding), "key": key})
 
 
@@ -78,7 +61,7 @@ async def peek_key(
 )
 async def cancel_key(queue: QueuePath, key: KeyPath, request: Request) -> Response:
     service = service_of(request)
-    item_id = await _run(service, "key_cancel", lambda: service.ops.cancel_key(queue, key))
+    item_id = await in_thread(service, "key_cancel", lambda: service.ops.cancel_key(queue, key), 1)
     return json_response({"cancelled": item_id, "key": key})
 
 
@@ -96,11 +79,12 @@ async def patch_key(queue: QueuePath, key: KeyPath, body: KeyPatch, request: Req
             value = decode_value(body.value, body.encoding)
         except (ValueError, UnicodeEncodeError) as exc:
             raise ApiError(422, "validation_error", f"value: {exc}") from None
-    done = await _run(
+    done = await in_thread(
         service,
         "key_patch",
         lambda: service.ops.patch_key(
             queue, key, deadline=body.deadline, delay_ms=body.delay_ms, value=value
         ),
+        1,
     )
     return json_response({"id": done.id, "deadline": done.deadline, "key": key})
