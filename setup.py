@@ -2,6 +2,8 @@
 
 - ``dq.shm._atomics``: CPython has no compare-and-swap, ordered loads/stores or futex on
   shared memory; see docs/shm.md ("Atomics and waking").
+- ``dq.shm._session``: the server's side of a command ring (wait, decode, start, answer),
+  so a ring request enters Python once, for its engine call; see docs/shm.md;
 - ``dq.storage._memseg``: the in-memory segment as fixed-size records (~50 bytes an entry
   beyond its value instead of ~200 of Python objects);
 - ``dq.storage._wal``: the log's record framing, and a durable round's write and
@@ -21,6 +23,7 @@ FLAGS = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 setup(
     ext_modules=[
         Extension("dq.shm._atomics", sources=["shm/_atomics.c"], extra_compile_args=FLAGS),
+        Extension("dq.shm._session", sources=["shm/_session.c"], extra_compile_args=FLAGS),
         Extension("dq.storage._memseg", sources=["storage/_memseg.c"], extra_compile_args=FLAGS),
         Extension("dq.storage._wal", sources=["storage/_wal.c"], extra_compile_args=FLAGS),
     ]

@@ -1,9 +1,12 @@
-"""What the command ring's ``key``, ``value`` and response body mean for each op.
+"""What the command ring's ``key``, ``value`` and response body mean for each op, as a
+client writes commands and reads answers.
 
-Owns the per-op field encodings of ``docs/shm.md`` ("Command ring", op table); the slot
-layout itself is ``shm/command_ring.py``. Pure functions, used by the server's handler and
-the client transport alike. Invariant: every decoder checks lengths and ranges and raises
-``MalformedSlot`` rather than ``struct.error`` or ``IndexError``.
+Owns the client's side of the per-op field encodings of ``docs/shm.md`` ("Command ring",
+op table); the slot layout itself is ``shm/command_ring.py``. The server's side — decoding
+a command, encoding its answer — is compiled (``shm/_session.c``), and the tests hold the
+two to the same table. Pure functions, used by the client transport and the tests.
+Invariant: every decoder checks lengths and ranges and raises ``MalformedSlot`` rather
+than ``struct.error`` or ``IndexError``.
 
     op        key (16 bytes)                     value                      ok body
     PUT       deadline u64 | delay_ms u64        item value (<= 1024)       id u64 | deadline u64
@@ -31,40 +34,25 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from dq.shm.errors import MalformedSlot
-from dq.storage.types import Delivery, ItemOutcome, ItemStats, NewItem, Release
+from dq.storage.types import Delivery, ItemStats
 
 __all__ = [
     "DELIVERY_HEAD",
-    "FindArgs",
-    "ItemArgs",
-    "decode_delete_many",
     "decode_delete_many_ok",
     "decode_deliveries",
     "decode_extend_ok",
-    "decode_find",
-    "decode_item",
-    "decode_put",
-    "decode_put_many",
     "decode_put_many_ok",
     "decode_put_ok",
-    "decode_requeue",
     "decode_u64",
     "delivery_fields",
     "encode_delete_many",
-    "encode_delete_many_ok",
-    "encode_deliveries",
     "encode_extend",
-    "encode_extend_ok",
     "encode_find",
     "encode_item",
     "encode_put",
     "encode_put_many",
-    "encode_put_many_ok",
-    "encode_put_ok",
     "encode_requeue",
     "encode_u64",
 ]
@@ -83,10 +71,6 @@ DELETE_MANY_ITEM = struct.Struct("<QH")  # id, receipt_len
 assert KEY2.size == FIND_KEY.size == MANY_KEY.size == 16
 assert (PUT_MANY_ITEM.size, PUT_MANY_OK.size, DELETE_MANY_ITEM.size) == (21, 17, 10)
 assert DELIVERY_HEAD.size == 50
-
-
-def _opt(v: int) -> int | None:
-    return v if v else None
 
 
 def _u64(v: int | None) -> int:
@@ -120,15 +104,6 @@ def encode_put(deadline: int | None, delay_ms: int | None) -> bytes:
     return KEY2.pack(_u64(deadline), _u64(delay_ms))
 
 
-def decode_put(key: bytes) -> tuple[int | None, int | None]:
-    deadline, delay = KEY2.unpack(key)
-    return _opt(deadline), _opt(delay)
-
-
-def encode_put_ok(item_id: int, deadline: int) -> bytes:
-    return KEY2.pack(item_id, deadline)
-
-
 def decode_put_ok(body: bytes) -> tuple[int, int]:
     if len(body) != 16:
         raise MalformedSlot("PUT response must be 16 bytes", size=len(body))
@@ -139,41 +114,8 @@ def decode_put_ok(body: bytes) -> tuple[int, int]:
 # ---- FIND ------------------------------------------------------------------------------
 
 
-@dataclass(slots=True)  # not frozen: one per FIND, and a frozen one costs ~3x to build
-class FindArgs:
-    count: int
-    wait_ms: int
-    lease_ms: int | None
-
-
 def encode_find(count: int, wait_ms: int, lease_ms: int | None) -> bytes:
     return FIND_KEY.pack(count, wait_ms, _u64(lease_ms))
-
-
-def decode_find(key: bytes) -> FindArgs:
-    count, wait_ms, lease = FIND_KEY.unpack(key)
-    return FindArgs(max(count, 1), wait_ms, _opt(lease))
-
-
-def encode_deliveries(deliveries: Sequence[Delivery]) -> bytes:
-    parts = [U32.pack(len(deliveries))]
-    for d in deliveries:
-        receipt = d.receipt.encode("ascii")
-        parts.append(
-            DELIVERY_HEAD.pack(
-                d.id,
-                d.deadline,
-                d.lease_expires,
-                d.stats.enqueue_time,
-                d.stats.requeue_time,
-                d.stats.dequeue_count,
-                len(receipt),
-                len(d.value),
-            )
-        )
-        parts.append(receipt)
-        parts.append(d.value)
-    return b"".join(parts)
 
 
 def decode_deliveries(body: bytes) -> list[Delivery]:
@@ -210,22 +152,9 @@ def delivery_fields(body: bytes) -> list[tuple[int, str, bytes, int, int, int, i
 # ---- DELETE / REQUEUE / EXTEND -----------------------------------------------------------
 
 
-@dataclass(slots=True)  # not frozen: one per command, and a frozen one costs ~3x to build
-class ItemArgs:
-    id: int
-    arg: int | None  # REQUEUE: deadline; EXTEND: lease_ms; DELETE: unused
-    receipt: str
-    delay_ms: int | None = None  # REQUEUE only
-
-
 def encode_item(item_id: int, receipt: str, arg: int | None = None) -> tuple[bytes, bytes]:
     """DELETE (arg unused) and EXTEND (arg = lease_ms): key and value."""
     return KEY2.pack(item_id, _u64(arg)), receipt.encode("ascii")
-
-
-def decode_item(key: bytes, value: bytes) -> ItemArgs:
-    item_id, arg = KEY2.unpack(key)
-    return ItemArgs(item_id, _opt(arg), _receipt(value))
 
 
 def encode_requeue(
@@ -234,21 +163,8 @@ def encode_requeue(
     return KEY2.pack(item_id, _u64(deadline)), U64.pack(_u64(delay_ms)) + receipt.encode("ascii")
 
 
-def decode_requeue(key: bytes, value: bytes) -> ItemArgs:
-    item_id, deadline = KEY2.unpack(key)
-    if len(value) < 8:
-        raise MalformedSlot("REQUEUE value must start with delay_ms u64", size=len(value))
-    (delay,) = U64.unpack_from(value)
-    return ItemArgs(item_id, _opt(deadline), _receipt(value[8:]), _opt(delay))
-
-
 def encode_extend(item_id: int, receipt: str, lease_ms: int) -> tuple[bytes, bytes]:
     return encode_item(item_id, receipt, lease_ms)
-
-
-def encode_extend_ok(lease_expires: int, receipt: str) -> bytes:
-    raw = receipt.encode("ascii")
-    return U64.pack(lease_expires) + U16.pack(len(raw)) + raw
 
 
 def decode_extend_ok(body: bytes) -> tuple[int, str]:
@@ -266,13 +182,6 @@ def decode_extend_ok(body: bytes) -> tuple[int, str]:
 
 def _many_key(count: int, body: bytes) -> bytes:
     return MANY_KEY.pack(count, len(body), 0)
-
-
-def _decode_many_key(key: bytes, body: bytes) -> int:
-    count, size, _ = MANY_KEY.unpack(key)
-    if size != len(body):
-        raise MalformedSlot("body_size does not match the body sent", size=size, got=len(body))
-    return int(count)
 
 
 def encode_put_many(
@@ -293,37 +202,6 @@ def encode_put_many(
     return _many_key(len(items), body), body
 
 
-def decode_put_many(key: bytes, body: bytes) -> list[NewItem]:
-    count = _decode_many_key(key, body)
-    out: list[NewItem] = []
-    pos, end, head = 0, len(body), PUT_MANY_ITEM.size
-    for _ in range(count):
-        if pos + head > end:
-            raise MalformedSlot("PUT_MANY body truncated", offset=pos)
-        deadline, delay, vlen, klen = PUT_MANY_ITEM.unpack_from(body, pos)
-        pos += head
-        if pos + klen + vlen > end:
-            raise MalformedSlot("PUT_MANY body truncated", offset=pos)
-        dedup = None
-        if klen:
-            try:
-                dedup = body[pos : pos + klen].decode("utf-8")
-            except UnicodeDecodeError:
-                raise MalformedSlot("key is not UTF-8", offset=pos) from None
-        pos += klen
-        out.append(NewItem(body[pos : pos + vlen], _opt(deadline), _opt(delay), dedup))
-        pos += vlen
-    if pos != end:
-        raise MalformedSlot("PUT_MANY body longer than its items", size=end, used=pos)
-    return out
-
-
-def encode_put_many_ok(done: Sequence[Any]) -> bytes:
-    """``done``: the engine's ``Enqueued`` results, in order."""
-    pack = PUT_MANY_OK.pack
-    return b"".join(pack(e.id, e.deadline, 1 if e.duplicate else 0) for e in done)
-
-
 def decode_put_many_ok(body: bytes, count: int) -> list[tuple[int, int, bool]]:
     if len(body) != count * PUT_MANY_OK.size:
         raise MalformedSlot("PUT_MANY response length mismatch", size=len(body), count=count)
@@ -339,40 +217,6 @@ def encode_delete_many(items: Sequence[tuple[int, str]]) -> tuple[bytes, bytes]:
         parts.append(raw)
     body = b"".join(parts)
     return _many_key(len(items), body), body
-
-
-def decode_delete_many(key: bytes, body: bytes) -> list[Release]:
-    count = _decode_many_key(key, body)
-    out: list[Release] = []
-    pos, end, head = 0, len(body), DELETE_MANY_ITEM.size
-    for _ in range(count):
-        if pos + head > end:
-            raise MalformedSlot("DELETE_MANY body truncated", offset=pos)
-        item_id, rlen = DELETE_MANY_ITEM.unpack_from(body, pos)
-        pos += head
-        if pos + rlen > end:
-            raise MalformedSlot("DELETE_MANY body truncated", offset=pos)
-        out.append(Release(item_id, _receipt(body[pos : pos + rlen])))
-        pos += rlen
-    if pos != end:
-        raise MalformedSlot("DELETE_MANY body longer than its items", size=end, used=pos)
-    return out
-
-
-def encode_delete_many_ok(
-    statuses: Sequence[int], outcomes: Sequence[ItemOutcome], room: int
-) -> bytes:
-    """One status byte per item (0 = released), then each failed item's message, cut
-    (the later ones first) so that the whole answer takes at most ``room`` bytes."""
-    parts = [bytes(statuses)]
-    failed = [o for o, st in zip(outcomes, statuses, strict=True) if st]
-    left = room - len(statuses) - 2 * len(failed)
-    for outcome in failed:
-        raw = (outcome.message or outcome.error or "").encode("utf-8")[: max(left, 0)]
-        left -= len(raw)
-        parts.append(U16.pack(len(raw)))
-        parts.append(raw)
-    return b"".join(parts)
 
 
 def decode_delete_many_ok(body: bytes, count: int) -> list[tuple[int, str]]:

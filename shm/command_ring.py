@@ -1,7 +1,9 @@
 """The command ring (docs/shm.md): layout, field codecs and the slot hand-off on both sides.
 
-Owns the byte layout of ``docs/shm.md`` ("Command ring") and nothing else: which engine
-call an op becomes lives in ``shm/command_handler.py``. Layout, all little-endian:
+Owns the byte layout of ``docs/shm.md`` ("Command ring") and the client's side of the
+hand-off; the server's side is compiled (``shm/_session.c``: the same offsets, the
+decoding of each op and the encoding of its answer) and which engine call an op becomes
+lives in ``shm/command_handler.py``. Layout, all little-endian:
 
     header (24 bytes)   head u64 | tail u64 | capacity u64
     slot i at 24 + 2080*i:
@@ -38,7 +40,6 @@ from enum import IntEnum
 
 from dq.shm import _atomics as at
 from dq.shm.errors import (
-    MalformedSlot,
     ProtocolError,
     RingClosed,
     RingFullError,
@@ -55,12 +56,9 @@ __all__ = [
     "SLOT_SIZE",
     "VALUE_MAX",
     "ClientRing",
-    "Command",
     "Op",
     "Response",
-    "ServerRing",
     "Status",
-    "encode_response",
     "ring_size",
 ]
 
@@ -88,8 +86,6 @@ RESPONSE_WAKE_WORD = 2072  # aligned u32 holding response_ready: the client park
 PADDING = 2075
 
 U32 = struct.Struct("<I")
-SLOT_HEAD = struct.Struct("<BB16sI")  # ready, op, key, value_size: a command's fixed fields
-assert SLOT_HEAD.size == VALUE
 assert RESPONSE_READY + 1 + 5 == SLOT_SIZE
 assert VALUE + VALUE_MAX == RESPONSE_SIZE
 assert RESPONSE + RESPONSE_MAX == RESPONSE_READY
@@ -194,19 +190,6 @@ def slot_offset(index: int) -> int:
     return SLOTS_OFF + SLOT_SIZE * index
 
 
-@dataclass(slots=True)
-class Command:
-    """A private copy of one slot, taken after ``ready`` was seen set. Nothing writes to
-    it after ``read``; not frozen because one is built per command, and a frozen
-    dataclass costs several times more to build."""
-
-    index: int
-    op: int
-    key: bytes
-    value: bytes
-    value_size: int  # as the client wrote it; above 1024 the value is refused, left empty
-
-
 @dataclass(slots=True)  # not frozen: one per answer, and a frozen one costs ~3x to build
 class Response:
     status: int
@@ -216,13 +199,6 @@ class Response:
     @property
     def more(self) -> bool:
         return bool(self.flags & FLAG_MORE)
-
-
-def encode_response(status: int, body: bytes, flags: int = 0) -> bytes:
-    """One slot's response bytes: the 4-byte response head, then at most 1020 body bytes."""
-    if len(body) > RESPONSE_BODY_MAX:
-        raise ValueTooLargeForRing("response body does not fit a slot", size=len(body))
-    return RESPONSE_HEAD.pack(status, flags, 0) + body
 
 
 class ClientRing:
@@ -419,78 +395,3 @@ class ClientRing:
             parts.append(response.body)
             last = not response.more
             window = min(window * 2, CONTINUE_WINDOW, self.capacity - 1)
-
-
-class ServerRing:
-    """The server's side of one ring. Keeps its own tail and capacity (never read back)."""
-
-    def __init__(self, mm: mmap.mmap, capacity: int) -> None:
-        if not 2 <= capacity <= MAX_CAPACITY or ring_size(capacity) > len(mm):
-            raise ValueError("capacity out of range")
-        self._mm = mm
-        self._view = memoryview(mm)
-        self.capacity = capacity
-        self.tail = 0
-        HEADER.pack_into(self._view, 0, 0, 0, capacity)
-
-    def release(self) -> None:
-        self._view.release()
-
-    def head(self) -> int:
-        """The client's head, checked: a value beyond capacity is a protocol error."""
-        head = at.load_u64(self._mm, HEAD_OFF)
-        if head >= self.capacity:
-            raise ProtocolError("head beyond capacity", head=head, capacity=self.capacity)
-        return head
-
-    def wait_for_head(
-        self, timeout_s: float | None, spin_us: float, after: int | None = None
-    ) -> int:
-        """Wait until ``head`` moves past ``after`` (default ``tail``: the server may have
-        read further than it answered), spinning, then parked on head's low word."""
-        at.spin_wait_u64(self._mm, HEAD_OFF, self.tail if after is None else after,
-                         timeout_s, spin_us)  # fmt: skip
-        return self.head()
-
-    def wake(self) -> None:
-        """Wake a server thread parked in ``wait_for_head`` (used to stop it)."""
-        at.futex_wake(self._mm, HEAD_OFF)
-
-    def read(self, index: int) -> Command:
-        """Copy slot ``index``; ``ready`` must be set, ``value_size`` within the slot."""
-        mm, view = self._mm, self._view
-        off = SLOTS_OFF + SLOT_SIZE * index
-        if at.load_u8(mm, off + READY) != 1:
-            raise MalformedSlot("head moved past a slot that is not ready", slot=index)
-        # the fixed fields, then only the value's bytes: copies, checked after copying
-        _, op, key, size = SLOT_HEAD.unpack_from(view, off)
-        value = bytes(view[off + VALUE : off + VALUE + size]) if size <= VALUE_MAX else b""
-        at.store_u8(mm, off + READY, 0)  # taken: a stale slot is never processed twice
-        return Command(index, op, key, value, size)
-
-    def publish(self, index: int, response: bytes) -> None:
-        """Write the response, set ``response_ready`` (release) and wake a parked client."""
-        mm, view = self._mm, self._view
-        off = SLOTS_OFF + SLOT_SIZE * index
-        size = len(response)
-        U32.pack_into(view, off + RESPONSE_SIZE, size)
-        view[off + RESPONSE : off + RESPONSE + size] = response
-        at.store_u8(mm, off + RESPONSE_READY, 1)
-        at.futex_wake(mm, off + RESPONSE_WAKE_WORD)
-
-    def publish_span(self, indexes: list[int], responses: list[bytes]) -> None:
-        """Answer a command that took several slots: every slot's response and
-        ``response_ready`` in slot order, then one wake-up, on the last slot (the one a
-        client waits on)."""
-        mm, view = self._mm, self._view
-        for index, response in zip(indexes, responses, strict=True):
-            off = slot_offset(index)
-            U32.pack_into(view, off + RESPONSE_SIZE, len(response))
-            view[off + RESPONSE : off + RESPONSE + len(response)] = response
-            at.store_u8(mm, off + RESPONSE_READY, 1)
-        at.futex_wake(mm, slot_offset(indexes[-1]) + RESPONSE_WAKE_WORD)
-
-    def advance(self, slots: int = 1) -> None:
-        """Move past the slot(s) at ``tail`` (release store, after their responses)."""
-        self.tail = (self.tail + slots) % self.capacity
-        at.store_u64(self._mm, TAIL_OFF, self.tail)

@@ -27,12 +27,11 @@ import os
 import selectors
 import socket
 import threading
-from collections import deque
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from dq.shm._session import RingSession
 from dq.shm.attach import (
     PROTOCOL_VERSION,
     SHM_DIR,
@@ -45,17 +44,8 @@ from dq.shm.attach import (
     socket_path,
     unlink_shm,
 )
-from dq.shm.command_handler import ASYNC_OPS, MANY_OPS, CommandHandler, Outcome
-from dq.shm.command_ring import (
-    DEFAULT_SPIN_US,
-    MAX_CAPACITY,
-    SLOT_SIZE,
-    VALUE_MAX,
-    Command,
-    Op,
-    ServerRing,
-    ring_size,
-)
+from dq.shm.command_handler import STATUSES, CommandHandler
+from dq.shm.command_ring import DEFAULT_SPIN_US, MAX_CAPACITY, SLOT_SIZE, VALUE_MAX, ring_size
 from dq.shm.errors import ShmError
 from dq.storage.itemops import ItemOps
 from dq.storage.types import check_queue_name
@@ -64,29 +54,13 @@ __all__ = ["ShmServer"]
 
 log = logging.getLogger(__name__)
 
-RUN_OPS = frozenset({Op.PUT, Op.DELETE})  # consecutive ones become one engine batch
-PART = int(Op.PART)  # an int: an IntEnum member's lookup costs more, for every command
 HANDSHAKE_TIMEOUT_S = 5.0
-IDLE_PARK_S = 2.0  # a safety net: stopping a session futex-wakes it (a wake can race the park)
-POLL_MIN_S = 0.0005  # clients that do not futex-wake are polled, backing off to POLL_MAX_S
-POLL_MAX_S = 0.02
-STOP_POLL_S = 0.2  # how soon a session waiting for answers notices it is stopping
 
 
 class _Refused(ShmError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-@dataclass(slots=True)
-class _Pending:
-    """A started durable command: its slot(s), its outcome and, once durable, one
-    response per slot (``answer``: the bytes of a single slot, else a list of them)."""
-
-    indexes: list[int]
-    outcome: Outcome
-    answer: bytes | list[bytes] | None = None
 
 
 class Session:
@@ -100,39 +74,29 @@ class Session:
         #: wakes a long-polling FIND: set by the engine's publications and by ``stop``
         self.woken = threading.Event()
         self.name: str | None = None
-        self.ring: ServerRing | None = None
+        #: the ring's compiled session loop (``shm/_session.c``), once attached
+        self.ring: RingSession | None = None
         self._mm: Any = None
         self.wakes = False
         self.capacity: int | None = None
         self.queue: str | None = None
         self.pid: int | None = None
         self.thread = threading.Thread(target=self._run, name=f"dq-shm-{number}", daemon=True)
-        # Durable commands are answered by their future's callback, in whichever thread
-        # resolves it (the engine's group commit): no wake-up of this session's thread.
-        # ``_lock`` guards publishing (``_answers`` waits on it; taking the lock itself
-        # costs less than entering the condition); ``_pending`` holds the started ones in
-        # ring order.
-        self._lock = threading.Lock()
-        self._answers = threading.Condition(self._lock)
-        self._pending: deque[_Pending] = deque()
-        self._next = 0  # the next slot to read; ``tail`` trails it while answers are due
-        self._parts: list[Command] = []  # PARTs read, waiting for their command
-        self._closed = False
 
     def stop(self) -> None:
         self.stopping.set()
         self.woken.set()
         if self.ring is not None:
-            with contextlib.suppress(ValueError, OSError):
-                self.ring.wake()
+            self.ring.stop()
 
     # ---- thread body ---------------------------------------------------------------------
 
     def _run(self) -> None:
         try:
-            handler = self._handshake()
+            ring = self._handshake()
             self.server._watch(self)
-            self._serve(handler)
+            if not self.stopping.is_set():
+                ring.serve(self.wakes, self.server.spin_us)
         except _Refused as exc:
             log.info("shm client %d refused: %s", self.number, exc.message)
             with contextlib.suppress(OSError):
@@ -144,7 +108,7 @@ class Session:
         finally:
             self._cleanup()
 
-    def _handshake(self) -> CommandHandler:
+    def _handshake(self) -> RingSession:
         sock = self.sock
         sock.settimeout(HANDSHAKE_TIMEOUT_S)
         if peer_uid(sock) != os.getuid():
@@ -164,8 +128,16 @@ class Session:
         self.wakes = request.get("wakes") is True
         self.capacity, self.queue, self.pid = capacity, queue, peer_pid(sock)
         size = ring_size(capacity)
-        self.name, self._mm = create_shm(self.server.shm_prefix, size)
-        self.ring = ServerRing(self._mm, capacity)
+        server = self.server
+        self.name, self._mm = create_shm(server.shm_prefix, size)
+        handler = CommandHandler(server.engine, queue, self.stopping, server.ops, self.woken)
+        # writes the ring's header (head 0, tail 0, capacity) before the client sees it
+        ring = RingSession(
+            self._mm, capacity, handler, STATUSES, bound=queue is not None, watch=server.tail_watch
+        )
+        self.ring = ring
+        if self.stopping.is_set():  # stopped before there was a ring to wake
+            ring.stop()
         send_message(
             sock,
             {
@@ -176,154 +148,17 @@ class Session:
                 "capacity": capacity,
                 "slot_size": SLOT_SIZE,
                 "value_max": VALUE_MAX,
-                "http_url": self.server.http_url,
-                "max_batch": self.server.engine.config.max_batch,
+                "http_url": server.http_url,
+                "max_batch": server.engine.config.max_batch,
             },
         )
         sock.settimeout(None)
-        server = self.server
-        return CommandHandler(server.engine, queue, self.stopping, server.ops, self.woken)
-
-    def _serve(self, handler: CommandHandler) -> None:
-        ring = self.ring
-        assert ring is not None
-        spin_us = self.server.spin_us
-        poll_s = POLL_MIN_S
-        while not self.stopping.is_set():
-            timeout = IDLE_PARK_S if self.wakes else poll_s
-            head = ring.wait_for_head(timeout, spin_us, self._next)
-            if head == self._next:
-                poll_s = min(poll_s * 2, POLL_MAX_S)
-                continue
-            poll_s = POLL_MIN_S
-            self._process(ring, handler, head)
-
-    def _process(self, ring: ServerRing, handler: CommandHandler, head: int) -> None:
-        """Take every command in [next, head): durable ops are started together (they
-        share a group commit; a run of PUTs or DELETEs is one engine batch) and answered
-        as they become durable; the others once every earlier one is answered, so every
-        response is published in ring order."""
-        run: list[Command] = []
-        parts = self._parts
-        scan = self._next
-        while scan != head and not self.stopping.is_set():
-            cmd = ring.read(scan)
-            if cmd.op == PART:  # answered with the command it belongs to
-                self._start(handler, run)
-                parts.append(cmd)
-            elif parts or cmd.op in MANY_OPS:
-                self._start(handler, run)
-                span = [*parts, cmd]
-                parts.clear()
-                if not self._span(handler, span):
-                    return
-            elif cmd.op in ASYNC_OPS:
-                if run and (run[0].op != cmd.op or cmd.op not in RUN_OPS):
-                    self._start(handler, run)
-                run.append(cmd)
-            else:
-                self._start(handler, run)
-                if not self._wait_answered():
-                    return
-                response = handler.finish(handler.begin(cmd))
-                with self._lock:
-                    ring.publish(scan, response)
-                    ring.advance()
-            scan = (scan + 1) % ring.capacity
-            self._next = scan
-            if scan == head:
-                head = ring.head()  # pick up what arrived meanwhile
-        self._start(handler, run)
-
-    def _span(self, handler: CommandHandler, span: list[Command]) -> bool:
-        """A command with the PARTs before it (or a batch op alone): a batch op is
-        started like any durable op; anything else runs once every earlier command is
-        answered, its answer spread over its slots. False if the session stops."""
-        indexes = [cmd.index for cmd in span]
-        if span[-1].op in MANY_OPS:
-            outcome = handler.begin_span(span)
-            entry = _Pending(indexes, outcome)
-            with self._lock:
-                self._pending.append(entry)
-            self._settle(handler, entry)
-            return True
-        outcome = handler.begin_span(span)
-        if not self._wait_answered():
-            return False
-        responses = handler.finish_span(outcome, len(span))
-        ring = self.ring
-        assert ring is not None
-        with self._lock:
-            ring.publish_span(indexes, responses)
-            ring.advance(len(span))
-        return True
-
-    def _start(self, handler: CommandHandler, run: list[Command]) -> None:
-        if not run:
-            return
-        outcomes = handler.begin_run(run)
-        entries = [
-            _Pending([cmd.index], outcome) for cmd, outcome in zip(run, outcomes, strict=True)
-        ]
-        run.clear()
-        with self._lock:
-            self._pending.extend(entries)
-        for entry in entries:
-            self._settle(handler, entry)
-
-    def _settle(self, handler: CommandHandler, entry: _Pending) -> None:
-        future = entry.outcome.future
-        if future is None:  # answered at once (refused)
-            self._answer(entry, handler)
-        else:  # runs here at once if the future is already resolved
-            future.add_done_callback(partial(self._resolved, handler, entry))
-
-    def _resolved(self, handler: CommandHandler, entry: _Pending, future: Any) -> None:
-        try:
-            self._answer(entry, handler)
-        except Exception:  # a broken ring: drop this client alone
-            log.exception("shm client %d: answering a durable command failed", self.number)
-            self.stop()
-
-    def _answer(self, entry: _Pending, handler: CommandHandler) -> None:
-        """Encode ``entry``'s answer, then publish every answer that is next in ring
-        order (from any thread)."""
-        slots = len(entry.indexes)
-        if slots == 1:
-            answer: bytes | list[bytes] = handler.answer_one(entry.outcome)
-        else:
-            answer = handler.finish_span(entry.outcome, slots, whole=False)
-        with self._lock:
-            entry.answer = answer
-            ring, pending = self.ring, self._pending
-            if self._closed or ring is None:
-                return
-            while pending and (ready := pending[0].answer) is not None:
-                indexes = pending.popleft().indexes
-                if isinstance(ready, bytes):
-                    ring.publish(indexes[0], ready)
-                    ring.advance()
-                else:
-                    ring.publish_span(indexes, ready)
-                    ring.advance(len(indexes))
-            if not pending:
-                self._answers.notify_all()
-
-    def _wait_answered(self) -> bool:
-        """Wait until every started command is answered; False if the session stops."""
-        with self._answers:
-            while self._pending:
-                if self.stopping.is_set():
-                    return False
-                self._answers.wait(STOP_POLL_S)
-        return True
+        return ring
 
     def _cleanup(self) -> None:
         self.stopping.set()
-        with self._lock:
-            self._closed = True  # answers still due are dropped: the client is gone
         if self.ring is not None:
-            self.ring.release()
+            self.ring.close()  # answers still due are dropped: the client is gone
         if self._mm is not None:
             with contextlib.suppress(BufferError):
                 self._mm.close()
@@ -368,6 +203,9 @@ class ShmServer:
         self._counter = 0
         self._requests: list[tuple[str, Session]] = []
         self._watched: set[int] = set()
+        #: called with a ring's new tail each time a session moves it, on the thread that
+        #: moved it (a test's window into the hand-off); None in service
+        self.tail_watch: Callable[[int], object] | None = None
 
     @property
     def session_count(self) -> int:

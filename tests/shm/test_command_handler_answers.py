@@ -1,118 +1,111 @@
-"""A single-slot durable command's answer, encoded by the thread that made it durable
-(``CommandHandler.answer_one``), is byte for byte what the general path
-(``finish_span(outcome, 1, whole=False)``) encodes: ok bodies, item errors, engine
-errors, and bodies longer than a slot (cut, without MORE)."""
+"""A ring's answers from the real engine through the compiled session and its handler
+(``shm/_session.c``, ``shm/command_handler.py``): durable answers given by the thread
+that made them durable, item errors, engine errors, refusals before the engine, and a
+FIND of a queue nobody created (``docs/shm.md`` shows its bytes)."""
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from dq.shm import command_codec as codec
-from dq.shm.command_handler import CommandHandler, Outcome
-from dq.shm.command_ring import (
-    FLAG_DRAINING,
-    FLAG_NO_QUEUE,
-    RESPONSE_BODY_MAX,
-    Command,
-    Op,
-    Status,
-    encode_response,
-)
+from dq.shm.command_handler import CommandHandler
+from dq.shm.command_ring import FLAG_DRAINING, FLAG_NO_QUEUE, Op, Status
 from dq.storage import Engine, EngineConfig, NewItem
 from dq.storage.errors import StorageError
 from dq.storage.itemops import ItemOps
-from tests.shm.test_command_ring import doc_example
-
-WAIT_S = 10.0
+from tests.shm.ring_session import WAIT_S, Served
+from tests.shm.test_command_ring import doc_example, response_bytes
 
 
 @pytest.fixture
-def handler(tmp_path: Path) -> Iterator[CommandHandler]:
-    engine = Engine.open(tmp_path / "data", EngineConfig(fsync="never"))
-    try:
-        yield CommandHandler(engine, "jobs", threading.Event())
-    finally:
-        engine.close()
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    with Engine.open(tmp_path / "data", EngineConfig(fsync="always")) as engine:
+        yield engine
 
 
-def both(handler: CommandHandler, outcome: Outcome) -> bytes:
-    if outcome.future is not None:
-        with contextlib.suppress(Exception):  # an error is answered like a result
-            outcome.future.result(timeout=WAIT_S)
-        assert outcome.future.done()
-    general = handler.finish_span(outcome, 1, whole=False)
-    assert len(general) == 1
-    assert handler.answer_one(outcome) == general[0]
-    return general[0]
+def served(engine: Engine, queue: str | None = "jobs", ops: ItemOps | None = None) -> Served:
+    handler = CommandHandler(engine, queue, threading.Event(), ops)
+    return Served(8, bound=queue is not None, handler=handler).start()
 
 
-def test_put_delete_requeue_answers_match(handler: CommandHandler) -> None:
-    put = handler.begin(Command(0, Op.PUT, codec.encode_put(None, None), b"v" * 256, 256))
-    answer = both(handler, put)
-    assert answer[0] == Status.OK and len(answer) == 4 + 16
-    item_id, _ = codec.decode_put_ok(answer[4:])
+def test_put_delete_requeue_answers(engine: Engine) -> None:
+    with served(engine) as ring:
+        call = ring.client.call
+        put = call(Op.PUT, codec.encode_put(None, None), b"v" * 256)
+        assert put.status == Status.OK
+        item_id, _ = codec.decode_put_ok(put.body)
 
-    stale = handler.begin(Command(1, Op.DELETE, *codec.encode_item(item_id, "nope"), 4))
-    assert both(handler, stale)[0] != Status.OK  # an item error, with its message
+        stale = call(Op.DELETE, *codec.encode_item(item_id, "nope"))
+        assert (stale.status, stale.body) == (Status.INVALID_RECEIPT, b"malformed receipt")
 
-    find = handler.begin(Command(2, Op.FIND, codec.encode_find(1, 0, 30_000), b"", 0))
-    (delivery,) = codec.decode_deliveries(handler.finish(find)[4:])
-    key, value = codec.encode_requeue(delivery.id, delivery.receipt, 0, None)
-    requeued = handler.begin(Command(3, Op.REQUEUE, key, value, len(value)))
-    assert both(handler, requeued)[0] == Status.OK
+        (delivery,) = codec.decode_deliveries(call(Op.FIND, codec.encode_find(1, 0, 30_000)).body)
+        requeued = call(Op.REQUEUE, *codec.encode_requeue(delivery.id, delivery.receipt, 0, None))
+        assert requeued.status == Status.OK and len(requeued.body) == 8
 
-    find = handler.begin(Command(4, Op.FIND, codec.encode_find(1, 0, 30_000), b"", 0))
-    (delivery,) = codec.decode_deliveries(handler.finish(find)[4:])
-    key, value = codec.encode_item(delivery.id, delivery.receipt)
-    assert both(handler, handler.begin(Command(5, Op.DELETE, key, value, len(value)))) == (
-        encode_response(Status.OK, b"")
-    )
-    again = handler.begin(Command(6, Op.DELETE, key, value, len(value)))
-    assert both(handler, again)[0] != Status.OK
-
-
-def test_refusals_errors_and_long_bodies_match(handler: CommandHandler) -> None:
-    refused = handler.begin(Command(0, Op.PUT, bytes(16), b"", 2000))
-    assert both(handler, refused)[0] == Status.VALUE_TOO_LARGE
-
-    failed: concurrent.futures.Future[object] = concurrent.futures.Future()
-    failed.set_exception(StorageError("disk full"))
-    answer = both(handler, Outcome(None, failed, lambda r: (0, b"")))
-    assert answer == encode_response(Status.INTERNAL, b"disk full")
-
-    long = b"x" * (RESPONSE_BODY_MAX + 7)
-    answer = both(handler, Outcome((int(Status.OK), long)))
-    assert answer == encode_response(Status.OK, long[:RESPONSE_BODY_MAX])  # cut, no MORE
-
-    done: concurrent.futures.Future[bytes] = concurrent.futures.Future()
-    done.set_result(long)
-    assert both(handler, Outcome(None, done, lambda r: (int(Status.OK), r))) == answer
-
-    continued = Outcome(encoded=encode_response(Status.OK, b"abc", 1))
-    assert both(handler, continued) == continued.encoded
+        (delivery,) = codec.decode_deliveries(call(Op.FIND, codec.encode_find(1, 0, 30_000)).body)
+        key, value = codec.encode_item(delivery.id, delivery.receipt)
+        released = call(Op.DELETE, key, value)
+        assert (released.status, released.flags, released.body) == (Status.OK, 0, b"")
+        again = call(Op.DELETE, key, value)
+        assert again.status == Status.STALE_RECEIPT and again.body.startswith(
+            b"that delivery is over"
+        )
+        assert engine.stats("jobs").pending == 0
 
 
-def test_a_find_on_a_missing_queue_says_so_as_docs_shm_md_shows(tmp_path: Path) -> None:
+def test_refusals_and_engine_errors(engine: Engine) -> None:
+    with served(engine, None) as ring:
+        call = ring.client.call
+        unbound = call(Op.PUT, codec.encode_put(None, None), b"v")
+        assert (unbound.status, unbound.body) == (
+            Status.NOT_BOUND,
+            b"no queue bound: send BIND first",
+        )
+        bad = call(Op.BIND, bytes(16), b"no/slash")
+        assert bad.status == Status.INVALID_QUEUE_NAME
+        assert call(Op.BIND, bytes(16), b"jobs").status == Status.OK
+        unknown = call(42, bytes(16), b"")
+        assert (unknown.status, unknown.body) == (Status.UNKNOWN_OP, b"unknown op 42")
+        short = call(Op.REQUEUE, bytes(16), b"abc")
+        assert (short.status, short.body) == (
+            Status.MALFORMED,
+            b"REQUEUE value must start with delay_ms u64 (size=3)",
+        )
+        zero = call(Op.EXTEND, *codec.encode_item(1, "r.1"))
+        assert (zero.status, zero.body) == (Status.MALFORMED, b"EXTEND needs lease_ms > 0")
+        late = call(Op.PUT, codec.encode_put(1 << 60, None), b"v")
+        assert late.status == Status.VALIDATION_ERROR
+        with mock.patch.object(
+            ring.served_by, "_start_enqueue", side_effect=StorageError("disk full")
+        ):
+            failed = call(Op.PUT, codec.encode_put(None, None), b"v")
+        assert (failed.status, failed.body) == (Status.INTERNAL, b"disk full")
+        stats = call(Op.STATS, bytes(16), b"")  # nothing was written: no queue either
+        assert (stats.status, stats.body) == (
+            Status.QUEUE_NOT_FOUND,
+            b"no such queue (queue='jobs')",
+        )
+
+
+def test_a_find_on_a_missing_queue_says_so_as_docs_shm_md_shows(engine: Engine) -> None:
     """``NO_QUEUE`` on a FIND of a queue nobody created, clear once it exists; with the
     server draining, ``DRAINING`` too."""
     raw = doc_example("find-no-queue-response")
-    with Engine.open(tmp_path / "data", EngineConfig(fsync="never")) as engine:
-        ops = ItemOps(engine)
-        handler = CommandHandler(engine, "not-yet", threading.Event(), ops)
-        find = Command(0, Op.FIND, codec.encode_find(1, 0, 0), b"", 0)
-        assert handler.finish(handler.begin(find)) == raw[4:]
+    ops = ItemOps(engine)
+    with served(engine, "not-yet", ops) as ring:
+        find = ring.client.submit(Op.FIND, codec.encode_find(1, 0, 0), b"")
+        ring.client.wait(find, WAIT_S)
+        assert response_bytes(ring, find, len(raw)) == raw
         engine.enqueue("not-yet", [NewItem(b"v")])
-        answer = handler.finish(handler.begin(find))
-        assert answer[:2] == bytes([Status.OK, 0]) and len(codec.decode_deliveries(answer[4:])) == 1
+        got = ring.client.call(Op.FIND, codec.encode_find(1, 0, 0), b"")
+        assert (got.status, got.flags) == (Status.OK, 0)
+        assert len(codec.decode_deliveries(got.body)) == 1
         ops.waits.drain()
-        handler.queue = "still-not"
-        waited = handler.finish(
-            handler.begin(Command(0, Op.FIND, codec.encode_find(1, 5_000, 0), b"", 0))
-        )
-        assert waited[:2] == bytes([Status.OK, FLAG_NO_QUEUE | FLAG_DRAINING])
+        assert ring.client.call(Op.BIND, bytes(16), b"still-not").status == Status.OK
+        waited = ring.client.call(Op.FIND, codec.encode_find(1, 5_000, 0), b"")
+        assert (waited.status, waited.flags) == (Status.OK, FLAG_NO_QUEUE | FLAG_DRAINING)

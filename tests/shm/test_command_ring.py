@@ -1,29 +1,23 @@
-"""The command ring's layout and slot protocol, without a server: docs/shm.md byte for byte."""
+"""The command ring's layout and slot protocol: docs/shm.md byte for byte, between the
+client's side (``dq.shm.command_ring.ClientRing``, ``command_codec``) and the server's
+compiled session (``dq.shm._session``), with a handler that records what the session
+decoded and answers what the test says (``tests/shm/ring_session.py``)."""
 
 from __future__ import annotations
 
-import mmap
 import re
 import struct
-import threading
 from pathlib import Path
 
 import pytest
 
 from dq.shm import _atomics as at
 from dq.shm import command_codec as codec
-from dq.shm.command_ring import (
-    RESPONSE_BODY_MAX,
-    SLOT_SIZE,
-    ClientRing,
-    Op,
-    ServerRing,
-    Status,
-    encode_response,
-    ring_size,
-)
+from dq.shm.command_ring import RESPONSE_BODY_MAX, SLOT_SIZE, Op, Status, ring_size
 from dq.shm.errors import MalformedSlot, ProtocolError, RingTimeout, ValueTooLargeForRing
-from dq.storage.types import Delivery, ItemStats
+from dq.storage.types import Delivery, Enqueued, ItemOutcome, ItemStats
+from dq.storage.waits import Leased, leased
+from tests.shm.ring_session import WAIT_S, Served
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "shm.md"
 
@@ -35,10 +29,27 @@ def doc_example(name: str) -> bytes:
     return bytes.fromhex(match.group(1).replace("\n", " "))
 
 
-def pair(capacity: int = 4) -> tuple[mmap.mmap, ServerRing, ClientRing]:
-    mm = mmap.mmap(-1, ring_size(capacity))
-    server = ServerRing(mm, capacity)
-    return mm, server, ClientRing(mm, spin_us=0.0)
+DOC_DELIVERY = Delivery(
+    1,
+    "8f68d1e3.1.1",
+    b"hello",
+    1_800_000_001_500,
+    ItemStats(1_800_000_000_000, 0, 1),
+    1_800_000_031_600,
+)
+
+
+def response_bytes(served: Served, index: int, size: int) -> bytes:
+    """``size`` bytes of slot ``index`` from ``response_size`` on (offset 1046)."""
+    off = 24 + SLOT_SIZE * index + 1046
+    return bytes(served.mm[off : off + size])
+
+
+def write_slot(served: Served, index: int, raw: bytes) -> None:
+    """Put a slot's first bytes as a client wrote them (``ready`` last), and move head."""
+    off = 24 + SLOT_SIZE * index
+    served.mm[off + 1 : off + len(raw)] = raw[1:]
+    at.store_u8(served.mm, off, raw[0])
 
 
 def test_sizes_match_the_original() -> None:
@@ -51,11 +62,14 @@ def test_sizes_match_the_original() -> None:
 def test_doc_example_header_and_put_slot_decode() -> None:
     head, tail, capacity = struct.unpack("<QQQ", doc_example("header"))
     assert (head, tail, capacity) == (1, 0, 4)
-    slot = doc_example("put-slot")
-    assert slot[0] == 1 and slot[1] == Op.PUT
-    assert codec.decode_put(slot[2:18]) == (None, 1500)
-    (size,) = struct.unpack_from("<I", slot, 18)
-    assert slot[22 : 22 + size] == b"hello"
+    with Served(4) as served:
+        write_slot(served, 0, doc_example("put-slot"))
+        served.handler.answers.append([Enqueued(1, 1_800_000_001_500)])
+        at.store_u64(served.mm, 0, 1)
+        served.start()
+        assert served.client.wait(0, WAIT_S).status == Status.OK
+        assert served.handler.calls == [("enqueue_one", b"hello", None, 1500)]
+        assert response_bytes(served, 0, 24) == doc_example("put-response")
 
 
 def test_doc_example_responses_decode() -> None:
@@ -66,113 +80,135 @@ def test_doc_example_responses_decode() -> None:
     assert (status, flags) == (Status.OK, 0)
     assert codec.decode_put_ok(raw[8:]) == (1, 1_800_000_001_500)
 
-    assert codec.decode_find(doc_example("find-key")) == codec.FindArgs(10, 0, 30_000)
     raw = doc_example("find-response")
     (size,) = struct.unpack_from("<I", raw)
     assert size == len(raw) - 4 == 75
     assert raw[4] == Status.OK
     (delivery,) = codec.decode_deliveries(raw[8:])
-    assert delivery == Delivery(
-        1,
-        "8f68d1e3.1.1",
-        b"hello",
-        1_800_000_001_500,
-        ItemStats(1_800_000_000_000, 0, 1),
-        1_800_000_031_600,
-    )
+    assert delivery == DOC_DELIVERY
+
+    with Served(4) as served:  # the server decodes the key and encodes that answer
+        served.handler.answers.append(Leased([DOC_DELIVERY]))
+        served.start()
+        index = served.client.submit(Op.FIND, doc_example("find-key"), b"")
+        served.client.wait(index, WAIT_S)
+        assert served.handler.calls == [("find", 10, 0, 30_000)]
+        assert response_bytes(served, index, len(raw)) == raw
+
+        served.handler.answers.append(leased([], False, False))
+        index = served.client.submit(Op.FIND, codec.encode_find(1, 0, None), b"")
+        served.client.wait(index, WAIT_S)
+        assert response_bytes(served, index, 12) == doc_example("find-no-queue-response")
 
 
 def test_client_fills_a_slot_as_the_original_says_and_the_server_answers_in_order() -> None:
-    mm, server, client = pair()
-    key = codec.encode_put(None, 1500)
-    index = client.submit(Op.PUT, key, b"hello")
-    assert index == 0
-    assert mm[:24] == doc_example("header")
-    assert mm[24 : 24 + 27] == doc_example("put-slot")
-    assert server.wait_for_head(0.0, 0.0) == 1
-    cmd = server.read(0)
-    assert (cmd.op, cmd.key, cmd.value, cmd.value_size) == (Op.PUT, key, b"hello", 5)
-    assert mm[24] == 0  # the server took the command
-    server.publish(0, encode_response(Status.OK, codec.encode_put_ok(1, 1_800_000_001_500)))
-    server.advance()
-    assert mm[24 + 1046 : 24 + 1046 + 24] == doc_example("put-response")
-    assert mm[24 + 2074] == 1
-    assert struct.unpack_from("<Q", mm, 8)[0] == 1
-    response = client.wait(0, 1.0)
-    assert (response.status, response.more) == (Status.OK, False)
-    assert codec.decode_put_ok(response.body) == (1, 1_800_000_001_500)
+    with Served(4) as served:
+        mm, client = served.mm, served.client
+        key = codec.encode_put(None, 1500)
+        index = client.submit(Op.PUT, key, b"hello")
+        assert index == 0
+        assert mm[:24] == doc_example("header")
+        assert mm[24 : 24 + 27] == doc_example("put-slot")
+        served.handler.answers.append([Enqueued(1, 1_800_000_001_500)])
+        served.start()
+        response = client.wait(0, WAIT_S)
+        assert mm[24] == 0  # the server took the command
+        assert mm[24 + 1046 : 24 + 1046 + 24] == doc_example("put-response")
+        assert mm[24 + 2074] == 1
+        assert struct.unpack_from("<Q", mm, 8)[0] == 1
+        assert (response.status, response.more) == (Status.OK, False)
+        assert codec.decode_put_ok(response.body) == (1, 1_800_000_001_500)
+
+
+def _deliveries(sizes: list[int]) -> list[Delivery]:
+    return [
+        Delivery(i, f"rc.{i}", bytes([i % 256]) * size, 10 + i, ItemStats(1, 2, 3), 20 + i)
+        for i, size in enumerate(sizes)
+    ]
 
 
 def test_call_follows_continuations() -> None:
-    _, server, client = pair()
-    body = bytes(range(256)) * 9  # 2304 bytes: three chunks
-    stop = threading.Event()
-
-    def serve() -> None:
-        rest = b""
-        while not stop.is_set():
-            head = server.wait_for_head(0.05, 0.0)
-            while server.tail != head:
-                cmd = server.read(server.tail)
-                data = body if cmd.op == Op.FIND else rest
-                chunk, rest = data[:RESPONSE_BODY_MAX], data[RESPONSE_BODY_MAX:]
-                server.publish(cmd.index, encode_response(Status.OK, chunk, 1 if rest else 0))
-                server.advance()
-
-    thread = threading.Thread(target=serve)
-    thread.start()
-    try:
-        response = client.call(Op.FIND, codec.encode_find(1, 0, None), b"", timeout_s=10)
-        assert response.body == body
+    deliveries = _deliveries([700, 700, 700])  # ~2.3 KB: three chunks
+    with Served(4) as served:
+        served.handler.answers.append(Leased(deliveries))
+        served.start()
+        response = served.client.call(Op.FIND, codec.encode_find(3, 0, None), b"", timeout_s=10)
+        assert codec.decode_deliveries(response.body) == deliveries
+        assert len(response.body) > 2 * RESPONSE_BODY_MAX
         assert not response.more
-    finally:
-        stop.set()
-        thread.join(timeout=10)
+        # nothing continues any more
+        again = served.client.call(Op.CONTINUE, bytes(16), b"", timeout_s=10)
+        assert again.status == Status.NO_CONTINUATION
 
 
 def test_client_refuses_values_that_do_not_fit_and_times_out_without_a_server() -> None:
-    _, _, client = pair()
-    with pytest.raises(ValueTooLargeForRing):
-        client.submit(Op.PUT, bytes(16), bytes(1025))
-    index = client.submit(Op.PUT, bytes(16), bytes(1024))
-    with pytest.raises(RingTimeout):
-        client.wait(index, 0.01)
+    with Served(4) as served:
+        with pytest.raises(ValueTooLargeForRing):
+            served.client.submit(Op.PUT, bytes(16), bytes(1025))
+        index = served.client.submit(Op.PUT, bytes(16), bytes(1024))
+        with pytest.raises(RingTimeout):
+            served.client.wait(index, 0.01)
 
 
 def test_server_checks_head_and_ready_and_never_trusts_capacity_or_tail() -> None:
-    mm, server, _ = pair(4)
-    at.store_u64(mm, 16, 1 << 40)  # a client rewrites capacity and tail: ignored
-    at.store_u64(mm, 8, 3)
-    at.store_u64(mm, 0, 9)
-    with pytest.raises(ProtocolError):
-        server.head()
-    at.store_u64(mm, 0, 1)  # head moved but slot 0 is not ready
-    assert server.head() == 1 and server.tail == 0 and server.capacity == 4
-    with pytest.raises(MalformedSlot):
-        server.read(0)
+    with Served(4) as served:
+        mm = served.mm
+        at.store_u64(mm, 16, 1 << 40)  # a client rewrites capacity and tail: ignored
+        at.store_u64(mm, 8, 3)
+        at.store_u64(mm, 0, 9)
+        served.start()
+        at.futex_wake(mm, 0)
+        served.join()
+        assert isinstance(served.failure, ProtocolError)
+        assert "head beyond capacity" in str(served.failure)
+    with Served(4) as served:
+        at.store_u64(served.mm, 16, 1 << 40)
+        at.store_u64(served.mm, 0, 1)  # head moved but slot 0 is not ready
+        served.start()
+        served.join()
+        assert isinstance(served.failure, MalformedSlot)
+        assert str(served.failure) == "head moved past a slot that is not ready (slot=0)"
+        assert served.handler.calls == []
 
 
 def test_an_oversized_value_size_is_reported_not_read() -> None:
-    mm, server, _ = pair()
-    mm[24] = 1
-    struct.pack_into("<I", mm, 24 + 18, 0xFFFFFFFF)
-    cmd = server.read(0)
-    assert cmd.value_size == 0xFFFFFFFF and cmd.value == b""
+    with Served(4) as served:
+        served.mm[24 + 1] = Op.PUT
+        struct.pack_into("<I", served.mm, 24 + 18, 0xFFFFFFFF)
+        served.mm[24] = 1
+        at.store_u64(served.mm, 0, 1)
+        served.start()
+        response = served.client.wait(0, WAIT_S)
+        assert (response.status, response.body) == (
+            Status.VALUE_TOO_LARGE,
+            b"value_size exceeds the 1024-byte slot",
+        )
+        assert served.handler.calls == []
 
 
 def test_codec_round_trips() -> None:
-    assert codec.decode_put(codec.encode_put(123, None)) == (123, None)
-    key, value = codec.encode_requeue(7, "r.1", None, 250)
-    args = codec.decode_requeue(key, value)
-    assert (args.id, args.receipt, args.arg, args.delay_ms) == (7, "r.1", None, 250)
-    key, value = codec.encode_extend(8, "r.2", 5000)
-    args = codec.decode_item(key, value)
-    assert (args.id, args.receipt, args.arg) == (8, "r.2", 5000)
-    assert codec.decode_extend_ok(codec.encode_extend_ok(99, "r.3")) == (99, "r.3")
-    deliveries = [
-        Delivery(i, f"rc.{i}", bytes([i]) * i, 10 + i, ItemStats(1, 2, 3), 20 + i) for i in range(5)
-    ]
-    assert codec.decode_deliveries(codec.encode_deliveries(deliveries)) == deliveries
+    """What a client encodes, the session decodes into the handler's arguments; what the
+    session encodes, the client decodes."""
+    deliveries = _deliveries([0, 1, 2, 3, 4])
+    with Served(8) as served:
+        served.start()
+        call = served.client.call
+        assert call(Op.PUT, codec.encode_put(123, None), b"v").status == Status.OK
+        key, value = codec.encode_requeue(7, "r.1", None, 250)
+        requeued = call(Op.REQUEUE, key, value)
+        assert codec.decode_u64(requeued.body) == 5
+        served.handler.answers.append([ItemOutcome(8, receipt="r.3", lease_expires=99)])
+        extended = call(Op.EXTEND, *codec.encode_extend(8, "r.2", 5000))
+        assert codec.decode_extend_ok(extended.body) == (99, "r.3")
+        served.handler.answers.append(Leased(deliveries))
+        found = call(Op.FIND, codec.encode_find(0, 250, 4000), b"")
+        assert codec.decode_deliveries(found.body) == deliveries
+        assert served.handler.calls == [
+            ("enqueue_one", b"v", 123, None),
+            ("requeue", 7, "r.1", None, 250),
+            ("extend", 8, "r.2", 5000),
+            ("find", 1, 250, 4000),  # count 0 means 1
+        ]
 
 
 @pytest.mark.parametrize(
@@ -184,10 +220,19 @@ def test_truncated_find_bodies_are_malformed(body: bytes) -> None:
         codec.decode_deliveries(body)
 
 
-@pytest.mark.parametrize("receipt", [b"", b"\xff\xfe"])
-def test_bad_receipts_are_malformed(receipt: bytes) -> None:
-    with pytest.raises(MalformedSlot):
-        codec.decode_item(bytes(16), receipt)
+@pytest.mark.parametrize(
+    ("receipt", "why"), [(b"", "receipt is empty"), (b"\xff\xfe", "receipt is not ASCII")]
+)
+def test_bad_receipts_are_malformed(receipt: bytes, why: str) -> None:
+    with Served(4) as served:
+        served.start()
+        for op in (Op.DELETE, Op.EXTEND):
+            response = served.client.call(op, codec.encode_item(1, "x", 5)[0], receipt)
+            assert (response.status, response.body) == (Status.MALFORMED, why.encode())
+        key, value = codec.encode_requeue(1, "x", None, 5)
+        response = served.client.call(Op.REQUEUE, key, value[:8] + receipt)
+        assert (response.status, response.body) == (Status.MALFORMED, why.encode())
+        assert served.handler.calls == []
 
 
 def test_every_storage_error_that_is_503_over_http_is_unavailable_or_its_own_status() -> None:
@@ -209,26 +254,13 @@ def test_every_storage_error_that_is_503_over_http_is_unavailable_or_its_own_sta
     assert _error(EngineUnavailable("closed"))[0] == Status.UNAVAILABLE
 
 
-class _Done:
-    """What the engine answers per enqueued item (id, stored deadline, duplicate)."""
-
-    def __init__(self, item_id: int, deadline: int, duplicate: bool = False) -> None:
-        self.id, self.deadline, self.duplicate = item_id, deadline, duplicate
-
-
 def test_doc_example_batch_commands_decode() -> None:
     part, last = doc_example("part-slot"), doc_example("put-many-slot")
     assert (part[0], part[1], part[2:18]) == (1, Op.PART, bytes(16))
     assert (last[0], last[1]) == (1, Op.PUT_MANY)
     (psize,) = struct.unpack_from("<I", part, 18)
     (lsize,) = struct.unpack_from("<I", last, 18)
-    body = part[22 : 22 + psize] + last[22 : 22 + lsize]
-    assert struct.unpack_from("<II", last, 2) == (2, len(body)) == (2, 51)
-    items = codec.decode_put_many(last[2:18], body)
-    assert [(i.value, i.deadline, i.delay_ms, i.key) for i in items] == [
-        (b"hello", None, 1500, None),
-        (b"hi", None, None, "k1"),
-    ]
+    assert struct.unpack_from("<II", last, 2) == (2, psize + lsize) == (2, 51)
 
     raw, tail = doc_example("put-many-response"), doc_example("put-many-response-last")
     (size,) = struct.unpack_from("<I", raw)
@@ -242,9 +274,6 @@ def test_doc_example_batch_commands_decode() -> None:
 
     slot = doc_example("delete-many-slot")
     assert (slot[0], slot[1]) == (1, Op.DELETE_MANY)
-    (size,) = struct.unpack_from("<I", slot, 18)
-    releases = codec.decode_delete_many(slot[2:18], slot[22 : 22 + size])
-    assert [(r.id, r.receipt) for r in releases] == [(1, "8f68d1e3.1.1"), (2, "8f68d1e3.2.1")]
     raw = doc_example("delete-many-response")
     (size,) = struct.unpack_from("<I", raw)
     assert size == len(raw) - 4 == 21 and raw[4] == Status.OK
@@ -255,93 +284,133 @@ def test_doc_example_batch_commands_decode() -> None:
 
 
 def test_a_batch_command_goes_through_a_ring_as_the_doc_shows() -> None:
-    """The client writes a PUT_MANY as a PART and its own slot; the server answers both
-    slots together, the body in the first, the second empty, and wakes once."""
-    mm, server, client = pair()
-    key, body = codec.encode_put_many([(b"hello", None, 1500, None), (b"hi", None, None, "k1")])
-    first = client.submit(Op.PART, bytes(16), body[:26], wake=False)
-    second = client.submit(Op.PUT_MANY, key, body[26:])
-    assert (first, second) == (0, 1)
-    assert mm[24 : 24 + 48] == doc_example("part-slot")
-    assert mm[24 + 2080 : 24 + 2080 + 47] == doc_example("put-many-slot")
-    assert server.wait_for_head(0.0, 0.0) == 2
-    cmds = [server.read(0), server.read(1)]
-    got = codec.decode_put_many(cmds[1].key, cmds[0].value + cmds[1].value)
-    assert [i.value for i in got] == [b"hello", b"hi"]
-    answer = codec.encode_put_many_ok([_Done(1, 1_800_000_001_500), _Done(2, 1_800_000_000_000)])
-    server.publish_span([0, 1], [encode_response(Status.OK, answer), encode_response(0, b"")])
-    server.advance(2)
-    assert mm[24 + 1046 : 24 + 1046 + 42] == doc_example("put-many-response")
-    assert mm[24 + 2080 + 1046 : 24 + 2080 + 1046 + 8] == doc_example("put-many-response-last")
-    assert struct.unpack_from("<Q", mm, 8)[0] == 2
-    response = client.collect([0, 1], 1.0)
-    assert (response.status, response.more, response.body) == (Status.OK, False, answer)
+    """The client writes a PUT_MANY as a PART and its own slot; the server decodes the
+    body the two carry and answers both slots together, the body in the first, the second
+    empty; then a DELETE_MANY in one slot."""
+    with Served(4) as served:
+        mm, client = served.mm, served.client
+        key, body = codec.encode_put_many([(b"hello", None, 1500, None), (b"hi", None, None, "k1")])
+        first = client.submit(Op.PART, bytes(16), body[:26], wake=False)
+        second = client.submit(Op.PUT_MANY, key, body[26:])
+        assert (first, second) == (0, 1)
+        assert mm[24 : 24 + 48] == doc_example("part-slot")
+        assert mm[24 + 2080 : 24 + 2080 + 47] == doc_example("put-many-slot")
+        served.handler.answers.append(
+            [Enqueued(1, 1_800_000_001_500), Enqueued(2, 1_800_000_000_000)]
+        )
+        served.start()
+        response = client.collect([0, 1], WAIT_S)
+        assert served.handler.calls == [
+            ("put_many", [(b"hello", None, 1500, None), (b"hi", None, None, "k1")])
+        ]
+        assert mm[24 + 1046 : 24 + 1046 + 42] == doc_example("put-many-response")
+        assert mm[24 + 2080 + 1046 : 24 + 2080 + 1046 + 8] == doc_example("put-many-response-last")
+        assert struct.unpack_from("<Q", mm, 8)[0] == 2
+        assert (response.status, response.more) == (Status.OK, False)
 
-    key, body = codec.encode_delete_many([(1, "8f68d1e3.1.1"), (2, "8f68d1e3.2.1")])
-    assert client.submit(Op.DELETE_MANY, key, body) == 2
-    assert mm[24 + 2 * 2080 : 24 + 2 * 2080 + 66] == doc_example("delete-many-slot")
+        key, body = codec.encode_delete_many([(1, "8f68d1e3.1.1"), (2, "8f68d1e3.2.1")])
+        served.handler.answers.append(
+            [ItemOutcome(1), ItemOutcome(2, "stale_receipt", "stale receipt")]
+        )
+        index = client.submit(Op.DELETE_MANY, key, body, wake=False)
+        assert index == 2
+        assert mm[24 + 2 * 2080 : 24 + 2 * 2080 + 66] == doc_example("delete-many-slot")
+        client.wake_server()
+        client.wait(index, WAIT_S)
+        assert served.handler.calls[-1] == (
+            "delete_many",
+            [(1, "8f68d1e3.1.1"), (2, "8f68d1e3.2.1")],
+        )
+        raw = doc_example("delete-many-response")
+        assert response_bytes(served, index, len(raw)) == raw
 
 
 def test_an_answer_spread_over_a_commands_slots_is_joined_and_continued() -> None:
-    """Three slots hold 3060 bytes; the 4000-byte answer ends with MORE on the last slot,
+    """Three slots hold 3060 bytes; a 4000-byte answer ends with MORE on the last slot,
     and CONTINUE fetches the rest."""
-    _, server, client = pair(8)
-    body = bytes(range(200)) * 20
-    indexes = [client.submit(Op.PART, bytes(16), b"", wake=False) for _ in range(2)]
-    indexes.append(client.submit(Op.FIND, codec.encode_find(9, 0, None), b""))
-    chunks = [body[i : i + RESPONSE_BODY_MAX] for i in range(0, 3 * RESPONSE_BODY_MAX, 1020)]
-    server.wait_for_head(0.0, 0.0)
-    for i in indexes:
-        server.read(i)
-    server.publish_span(indexes, [encode_response(Status.OK, c, 1) for c in chunks])
-    server.advance(3)
-
-    def serve_rest() -> None:
-        server.wait_for_head(5.0, 0.0, 3)
-        server.read(3)
-        server.publish(3, encode_response(Status.OK, body[3 * RESPONSE_BODY_MAX :]))
-        server.advance()
-
-    thread = threading.Thread(target=serve_rest)
-    thread.start()
-    first = client.collect(indexes, 1.0)
-    assert first.more and first.body == body[: 3 * RESPONSE_BODY_MAX]
-    assert client.complete(first, 5.0).body == body
-    thread.join(5)
+    deliveries = _deliveries([930, 930, 930, 930])  # 4 + 4 x (50 + 4 + 930) = 3940 bytes
+    with Served(8) as served:
+        client = served.client
+        served.handler.answers.append(Leased(deliveries))
+        indexes = [client.submit(Op.PART, bytes(16), b"", wake=False) for _ in range(2)]
+        indexes.append(client.submit(Op.FIND, codec.encode_find(9, 0, None), b""))
+        served.start()
+        first = client.collect(indexes, WAIT_S)
+        assert first.more and len(first.body) == 3 * RESPONSE_BODY_MAX
+        whole = client.complete(first, WAIT_S)
+        assert codec.decode_deliveries(whole.body) == deliveries
+        assert not whole.more
 
 
-def test_batch_codecs_round_trip_and_refuse_bad_bodies() -> None:
+def test_batch_bodies_round_trip_and_bad_ones_are_refused() -> None:
     items = [(bytes([i]) * i, 10 + i if i % 2 else None, None, f"k{i}" if i % 3 else None)
              for i in range(1, 40)]  # fmt: skip
     key, body = codec.encode_put_many(items)
-    got = codec.decode_put_many(key, body)
-    assert [(i.value, i.deadline, i.delay_ms, i.key) for i in got] == items
-    with pytest.raises(MalformedSlot):
-        codec.decode_put_many(key, body[:-1])  # body_size no longer matches
-    with pytest.raises(MalformedSlot):
-        codec.decode_put_many(struct.pack("<IIQ", 40, len(body), 0), body)  # one item short
-    with pytest.raises(MalformedSlot):
-        codec.decode_put_many(struct.pack("<IIQ", 38, len(body), 0), body)  # bytes left over
+    bad_key = body[:21] + bytes([2]) + body[22:]  # a key length that eats the value
+    releases = [(i, f"r.{i}.1") for i in range(50)]
+    dkey, dbody = codec.encode_delete_many(releases)
+    with Served(64) as served:
+        served.start()
+
+        def many(op: int, key: bytes, body: bytes) -> tuple[int, bytes]:
+            spans = [body[i : i + 1024] for i in range(0, len(body), 1024)] or [b""]
+            slots = [(Op.PART, bytes(16), piece) for piece in spans[:-1]]
+            indexes = served.client.submit_span([*slots, (op, key, spans[-1])])
+            served.client.wake_server()
+            got = served.client.collect(indexes, WAIT_S)
+            return got.status, got.body
+
+        assert many(Op.PUT_MANY, key, body)[0] == Status.OK
+        assert served.handler.calls.pop() == ("put_many", items)
+        assert many(Op.PUT_MANY, key, body[:-1]) == (
+            Status.MALFORMED,
+            f"body_size does not match the body sent (size={len(body)}, got={len(body) - 1})".encode(),
+        )
+        short = struct.pack("<IIQ", 40, len(body), 0)
+        assert many(Op.PUT_MANY, short, body) == (
+            Status.MALFORMED,
+            f"PUT_MANY body truncated (offset={len(body)})".encode(),
+        )
+        over = struct.pack("<IIQ", 38, len(body), 0)
+        status, text = many(Op.PUT_MANY, over, body)
+        assert status == Status.MALFORMED and text.startswith(
+            b"PUT_MANY body longer than its items"
+        )
+        status, text = many(
+            Op.PUT_MANY, struct.pack("<IIQ", 1, 25, 0), bytes(21) + b"\xff\xfe\x00\x00"
+        )
+        assert (status, text) == (
+            Status.MALFORMED,
+            b"PUT_MANY body longer than its items (size=25, used=21)",
+        )
+        utf = struct.pack("<QQIB", 0, 0, 0, 2) + b"\xff\xfe"
+        assert many(Op.PUT_MANY, struct.pack("<IIQ", 1, len(utf), 0), utf) == (
+            Status.MALFORMED,
+            b"key is not UTF-8 (offset=21)",
+        )
+        assert many(Op.PUT_MANY, struct.pack("<IIQ", 1, len(bad_key), 0), bad_key)[0] == (
+            Status.MALFORMED
+        )
+        assert many(Op.DELETE_MANY, dkey, dbody)[0] == Status.OK
+        assert served.handler.calls.pop() == ("delete_many", releases)
+        assert many(Op.DELETE_MANY, struct.pack("<IIQ", 51, len(dbody), 0), dbody) == (
+            Status.MALFORMED,
+            f"DELETE_MANY body truncated (offset={len(dbody)})".encode(),
+        )
+        assert served.handler.calls == []
+
+        served.handler.answers.append(
+            [
+                ItemOutcome(1),
+                ItemOutcome(2, "stale_receipt", "x" * 600),
+                ItemOutcome(3, "item_not_found", "y" * 600),
+            ]
+        )
+        three = [(1, "r.1"), (2, "r.2"), (3, "r.3")]
+        status, text = many(Op.DELETE_MANY, *codec.encode_delete_many(three))
+        assert status == Status.OK  # messages cut, the later ones first, to fit one slot
+        assert codec.decode_delete_many_ok(text, 3) == [(0, ""), (9, "x" * 600), (8, "y" * 413)]
     with pytest.raises(ValueError):
         codec.encode_put_many([(b"x", None, None, "k" * 256)])
     with pytest.raises(ValueError):
         codec.encode_put_many([(b"x", None, None, "")])
-    releases = [(i, f"r.{i}.1") for i in range(50)]
-    key, body = codec.encode_delete_many(releases)
-    assert [(r.id, r.receipt) for r in codec.decode_delete_many(key, body)] == releases
-    with pytest.raises(MalformedSlot):
-        codec.decode_delete_many(struct.pack("<IIQ", 51, len(body), 0), body)
-
-    from dq.storage.types import ItemOutcome
-
-    outcomes = [
-        ItemOutcome(1),
-        ItemOutcome(2, "stale_receipt", "x" * 100),
-        ItemOutcome(3, "item_not_found", "gone"),
-    ]
-    statuses = [0, Status.STALE_RECEIPT, Status.ITEM_NOT_FOUND]
-    full = codec.encode_delete_many_ok(statuses, outcomes, 1020)
-    assert codec.decode_delete_many_ok(full, 3) == [(0, ""), (9, "x" * 100), (8, "gone")]
-    cut = codec.encode_delete_many_ok(statuses, outcomes, 3 + 4 + 10)  # messages cut to fit
-    assert len(cut) == 17
-    assert codec.decode_delete_many_ok(cut, 3) == [(0, ""), (9, "x" * 10), (8, "")]

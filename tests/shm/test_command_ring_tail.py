@@ -13,8 +13,8 @@ client ``tests/shm/c/ring_client.c`` is (``dq.shm.command_ring`` is not used; th
 bodies are encoded with ``dq.shm.command_codec``). It keeps the ring full of commands
 spanning several slots — PUT_MANY and DELETE_MANY over PARTs, FINDs whose answers
 spread over PARTs or continue by CONTINUE — and runs of single PUTs and DELETEs, and
-refills each slot as soon as ``tail`` passes it. ``ServerRing.advance`` is wrapped for
-the test (``AdvanceWatch``): at every advance it checks that each slot passed has its
+refills each slot as soon as ``tail`` passes it. The server calls the test at every move
+of ``tail`` (``ShmServer.tail_watch``, ``AdvanceWatch``): it checks that each slot passed has its
 answer ready, then stops the server right there until the client has read those
 answers and refilled the slots — the worst moment for a server that advanced too early,
 made deterministic.
@@ -37,7 +37,6 @@ import pytest
 from dq.shm import _atomics as at
 from dq.shm import command_codec as codec
 from dq.shm.attach import attach
-from dq.shm.command_ring import ServerRing
 from dq.shm.server import ShmServer
 from dq.storage import Engine, EngineConfig, QueueConfig
 
@@ -64,9 +63,9 @@ def slot_offset(index: int) -> int:
 
 
 class AdvanceWatch:
-    """Wrapped around ``ServerRing.advance`` (test only): at every advance, each slot
-    passed must have ``response_ready`` set; then the server waits there until the client
-    has taken its turn (read the answers, refilled the slots)."""
+    """Called by the server each time it moves a ring's ``tail`` (``ShmServer.tail_watch``,
+    test only): each slot passed must have ``response_ready`` set; then the server waits
+    there until the client has taken its turn (read the answers, refilled the slots)."""
 
     def __init__(self, mm: Any) -> None:
         self.mm = mm
@@ -75,28 +74,27 @@ class AdvanceWatch:
         self.turns: queue.Queue[threading.Event] = queue.Queue()
         self._lock = threading.Lock()
         self._lockstep = True
+        self._tail = 0
 
-    def wrap(self, original: Callable[[ServerRing, int], None]) -> Callable[..., None]:
-        def advance(ring: ServerRing, slots: int = 1) -> None:
-            start = ring.tail
-            for i in range(slots):
-                index = (start + i) % ring.capacity
-                if at.load_u8(self.mm, slot_offset(index) + RESPONSE_READY) != 1:
-                    self.violations.append(
-                        f"tail moved past slot {index} (by {slots} from {start}) "
-                        "before its answer was ready"
-                    )
-            original(ring, slots)
-            with self._lock:
-                self.advances.append(slots)
-                if not self._lockstep:
-                    return
-                turn = threading.Event()
-                self.turns.put(turn)
-            if not turn.wait(WAIT_S):
-                self.violations.append("the client never took its turn")
-
-        return advance
+    def moved(self, tail: int) -> None:
+        start = self._tail
+        slots = (tail - start) % CAPACITY
+        self._tail = tail
+        for i in range(slots):
+            index = (start + i) % CAPACITY
+            if at.load_u8(self.mm, SLOTS + SLOT_SIZE * index + RESPONSE_READY) != 1:
+                self.violations.append(
+                    f"tail moved past slot {index} (by {slots} from {start}) "
+                    "before its answer was ready"
+                )
+        with self._lock:
+            self.advances.append(slots)
+            if not self._lockstep:
+                return
+            turn = threading.Event()
+            self.turns.put(turn)
+        if not turn.wait(WAIT_S):
+            self.violations.append("the client never took its turn")
 
     def stop(self) -> None:
         """Let the server run freely again."""
@@ -335,12 +333,13 @@ def served(tmp_path: Path) -> Iterator[tuple[Engine, ShmServer]]:
 
 
 def test_every_slot_tail_passes_is_answered_for_a_client_that_refills_at_once(
-    served: tuple[Engine, ShmServer], monkeypatch: pytest.MonkeyPatch
+    served: tuple[Engine, ShmServer],
 ) -> None:
     engine, server = served
+    watch = AdvanceWatch(None)
+    server.tail_watch = watch.moved  # for the rings attached from now on
     attachment = attach(server.data_dir, queue=QUEUE, capacity=CAPACITY)
-    watch = AdvanceWatch(attachment.mm)
-    monkeypatch.setattr(ServerRing, "advance", watch.wrap(ServerRing.advance))
+    watch.mm = attachment.mm
     client = DocClient(attachment.mm)
     work = Workload(client)
     for _ in range(4):
