@@ -11,10 +11,7 @@ from __future__ import annotations
 import random
 import struct
 import threading
-import time
-from collections.abc import Callable, Iterator
 from functools import partial
-from pathlib import Path
 
 import pytest
 
@@ -23,30 +20,8 @@ from dq.shm import command_codec as codec
 from dq.shm.attach import SHM_DIR, Attachment, attach
 from dq.shm.command_ring import RESPONSE, RESPONSE_READY, ClientRing, Op, Status, slot_offset
 from dq.shm.server import ShmServer
-from dq.storage import Engine, EngineConfig
-
-WAIT_S = 10.0
-
-
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[Engine, ShmServer]]:
-    data = tmp_path / "data"
-    engine = Engine.open(data, EngineConfig(fsync="never"))
-    server = ShmServer(engine, data).start()
-    try:
-        yield engine, server
-    finally:
-        server.close()
-        engine.close()
-
-
-def eventually(check: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if check():
-            return True
-        time.sleep(0.01)
-    return check()
+from dq.storage import Engine
+from tests.shm.conftest import WAIT_S, eventually
 
 
 def dropped(a: Attachment) -> bool:

@@ -38,9 +38,9 @@ from dq.shm import _atomics as at
 from dq.shm import command_codec as codec
 from dq.shm.attach import attach
 from dq.shm.server import ShmServer
-from dq.storage import Engine, EngineConfig, QueueConfig
+from dq.storage import Engine
+from tests.shm.conftest import WAIT_S, serving
 
-WAIT_S = 10.0
 CAPACITY = 8
 QUEUE = "tail"
 
@@ -321,15 +321,9 @@ class Workload:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[Engine, ShmServer]]:
-    data = tmp_path / "data"
-    engine = Engine.open(data, EngineConfig(fsync="always"))
-    engine.put_queue(QUEUE, QueueConfig())
-    server = ShmServer(engine, data).start()
-    try:
-        yield engine, server
-    finally:
-        server.close()
-        engine.close()
+    """The conftest's, with every write synced and the queue made."""
+    with serving(tmp_path / "data", "always", (QUEUE,)) as pair:
+        yield pair
 
 
 def test_every_slot_tail_passes_is_answered_for_a_client_that_refills_at_once(

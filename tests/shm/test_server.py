@@ -12,7 +12,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -26,30 +25,9 @@ from dq.shm.errors import AttachError, ShmError
 from dq.shm.server import ShmServer
 from dq.storage import Engine, EngineConfig
 from dq.storage.types import NewItem, QueueConfig
+from tests.shm.conftest import WAIT_S, eventually
 
 C_CLIENT = Path(__file__).parent / "c" / "ring_client.c"
-WAIT_S = 10.0
-
-
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[Engine, ShmServer]]:
-    data = tmp_path / "data"
-    engine = Engine.open(data, EngineConfig(fsync="never"))
-    server = ShmServer(engine, data).start()
-    try:
-        yield engine, server
-    finally:
-        server.close()
-        engine.close()
-
-
-def eventually(check: Callable[[], bool], timeout_s: float = WAIT_S) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        if check():
-            return True
-        time.sleep(0.01)
-    return check()
 
 
 def rings_of(server: ShmServer) -> list[str]:
