@@ -19,6 +19,7 @@ import pytest
 
 from tests.replication.etcd_server import EtcdServer
 from tests.replication.test_node_e2e import Cluster, eventually, leader_other_than
+from tests.server.live import browse_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -41,18 +42,7 @@ def group(tmp_path: Path, etcd: EtcdServer, cluster: str) -> Iterator[Cluster]:
 
 
 def ticks_on(url: str) -> list[int]:
-    out: list[int] = []
-    after: str | None = None
-    for _ in range(100):
-        params: dict[str, Any] = {"limit": 1000}
-        if after:
-            params["after"] = after
-        page = httpx.get(f"{url}/v1/queues/{Q}/items", params=params, timeout=10).json()
-        out += [i["deadline"] for i in page["items"]]
-        after = page["next"]
-        if after is None:
-            return out
-    raise AssertionError("browse did not end")
+    return [i["deadline"] for i in browse_all(url, Q)]
 
 
 def schedule_on(url: str) -> dict[str, Any]:

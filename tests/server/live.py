@@ -16,10 +16,11 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-__all__ = ["LiveServer", "free_port", "live_server"]
+__all__ = ["LiveServer", "browse_all", "free_port", "live_server"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -122,3 +123,22 @@ def live_server(data_dir: Path, **options: object) -> Iterator[LiveServer]:
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.terminate(timeout=15)
         server.kill()
+
+
+def browse_all(url: str, queue: str, **params: object) -> list[dict[str, Any]]:
+    """Every item of ``queue`` on the server at ``url``, browsed a page of 1,000 at a time
+    (``GET /v1/queues/{queue}/items`` with ``params``, e.g. ``values="true"``)."""
+    out: list[dict[str, Any]] = []
+    after: str | None = None
+    for _ in range(1000):
+        query: dict[str, Any] = {"limit": 1000, **params}
+        if after:
+            query["after"] = after
+        r = httpx.get(f"{url}/v1/queues/{queue}/items", params=query, timeout=30)
+        assert r.status_code == 200, r.text
+        page = r.json()
+        out += page["items"]
+        after = page["next"]
+        if after is None:
+            return out
+    raise AssertionError("browse did not end")

@@ -12,12 +12,11 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from tests.server.live import LiveServer
+from tests.server.live import LiveServer, browse_all
 
 # integration: live dq serve processes, SIGKILLed
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -27,23 +26,6 @@ Q = "cron"
 SCHEDULES = (("beat", 1000, Q), ("fast", 100, "nokeys"))
 ENV = {"DQ_SCHEDULE_MIN_EVERY_MS": "100", "DQ_EXPIRE_INTERVAL_MS": "50"}
 KILLS = 5
-
-
-def _all_items(url: str, queue: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    after: str | None = None
-    for _ in range(1000):
-        params: dict[str, Any] = {"limit": 1000, "values": "true"}
-        if after:
-            params["after"] = after
-        r = httpx.get(f"{url}/v1/queues/{queue}/items", params=params, timeout=30)
-        assert r.status_code == 200, r.text
-        page = r.json()
-        out += page["items"]
-        after = page["next"]
-        if after is None:
-            return out
-    raise AssertionError("browse did not end")
 
 
 def _produce(url: str, stop: threading.Event) -> None:
@@ -85,7 +67,7 @@ def test_each_tick_once_across_sigkills(tmp_path: Path) -> None:
         server.terminate()
         server.start()  # a graceful restart too
         for name, every, queue in SCHEDULES:
-            mine = [i for i in _all_items(server.url, queue) if i["value"] == name]
+            mine = [i for i in browse_all(server.url, queue, values="true") if i["value"] == name]
             ticks = [i["deadline"] for i in mine]
             assert len(ticks) == len(set(ticks)), f"{name}: a tick twice"
             ticks.sort()

@@ -16,13 +16,12 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.server.faultload import wait_for
-from tests.server.live import LiveServer
+from tests.server.live import LiveServer, browse_all
 from tests.server.test_disk_full import FILLER_BYTES, small_fs  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -40,21 +39,6 @@ def _metric(url: str, name: str) -> float:
 def _last_tick(url: str) -> int:
     doc = httpx.get(f"{url}/v1/queues/{Q}/schedules/beat", timeout=10).json()
     return int(doc["last_tick"] or 0)
-
-
-def _ticks(url: str) -> list[int]:
-    out: list[int] = []
-    after: str | None = None
-    for _ in range(100):
-        params: dict[str, Any] = {"limit": 1000}
-        if after:
-            params["after"] = after
-        page = httpx.get(f"{url}/v1/queues/{Q}/items", params=params, timeout=30).json()
-        out += [i["deadline"] for i in page["items"]]
-        after = page["next"]
-        if after is None:
-            return out
-    raise AssertionError("browse did not end")
 
 
 def _fill(path: Path) -> None:
@@ -116,7 +100,7 @@ def test_no_tick_lost_or_doubled_through_a_full_disk(
     again.log_path = tmp_path / "server-again.log"
     again.start()
     try:
-        ticks = _ticks(again.url)
+        ticks = [i["deadline"] for i in browse_all(again.url, Q)]
         assert len(ticks) == len(set(ticks)), "a tick twice"
         # the ticks missed while it was down are skipped: look up to the kill
         ticks = sorted(t for t in ticks if t < killed_at - 300)
