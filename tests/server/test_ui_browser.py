@@ -537,6 +537,31 @@ def test_find_a_moved_item_follows_it(page: Any, api: httpx.Client, server: Live
     expect()(panel.locator('dd[data-field="dead-lettered from"]')).to_have_text("moving")
 
 
+def test_find_by_key_then_reschedule_and_cancel(
+    page: Any, api: httpx.Client, server: LiveServer, shot: Any
+) -> None:
+    """An item found by its key shows in full; while it waits it can be rescheduled and
+    cancelled through that key."""
+    body = {"items": [{"value": "expire order 7", "delay_ms": 3_600_000, "key": "order/7"}]}
+    [done] = api.post("/v1/queues/bykey/items", json=body).json()["items"]
+    page.goto(server.url + "/ui/#/find")
+    page.fill("#find-queue", "bykey")
+    page.fill("#find-key", "order/7")
+    page.click("#find button[type=submit]")
+    panel = page.locator(".panel.item")
+    expect()(panel.locator("pre.value")).to_have_text("expire order 7")
+    expect()(panel.locator('dd[data-field="state"]')).to_have_text("delayed")
+    page.fill("#reschedule-s", "0")
+    page.click("#reschedule")
+    expect()(panel.locator('dd[data-field="state"]')).to_have_text("due")
+    assert api.get("/v1/queues/bykey/keys/order/7").json()["deadline"] < done["deadline"]
+    shot(page, "find-by-key")
+    page.click("#cancel-key")
+    confirm(page)
+    expect()(page.locator("#not-found")).to_contain_text("names no item")
+    assert api.get("/v1/queues/bykey").json()["stats"]["pending"] == 0
+
+
 def test_server_view(page: Any, api: httpx.Client, server: LiveServer, shot: Any) -> None:
     enqueue(api, "stored", 2)
     page.goto(server.url + "/ui/#/server")
