@@ -29,6 +29,8 @@ The parts, each owning its own state (every one guarded by the queue's ``lock``)
   dequeue's walk of the view;
 - ``health``, ``Health`` (``health.py``): why the queue refuses work (an I/O error,
   damage) and when it next tries to reopen;
+- ``timers``, ``Timers`` (``timers.py``): calls later (a failed freeze tried again, a
+  dead letter moved again), none of which runs once the queue closed;
 - beside them the operator's state (``queue_state.py``, ``state.json``), item metadata
   (``itemmeta.py``: idempotency keys, dead-letter origins, items' reasons; ``dedup.py``
   sorts a keyed batch; ``item_notes.py`` says what a moved item carries and where a
@@ -109,6 +111,7 @@ from dq.storage.segment import SegmentReader
 from dq.storage.segment_set import SegmentSet
 from dq.storage.state_counts import StateCounter
 from dq.storage.syncer import FsyncStats, InlineCommits, Syncer
+from dq.storage.timers import Timers
 from dq.storage.types import (
     DeadEntry,
     Delivery,
@@ -200,8 +203,8 @@ class Queue:
         self.state_counter = StateCounter()
         self.dead_lettered = 0
         self.lease_expired = 0
-        #: timers of ``call_later``, cancelled when the queue closes
-        self._timers: set[threading.Timer] = set()
+        #: calls later (a failed freeze tried again), cancelled when the queue closes
+        self.timers = Timers(self.lock)
 
     # ------------------------------------------------------------------ opening
 
@@ -1339,7 +1342,7 @@ class Queue:
             if self.closed or gen != self.files.generation:
                 return
             delay = self.files.freeze_failed(path, exc)
-            self.call_later(delay, lambda: self._retry_freeze(path, mem, gen))
+            self.timers.call_later(delay, lambda: self._retry_freeze(path, mem, gen))
 
     def _retry_freeze(self, path: str, mem: MemSegment, gen: int) -> None:
         with self.lock:
@@ -1551,21 +1554,9 @@ class Queue:
         self.state = state
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> None:
-        """Call ``fn`` after ``delay`` seconds on a timer thread, unless the queue has
-        closed by then (closing cancels the timer)."""
-
-        def run() -> None:
-            with self.lock:
-                self._timers.discard(timer)
-                if self.closed:
-                    return
-            fn()
-
-        timer = threading.Timer(delay, run)
-        timer.daemon = True
-        with self.lock:
-            self._timers.add(timer)
-        timer.start()
+        """Call ``fn`` after ``delay`` seconds, unless the queue has closed by then
+        (``Timers``)."""
+        self.timers.call_later(delay, fn)
 
     # ------------------------------------------------------------------ closing
 
@@ -1581,8 +1572,7 @@ class Queue:
         answers: list[Answer] = []
         with self.lock:
             self.closed = True
-            for timer in self._timers:
-                timer.cancel()
+            self.timers.close()
             if self.loaded and self.health.failed is None:
                 wal = self.commit.wal
                 try:
