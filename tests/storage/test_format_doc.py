@@ -24,7 +24,7 @@ from dq.storage.replication import (
     decode_frames,
 )
 from dq.storage.segment import FOOTER, HEADER, INDEX_ROW, SegmentReader
-from dq.storage.wal import encode_header, frame_record, read_wal
+from dq.storage.wal import WalContents, encode_header, frame_record, read_wal, record_body
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "format.md"
 D = 1_800_000_000_000
@@ -41,6 +41,20 @@ def example(name: str) -> bytes:
     return bytes(out)
 
 
+def example_log(tmp_path: Path, name: str, file: str) -> tuple[bytes, Path, WalContents]:
+    """The example ``name`` written as the log ``file``, and what the reader reads of it."""
+    data = example(name)
+    path = tmp_path / file
+    path.write_bytes(data)
+    return data, path, read_wal(str(path))
+
+
+def one_record_log(segment_no: int, entries: bytes, meta: bytes = b"") -> bytes:
+    """A log (id floor 1) of one record, framed as the writer frames it."""
+    kind, body = record_body(entries, meta)
+    return encode_header(segment_no, 1) + frame_record(body, kind)
+
+
 def test_struct_sizes_match_the_doc() -> None:
     assert HEADER.size == 16 and INDEX_ROW.size == 40 and FOOTER.size == 112
 
@@ -53,10 +67,7 @@ def test_key_example() -> None:
 
 
 def test_wal_example_decodes(tmp_path: Path) -> None:
-    data = example("wal-example")
-    path = tmp_path / "0000000003.log"
-    path.write_bytes(data)
-    contents = read_wal(str(path))
+    data, _, contents = example_log(tmp_path, "wal-example", "0000000003.log")
     assert (contents.segment_no, contents.id_floor, contents.torn_bytes) == (3, 1, 0)
     [(offset, payload)] = contents.records
     assert offset == 0x20
@@ -67,7 +78,7 @@ def test_wal_example_decodes(tmp_path: Path) -> None:
     ]
     # and the encoder produces exactly these bytes
     p = encode_pending(encode_key(D, 1), encode_stats(D, 0, 0), b"hello")
-    assert encode_header(3, 1) + frame_record(p + tombstone_of(encode_key(D - 5, 7))) == data
+    assert one_record_log(3, p + tombstone_of(encode_key(D - 5, 7))) == data
 
 
 def test_segment_example_decodes(tmp_path: Path) -> None:

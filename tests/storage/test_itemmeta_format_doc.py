@@ -4,7 +4,6 @@ decoded by the code, and the code producing exactly those bytes."""
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 from dq.storage.codec import (
@@ -32,15 +31,11 @@ from dq.storage.reasons import Reason, decode_error_entry, encode_error_entry
 from dq.storage.recovery import load_log
 from dq.storage.schedule_store import decode, encode
 from dq.storage.segment import SegmentReader
-from dq.storage.wal import RECORD_WITH_META, encode_header, frame_record, read_wal
-from tests.storage.test_format_doc import DOC, D, example
+from tests.storage.test_format_doc import DOC, D, example, example_log, one_record_log
 
 
 def test_wal_meta_example_decodes(tmp_path: Path) -> None:
-    data = example("wal-meta-example")
-    path = tmp_path / "0000000005.log"
-    path.write_bytes(data)
-    contents = read_wal(str(path))
+    data, _, contents = example_log(tmp_path, "wal-meta-example", "0000000005.log")
     assert (contents.segment_no, contents.id_floor, contents.torn_bytes) == (5, 1, 0)
     [(offset, meta)] = contents.meta
     assert offset == 0x20
@@ -53,10 +48,8 @@ def test_wal_meta_example_decodes(tmp_path: Path) -> None:
         (D, 0, 0),
         b"hello",
     )
-    entry = encode_key_entry(1, D, D, b"order-7")
-    body = struct.pack(">I", len(entry)) + entry
-    body += encode_pending(encode_key(D, 1), encode_stats(D, 0, 0), b"hello")
-    assert encode_header(5, 1) + frame_record(body, RECORD_WITH_META) == data
+    entries = encode_pending(encode_key(D, 1), encode_stats(D, 0, 0), b"hello")
+    assert one_record_log(5, entries, encode_key_entry(1, D, D, b"order-7")) == data
 
 
 def test_sidecar_example_decodes_and_is_what_the_writer_writes(tmp_path: Path) -> None:
@@ -78,10 +71,7 @@ def test_sidecar_example_decodes_and_is_what_the_writer_writes(tmp_path: Path) -
 
 
 def test_wal_schedule_example_decodes(tmp_path: Path) -> None:
-    data = example("wal-schedule-example")
-    path = tmp_path / "0000000006.log"
-    path.write_bytes(data)
-    contents = read_wal(str(path))
+    data, path, contents = example_log(tmp_path, "wal-schedule-example", "0000000006.log")
     [(_offset, meta)] = contents.meta
     assert list(decode_meta(meta)) == [
         ("key", 1, D, D, "schedule:beat:1800000000000"),
@@ -90,11 +80,10 @@ def test_wal_schedule_example_decodes(tmp_path: Path) -> None:
     [(_at, payload)] = contents.records
     [(key, _stats, value, _)] = list(iter_entries(payload))
     assert (decode_key(key), value) == ((D, 1, 0), b"hello")
-    entries = encode_key_entry(1, D, D, b"schedule:beat:1800000000000")
-    entries += encode_schedule_entry(42, D, 1, "beat")
-    body = struct.pack(">I", len(entries)) + entries
-    body += encode_pending(encode_key(D, 1), encode_stats(D, 0, 0), b"hello")
-    assert encode_header(6, 1) + frame_record(body, RECORD_WITH_META) == data
+    meta = encode_key_entry(1, D, D, b"schedule:beat:1800000000000")
+    meta += encode_schedule_entry(42, D, 1, "beat")
+    entries = encode_pending(encode_key(D, 1), encode_stats(D, 0, 0), b"hello")
+    assert one_record_log(6, entries, meta) == data
     m = ItemMeta()
     assert m.load(meta, str(path), D, 300_000)  # progress keeps its sidecar
     assert (m.fired[42].tick, m.fired[42].count, m.fired[42].durable_tick) == (D, 1, D)
@@ -119,10 +108,7 @@ def test_schedule_file_example_decodes() -> None:
 
 
 def test_wal_group_example_decodes(tmp_path: Path) -> None:
-    data = example("wal-group-example")
-    path = tmp_path / "0000000007.log"
-    path.write_bytes(data)
-    contents = read_wal(str(path))
+    data, path, contents = example_log(tmp_path, "wal-group-example", "0000000007.log")
     [(offset, meta)] = contents.meta
     assert offset == 0x20
     assert list(decode_meta(meta)) == [
@@ -134,10 +120,11 @@ def test_wal_group_example_decodes(tmp_path: Path) -> None:
     assert top == 3
     assert mem.groups == {encode_key(D, 1): "customer-42", encode_key(D, 2): "customer-42"}
     meta_bytes = encode_group_entry(1, "customer-42") + encode_group_entry(2, "customer-42")
-    body = struct.pack(">I", len(meta_bytes)) + meta_bytes
-    for n, value in ((1, b"hello"), (2, b"world"), (3, b"!")):
-        body += encode_pending(encode_key(D, n), encode_stats(D, 0, 0), value)
-    assert encode_header(7, 1) + frame_record(body, RECORD_WITH_META) == data
+    entries = b"".join(
+        encode_pending(encode_key(D, n), encode_stats(D, 0, 0), value)
+        for n, value in ((1, b"hello"), (2, b"world"), (3, b"!"))
+    )
+    assert one_record_log(7, entries, meta_bytes) == data
 
 
 def test_segment_groups_example_is_what_freezing_writes(tmp_path: Path) -> None:
@@ -163,21 +150,17 @@ def test_segment_groups_example_is_what_freezing_writes(tmp_path: Path) -> None:
 
 
 def test_wal_error_example_decodes(tmp_path: Path) -> None:
-    data = example("wal-error-example")
-    path = tmp_path / "0000000008.log"
-    path.write_bytes(data)
-    contents = read_wal(str(path))
+    data, path, contents = example_log(tmp_path, "wal-error-example", "0000000008.log")
     [(_offset, meta)] = contents.meta
     assert list(decode_meta(meta)) == [("error", 1, D + 1000, 0, "")]
     assert decode_error_entry(meta, 0) == (1, D + 1000, (Reason("boom", D, 1),), len(meta))
     [(_at, payload)] = contents.records
     entries = [(decode_key(k), s and decode_stats(s), v) for k, s, v, _ in iter_entries(payload)]
     assert entries == [((D + 1000, 1, 0), (D, D, 1), b"hello"), ((D, 1, 3), None, None)]
-    body = encode_error_entry(1, D + 1000, (Reason("boom", D, 1),))
-    body = struct.pack(">I", len(body)) + body
-    body += encode_pending(encode_key(D + 1000, 1), encode_stats(D, D, 1), b"hello")
-    body += encode_key(D, 1, TOMBSTONE)
-    assert encode_header(8, 1) + frame_record(body, RECORD_WITH_META) == data
+    written = encode_pending(encode_key(D + 1000, 1), encode_stats(D, D, 1), b"hello")
+    written += encode_key(D, 1, TOMBSTONE)
+    error = encode_error_entry(1, D + 1000, (Reason("boom", D, 1),))
+    assert one_record_log(8, written, error) == data
     m = ItemMeta()
     assert m.load(meta, str(path), D, 300_000, log=8)  # reasons keep their sidecar
     assert m.errors.reasons(str(tmp_path), 1) == (Reason("boom", D, 1),)
