@@ -75,27 +75,38 @@ def no_fdatasync(fileio: Any) -> None:
         fileio._wal = _NoSync(fileio._wal)
 
 
+class _Inline:
+    """The loop's committing: writes only note their queue; the caller commits after
+    (``sync_round``)."""
+
+    def mark_dirty(self, target: object) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def committing_inline(data: str, **config: Any) -> Any:
+    """An engine on ``data`` with ``fsync always`` whose group commit runs on the calling
+    thread, as the server's loop runs it: its syncer thread is stopped and replaced, so
+    each write waits for the caller's ``queue.sync_round()``."""
+    from dq.storage import Engine, EngineConfig
+
+    eng = Engine.open(data, EngineConfig(fsync="always", compaction="inline", **config))
+    assert eng.syncer is not None
+    eng.syncer.stop()
+    eng.syncer = _Inline()
+    return eng
+
+
 def measure(batch: int, rounds: int, value_bytes: int) -> dict[str, float]:
-    from dq.storage import Engine, EngineConfig, fileio
+    from dq.storage import fileio
     from dq.storage.types import NewItem, Release
 
     no_fdatasync(fileio)
     data = tempfile.mkdtemp(prefix="dq-engine-cpu-")
     try:
-        eng = Engine.open(data, EngineConfig(fsync="always", compaction="inline"))
-        assert eng.syncer is not None
-        eng.syncer.stop()
-
-        class Inline:
-            """The loop's committing: writes only note their queue; we commit after."""
-
-            def mark_dirty(self, target: object) -> None:
-                pass
-
-            def stop(self) -> None:
-                pass
-
-        eng.syncer = Inline()  # type: ignore[assignment]
+        eng = committing_inline(data)
         counts: collections.Counter[tuple[str, str]] = collections.Counter()
         lock = threading.Lock()
 
