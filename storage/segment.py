@@ -468,32 +468,27 @@ class SegmentReader:
     def read_groups(self, i: int, count: int) -> list[str | None]:
         """Block ``i``'s group column (``count`` entries), checked and decoded."""
         offset, length, crc = self._group_rows[i]
-        comp = fileio.pread(self._fd, length, offset)
-        if len(comp) != length or zlib.crc32(comp) != crc:
-            raise CorruptionError(
-                "segment group column checksum mismatch", file=self.path, offset=offset, block=i
-            )
-        try:
-            raw = self._dctx.decompress(comp)
-        except zstandard.ZstdError as exc:
-            raise CorruptionError(
-                f"segment group column does not decompress: {exc}", file=self.path, offset=offset
-            ) from exc
+        raw = self._read_checked(offset, length, crc, "group column", i)
         return decode_column(raw, count, self.path, offset)
 
     def read_raw(self, i: int) -> bytes:
         """Block ``i``'s entries, checked and decompressed but not parsed."""
         offset, length, crc = self._rows[i]
+        return self._read_checked(offset, length, crc, "block", i)
+
+    def _read_checked(self, offset: int, length: int, crc: int, what: str, i: int) -> bytes:
+        """``length`` compressed bytes at ``offset`` (block ``i``'s ``what``), checked
+        against ``crc`` and decompressed."""
         comp = fileio.pread(self._fd, length, offset)
         if len(comp) != length or zlib.crc32(comp) != crc:
             raise CorruptionError(
-                "segment block checksum mismatch", file=self.path, offset=offset, block=i
+                f"segment {what} checksum mismatch", file=self.path, offset=offset, block=i
             )
         try:
             return self._dctx.decompress(comp)
         except zstandard.ZstdError as exc:
             raise CorruptionError(
-                f"segment block does not decompress: {exc}", file=self.path, offset=offset
+                f"segment {what} does not decompress: {exc}", file=self.path, offset=offset
             ) from exc
 
     def block_for(self, key: bytes) -> int:

@@ -10,7 +10,13 @@ import pytest
 
 from dq.storage.codec import encode_key, encode_pending, encode_stats
 from dq.storage.errors import CorruptionError
-from dq.storage.segment import FOOTER, HEADER, SegmentReader, write_segment
+from dq.storage.segment import (
+    FOOTER,
+    HEADER,
+    SegmentReader,
+    write_segment,
+    write_segment_grouped,
+)
 
 D = 1_800_000_000_000
 
@@ -77,6 +83,29 @@ def test_block_damage_is_caught_when_the_block_is_read(tmp_path: Path) -> None:
         list(r.scan())
     assert err.value.context["offset"] == HEADER.size and err.value.context["block"] == 0
     r.close()
+
+
+def test_group_column_damage_is_caught_when_its_block_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "0000000001-0000000001.seg"
+    entries = []
+    for i in range(1, 3001):
+        k = encode_key(D + i, i)
+        entry = encode_pending(k, encode_stats(D, 0, 0), i.to_bytes(4, "big") * 20)
+        entries.append((k, entry, f"customer-{i % 7}"))
+    info = write_segment_grouped(str(path), entries, seg_lo=1, seg_hi=1, max_id=0)
+    assert info is not None and info.block_count > 2
+    r = SegmentReader(str(path))
+    column = r._group_rows[1][0]  # block 1's group column
+    assert [g for _k, _e, g in r.scan_grouped()] == [e[2] for e in entries]
+    r.close()
+    damage(path, path.read_bytes(), column + 3)
+    r = SegmentReader(str(path))
+    try:
+        with pytest.raises(CorruptionError, match="segment group column checksum mismatch") as err:
+            list(r.scan_grouped())
+        assert err.value.context == {"file": str(path), "offset": column, "block": 1}
+    finally:
+        r.close()
 
 
 @pytest.mark.parametrize("keep", [0, 10, HEADER.size + 50, -FOOTER.size, -1])
