@@ -107,6 +107,7 @@ _DEFAULT_TIMEOUT = 30.0
 _RING_COUNT = count_range(0xFFFFFFFF)
 _ITEM_ERRORS = frozenset({"stale_receipt", "item_not_found", "invalid_receipt"})
 _ZERO_KEY = bytes(KEY_SIZE)
+_ON_DUPLICATE = frozenset({"keep", "replace"})  # what a repeated key may do
 _DELIVERY_GUESS = 330  # bytes per delivery in a FIND answer before one was seen
 R = TypeVar("R")
 Command = tuple[int, bytes, bytes]
@@ -471,8 +472,9 @@ class ShmTransport:
         """One PUT_MANY (one PUT for an item the ring's PUT holds). Over HTTP whole: what
         does not fit one command, what a follower refused, a batch with a deadline of 0,
         which a ring field cannot tell from "not given" (an item due at the epoch sorts
-        first; one due now, last), and one with a group or an ``on_duplicate``
-        "replace", which the ring's commands do not carry."""
+        first; one due now, last), one with a group, which the ring's commands do not
+        carry, and one whose keyed items mix ``on_duplicate`` "keep" and "replace"
+        (PUT_MANY's REPLACE flag is the whole batch's)."""
         queue, items = call.queue, call.items
         span = self._put_span(items) if items else None
         if span is None:
@@ -487,20 +489,24 @@ class ShmTransport:
         return [Enqueued(*done) for done in codec.decode_put_many_ok(r.body, len(items))]
 
     def _put_span(self, items: Sequence[NewItem]) -> Span | None:
+        how: set[str] = set()  # what the keyed items do with a repeated key
         for item in items:
             _check_when(item.deadline, item.delay_ms)
             if item.deadline == 0:  # "not given" (now) on the ring; the epoch over HTTP
                 return None
             if item.group is not None:  # the ring's PUT carries no group: HTTP does
                 return None
-            if item.on_duplicate != "keep":  # nor a replace of a key's item: HTTP does
-                return None
+            if item.key is not None:
+                how.add(item.on_duplicate)
+        if len(how) > 1 or not how <= _ON_DUPLICATE:  # REPLACE is the batch's flag: a
+            return None  # mix, or a word the server refuses, goes over HTTP
         one = items[0]
         if len(items) == 1 and one.key is None and len(one.value) <= VALUE_MAX:
             return [(_PUT, codec.encode_put(one.deadline, one.delay_ms), one.value)]
         try:
             key, body = codec.encode_put_many(
-                [(i.value, i.deadline, i.delay_ms, i.key) for i in items]
+                [(i.value, i.deadline, i.delay_ms, i.key) for i in items],
+                replace=how == {"replace"},
             )
         except ValueError:  # a key too long for the ring: the server's answer over HTTP
             return None

@@ -65,6 +65,7 @@
 #define MAX_CAPACITY 4096
 #define DELIVERY_HEAD 50
 #define RUN_MAX 64 /* PUTs or DELETEs started as one engine batch at most */
+#define PUT_MANY_REPLACE 1 /* PUT_MANY flag: keyed items replace their key's pending item */
 
 enum {
     OP_PUT = 0, OP_DELETE, OP_FIND, OP_REQUEUE, OP_EXTEND, OP_STATS, OP_BIND, OP_CONTINUE,
@@ -91,7 +92,7 @@ enum { K_PUT = 0, K_RELEASED, K_REQUEUED, K_PUT_MANY, K_DELETE_MANY };
 static PyObject *MalformedSlot; /* dq.shm.errors */
 static PyObject *ProtocolError;
 static PyObject *s_result, *s_add_done_callback, *s_id, *s_deadline, *s_duplicate,
-    *s_error, *s_message, *s_receipt, *s_lease_expires, *s_stats, *s_enqueue_time,
+    *s_replaced, *s_error, *s_message, *s_receipt, *s_lease_expires, *s_stats, *s_enqueue_time,
     *s_requeue_time, *s_dequeue_count, *s_value, *s_queue_exists, *s_draining,
     *s_enqueue_one, *s_enqueue, *s_release_one, *s_release, *s_requeue, *s_extend,
     *s_find, *s_stats_m, *s_bind, *s_put_many, *s_delete_many, *s_error_m;
@@ -551,9 +552,10 @@ answer_result(Session *s, int kind, uint32_t index, uint32_t nslots, PyObject *r
     if (kind == K_PUT_MANY) {
         for (Py_ssize_t i = 0; i < n && rc == 0; i++) {
             PyObject *e = PySequence_Fast_GET_ITEM(seq, i);
+            /* how u8: 0 a new item, 1 a duplicate, 2 replaced (docs/shm.md) */
             uint64_t id, deadline;
-            uint8_t dup;
-            PyObject *d;
+            uint8_t how;
+            PyObject *d, *r;
             if (get_u64(e, s_id, &id) < 0 || get_u64(e, s_deadline, &deadline) < 0 ||
                 (d = PyObject_GetAttr(e, s_duplicate)) == NULL) {
                 rc = -1;
@@ -561,9 +563,15 @@ answer_result(Session *s, int kind, uint32_t index, uint32_t nslots, PyObject *r
             }
             int t = PyObject_IsTrue(d);
             Py_DECREF(d);
-            dup = t == 1;
-            if (t < 0 || buf_u64(&b, id) < 0 || buf_u64(&b, deadline) < 0 ||
-                buf_put(&b, &dup, 1) < 0) {
+            if ((r = PyObject_GetAttr(e, s_replaced)) == NULL) {
+                rc = -1;
+                break;
+            }
+            int t2 = PyObject_IsTrue(r);
+            Py_DECREF(r);
+            how = t2 == 1 ? 2 : t == 1 ? 1 : 0;
+            if (t < 0 || t2 < 0 || buf_u64(&b, id) < 0 || buf_u64(&b, deadline) < 0 ||
+                buf_put(&b, &how, 1) < 0) {
                 rc = -1;
             }
         }
@@ -1300,10 +1308,17 @@ start_span(Session *s, Cmd *c)
     }
     Py_ssize_t end = s->parts.len;
     uint32_t count = le32(c->key), size = le32(c->key + 4);
+    uint64_t flags = le64(c->key + 8); /* PUT_MANY: bit 0 REPLACE; DELETE_MANY: unused */
     char text[128];
     if ((Py_ssize_t)size != end) {
         snprintf(text, sizeof text, "body_size does not match the body sent (size=%u, got=%zd)",
                  size, end);
+        write_text(s, first, nslots, ST_MALFORMED, text);
+        return publish_ready(s);
+    }
+    if (c->op == OP_PUT_MANY && (flags & ~(uint64_t)PUT_MANY_REPLACE)) {
+        snprintf(text, sizeof text, "PUT_MANY flags has unknown bits (flags=%llu)",
+                 (unsigned long long)flags);
         write_text(s, first, nslots, ST_MALFORMED, text);
         return publish_ready(s);
     }
@@ -1317,8 +1332,13 @@ start_span(Session *s, Cmd *c)
         write_text(s, first, nslots, ST_MALFORMED, text);
         return publish_ready(s);
     }
-    PyObject *started = PyObject_CallMethodOneArg(
-        s->handler, c->op == OP_PUT_MANY ? s_put_many : s_delete_many, items);
+    /* a replacing PUT_MANY: put_many(items, True); what a repeated key does then is the
+       enqueue's rule (storage/dedup.py), not the ring's */
+    PyObject *started =
+        c->op == OP_PUT_MANY && (flags & PUT_MANY_REPLACE)
+            ? PyObject_CallMethodObjArgs(s->handler, s_put_many, items, Py_True, NULL)
+            : PyObject_CallMethodOneArg(s->handler,
+                                        c->op == OP_PUT_MANY ? s_put_many : s_delete_many, items);
     Py_DECREF(items);
     return await_write(s, started, first, 1, nslots,
                        c->op == OP_PUT_MANY ? K_PUT_MANY : K_DELETE_MANY);
@@ -1684,6 +1704,7 @@ PyInit__session(void)
     INTERN(s_id, "id");
     INTERN(s_deadline, "deadline");
     INTERN(s_duplicate, "duplicate");
+    INTERN(s_replaced, "replaced");
     INTERN(s_error, "error");
     INTERN(s_message, "message");
     INTERN(s_receipt, "receipt");

@@ -19,10 +19,10 @@ than ``struct.error`` or ``IndexError``.
     BIND      0                                  queue name (ASCII)         empty
     CONTINUE  0                                  empty                      next chunk
     PART      0                                  the next piece of the following command's body
-    PUT_MANY  count u32 | body_size u32 | 0 u64  count x (deadline u64 | delay_ms u64 |
-                                                 value_len u32 | key_len u8 | key | value)
+    PUT_MANY  count u32 | body_size u32 |        count x (deadline u64 | delay_ms u64 |
+              flags u64 (bit 0 REPLACE)          value_len u32 | key_len u8 | key | value)
                                                  ok body: count x (id u64 | deadline u64 |
-                                                 duplicate u8)
+                                                 how u8: 0 new, 1 duplicate, 2 replaced)
     DELETE_MANY  count u32 | body_size u32 | 0   count x (id u64 | receipt_len u16 | receipt)
                                                  ok body: count x status u8, then per
                                                  failed item message_len u16 | message
@@ -40,6 +40,7 @@ from dq.storage.types import Delivery, ItemStats
 
 __all__ = [
     "DELIVERY_HEAD",
+    "PUT_MANY_REPLACE",
     "decode_delete_many_ok",
     "decode_deliveries",
     "decode_extend_ok",
@@ -64,9 +65,12 @@ U32 = struct.Struct("<I")
 U16 = struct.Struct("<H")
 # id, deadline, lease_expires, enqueue_time, requeue_time, dequeue_count, receipt_len, value_len
 DELIVERY_HEAD = struct.Struct("<QQQQQIHI")
-MANY_KEY = struct.Struct("<IIQ")  # count, body_size, 0
+MANY_KEY = struct.Struct("<IIQ")  # count, body_size, flags (PUT_MANY; else 0)
 PUT_MANY_ITEM = struct.Struct("<QQIB")  # deadline, delay_ms, value_len, key_len
-PUT_MANY_OK = struct.Struct("<QQB")  # id, deadline, duplicate
+PUT_MANY_OK = struct.Struct("<QQB")  # id, deadline, how (0 new, 1 duplicate, 2 replaced)
+#: PUT_MANY flag: each item with a key replaces the pending item of its key
+#: (``on_duplicate`` "replace", ``storage/dedup.py``) instead of answering a duplicate
+PUT_MANY_REPLACE = 1
 DELETE_MANY_ITEM = struct.Struct("<QH")  # id, receipt_len
 assert KEY2.size == FIND_KEY.size == MANY_KEY.size == 16
 assert (PUT_MANY_ITEM.size, PUT_MANY_OK.size, DELETE_MANY_ITEM.size) == (21, 17, 10)
@@ -180,14 +184,16 @@ def decode_extend_ok(body: bytes) -> tuple[int, str]:
 # ---- PUT_MANY / DELETE_MANY: a batch in one command -----------------------------------------
 
 
-def _many_key(count: int, body: bytes) -> bytes:
-    return MANY_KEY.pack(count, len(body), 0)
+def _many_key(count: int, body: bytes, flags: int = 0) -> bytes:
+    return MANY_KEY.pack(count, len(body), flags)
 
 
 def encode_put_many(
     items: Sequence[tuple[bytes, int | None, int | None, str | None]],
+    replace: bool = False,
 ) -> tuple[bytes, bytes]:
-    """Key and body of a PUT_MANY: ``items`` are (value, deadline, delay_ms, key).
+    """Key and body of a PUT_MANY: ``items`` are (value, deadline, delay_ms, key);
+    ``replace``: each item with a key replaces its key's pending item (flag REPLACE).
     ``ValueError`` for a key the ring cannot carry: empty (length 0 means no key) or
     over 255 bytes (its length is a u8)."""
     parts = []
@@ -199,13 +205,19 @@ def encode_put_many(
         parts.append(raw_key)
         parts.append(value)
     body = b"".join(parts)
-    return _many_key(len(items), body), body
+    return _many_key(len(items), body, PUT_MANY_REPLACE if replace else 0), body
 
 
-def decode_put_many_ok(body: bytes, count: int) -> list[tuple[int, int, bool]]:
+def decode_put_many_ok(body: bytes, count: int) -> list[tuple[int, int, bool, bool]]:
+    """(id, deadline, duplicate, replaced) of each item."""
     if len(body) != count * PUT_MANY_OK.size:
         raise MalformedSlot("PUT_MANY response length mismatch", size=len(body), count=count)
-    return [(i, dl, bool(dup)) for i, dl, dup in PUT_MANY_OK.iter_unpack(body)]
+    out = []
+    for i, dl, how in PUT_MANY_OK.iter_unpack(body):
+        if how > 2:
+            raise MalformedSlot("PUT_MANY answer says neither new, duplicate nor replaced")
+        out.append((i, dl, how == 1, how == 2))
+    return out
 
 
 def encode_delete_many(items: Sequence[tuple[int, str]]) -> tuple[bytes, bytes]:

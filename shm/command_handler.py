@@ -36,6 +36,7 @@ from dq.storage.types import (
     Extend,
     ItemOutcome,
     NewItem,
+    OnDuplicate,
     Release,
     Requeue,
     check_queue_name,
@@ -115,9 +116,13 @@ class CommandHandler:
         return self._ops.start_requeue(self._name, [Requeue(item_id, receipt, deadline, delay_ms)])
 
     def put_many(
-        self, items: list[tuple[bytes, int | None, int | None, str | None]]
+        self, items: list[tuple[bytes, int | None, int | None, str | None]], replace: bool = False
     ) -> Future[list[Enqueued]]:
-        return self._start_enqueue(self._name, [NewItem(v, d, dl, k) for v, d, dl, k in items])
+        """A PUT_MANY; ``replace`` (its REPLACE flag): each keyed item has ``on_duplicate``
+        "replace" — what that does is the enqueue's rule (``storage/dedup.py``)."""
+        how: OnDuplicate = "replace" if replace else "keep"
+        new = [NewItem(v, d, dl, k, None, how) for v, d, dl, k in items]
+        return self._start_enqueue(self._name, new)
 
     def delete_many(self, items: list[tuple[int, str]]) -> Future[list[ItemOutcome]]:
         return self.release(items)

@@ -114,6 +114,32 @@ def test_values_over_a_slot_ride_the_ring_and_only_what_no_command_holds_goes_ov
         dq.release_many("big", items)
 
 
+def test_a_debounce_rides_the_ring(shm_url: str) -> None:
+    """An enqueue with on_duplicate "replace" is a PUT_MANY with the REPLACE flag: the
+    key's pending item takes the new value and deadline, without HTTP; a batch whose
+    keyed items mix "keep" and "replace" is handed to HTTP whole."""
+    with Client(shm_url) as dq:
+        transport = dq.transport
+        assert isinstance(transport, ShmTransport)
+        http_url, transport.http_url = transport.http_url, None  # any HTTP call would fail
+        first = dq.enqueue("debounce", b"v1", delay_ms=60_000, key="d", on_duplicate="replace")
+        again, _free = dq.enqueue_many(
+            "debounce",
+            [NewItem(b"v2", delay_ms=0, key="d", on_duplicate="replace"), NewItem(b"free")],
+        )
+        assert (again.id, again.replaced, again.duplicate) == (first, True, False)
+        [kept] = dq.enqueue_many("debounce", [NewItem(b"v3", key="d")])
+        assert (kept.id, kept.replaced, kept.duplicate) == (first, False, True)
+        mixed = [NewItem(b"a", key="a"), NewItem(b"b", key="b", on_duplicate="replace")]
+        with pytest.raises(TransportError, match="needs HTTP"):
+            dq.enqueue_many("debounce", mixed)
+        transport.http_url = http_url
+        assert [e.replaced for e in dq.enqueue_many("debounce", mixed)] == [False, False]
+        items = dq.dequeue("debounce", count=10)
+        assert sorted(i.value for i in items) == [b"a", b"b", b"free", b"v2"]
+        dq.release_many("debounce", items)
+
+
 def test_queue_administration_goes_over_http(shm_url: str) -> None:
     with Client(shm_url) as dq:
         info = dq.put_queue("admin", QueueConfig(default_lease_ms=5_000, max_deliveries=3))

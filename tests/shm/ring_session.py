@@ -63,8 +63,9 @@ class Recorder:
         call = ("requeue", item_id, receipt, deadline, delay)
         return self._durable(call, [ItemOutcome(item_id, deadline=5)])
 
-    def put_many(self, items: list[Any]) -> Future[Any]:
-        return self._durable(("put_many", items), [Enqueued(i + 1, 2) for i in range(len(items))])
+    def put_many(self, items: list[Any], replace: bool = False) -> Future[Any]:
+        call = ("put_many", items, True) if replace else ("put_many", items)
+        return self._durable(call, [Enqueued(i + 1, 2) for i in range(len(items))])
 
     def delete_many(self, items: list[Any]) -> Future[Any]:
         return self._durable(("delete_many", items), [ItemOutcome(i) for i, _ in items])

@@ -267,8 +267,8 @@ def test_doc_example_batch_commands_decode() -> None:
     assert size == len(raw) - 4 == 38
     assert struct.unpack_from("<BBH", raw, 4) == (Status.OK, 0, 0)
     assert codec.decode_put_many_ok(raw[8:], 2) == [
-        (1, 1_800_000_001_500, False),
-        (2, 1_800_000_000_000, False),
+        (1, 1_800_000_001_500, False, False),
+        (2, 1_800_000_000_000, False, False),
     ]
     assert tail == struct.pack("<I", 4) + bytes(4)
 
@@ -323,6 +323,37 @@ def test_a_batch_command_goes_through_a_ring_as_the_doc_shows() -> None:
         )
         raw = doc_example("delete-many-response")
         assert response_bytes(served, index, len(raw)) == raw
+
+
+def test_a_replacing_batch_goes_through_a_ring_as_the_doc_shows() -> None:
+    """A PUT_MANY with the REPLACE flag reaches the handler as a replacing batch, and a
+    replaced item is answered ``how`` 2; a flag the document does not define is refused
+    as malformed and nothing reaches the handler."""
+    slot = doc_example("put-many-replace-slot")
+    assert (slot[0], slot[1]) == (1, Op.PUT_MANY)
+    assert struct.unpack_from("<IIQI", slot, 2) == (1, 30, codec.PUT_MANY_REPLACE, 30)
+    raw = doc_example("put-many-replace-response")
+    assert struct.unpack_from("<IBBH", raw) == (21, Status.OK, 0, 0)
+    assert codec.decode_put_many_ok(raw[8:], 1) == [(7, 1_800_000_300_000, False, True)]
+    with Served(4) as served:
+        mm, client = served.mm, served.client
+        key, body = codec.encode_put_many([(b"digest 2", None, 300_000, "d")], replace=True)
+        index = client.submit(Op.PUT_MANY, key, body, wake=False)
+        assert mm[24 + 2080 * index : 24 + 2080 * index + 52] == slot
+        served.handler.answers.append([Enqueued(7, 1_800_000_300_000, replaced=True)])
+        served.start()
+        client.wake_server()
+        client.wait(index, WAIT_S)
+        assert served.handler.calls == [("put_many", [(b"digest 2", None, 300_000, "d")], True)]
+        assert response_bytes(served, index, len(raw)) == raw
+
+        unknown = struct.pack("<IIQ", 1, len(body), 2)
+        index = client.submit(Op.PUT_MANY, unknown, body, wake=False)
+        client.wake_server()
+        client.wait(index, WAIT_S)
+        answer = response_bytes(served, index, 8 + 45)
+        assert answer[4] == Status.MALFORMED and b"unknown bits" in answer[8:], answer
+        assert len(served.handler.calls) == 1
 
 
 def test_an_answer_spread_over_a_commands_slots_is_joined_and_continued() -> None:

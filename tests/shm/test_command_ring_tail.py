@@ -234,7 +234,7 @@ class Workload:
 
         def done(answers: list[Answer]) -> None:
             got = codec.decode_put_many_ok(joined("PUT_MANY", answers), n)
-            for (item_id, _deadline, duplicate), v in zip(got, values, strict=True):
+            for (item_id, _deadline, duplicate, _replaced), v in zip(got, values, strict=True):
                 assert not duplicate and item_id not in self.ids
                 self.ids[item_id] = v
 

@@ -303,7 +303,7 @@ def test_batch_commands_and_misplaced_parts(served: tuple[Engine, ShmServer]) ->
         assert ring.call(Op.BIND, zero, b"jobs").status == Status.OK
         r = send(ring, slots)
         assert r.status == Status.OK and not r.more
-        ids = [i for i, _, dup in codec.decode_put_many_ok(r.body, 6) if not dup]
+        ids = [i for i, _, dup, _replaced in codec.decode_put_many_ok(r.body, 6) if not dup]
         assert len(ids) == 6 and engine.stats("jobs").pending == 6
 
         # a FIND with two empty PARTs before it: the 6 x 362-byte answer spans its slots
