@@ -18,7 +18,6 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from tests.replication.test_follow_apply import (
     leading,
     wait_for,
 )
-from tests.replication.test_node_e2e import QUEUE, Cluster, eventually
+from tests.replication.test_node_e2e import QUEUE, Cluster, eventually, started_cluster
 from tests.server.live import LiveServer
 
 # integration: in-process servers on 127.0.0.1, dq serve members, etcd
@@ -138,16 +137,8 @@ def test_counts_agree_through_releases_requeues_deletes_and_merges(tmp_path: Pat
 @pytest.fixture
 def group(tmp_path: Path, etcd: EtcdServer, cluster: str) -> Iterator[Cluster]:
     """Three members whose logs freeze at 64 KiB, so segment files and merges come soon."""
-    made = Cluster(tmp_path, etcd, cluster)
-    try:
-        for server in made.servers.values():
-            server.env["DQ_MEMSEG_BYTES"] = str(64 << 10)
-        with ThreadPoolExecutor(3) as pool:  # in parallel: each start waits for /healthz
-            for started in [pool.submit(s.start, 90) for s in made.servers.values()]:
-                started.result(timeout=120)
+    with started_cluster(tmp_path, etcd, cluster, {"DQ_MEMSEG_BYTES": str(64 << 10)}) as made:
         yield made
-    finally:
-        made.close()
 
 
 def member_figures(server: LiveServer) -> dict[str, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,12 @@ import pytest
 
 from dq.client import Client, KeyNotFound, QueueConfig, RetryPolicy
 from tests.replication.etcd_server import EtcdServer
-from tests.replication.test_node_e2e import Cluster, eventually, leader_other_than
+from tests.replication.test_node_e2e import (
+    Cluster,
+    eventually,
+    leader_other_than,
+    started_cluster,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -26,14 +30,8 @@ Q = "payments"
 
 @pytest.fixture
 def group(tmp_path: Path, etcd: EtcdServer, cluster: str) -> Iterator[Cluster]:
-    made = Cluster(tmp_path, etcd, cluster)
-    try:
-        with ThreadPoolExecutor(3) as pool:
-            for started in [pool.submit(s.start, 90) for s in made.servers.values()]:
-                started.result(timeout=120)
+    with started_cluster(tmp_path, etcd, cluster) as made:
         yield made
-    finally:
-        made.close()
 
 
 def key_on(url: str, key: str) -> dict[str, Any] | None:

@@ -4,9 +4,10 @@ the killed node rejoins as a follower after a restart."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -83,16 +84,28 @@ class Cluster:
         self.observer.client.close()
 
 
-@pytest.fixture
-def group(tmp_path: Path, etcd: EtcdServer, cluster: str) -> Iterator[Cluster]:
-    made = Cluster(tmp_path, etcd, cluster)
+@contextlib.contextmanager
+def started_cluster(
+    tmp: Path, etcd: EtcdServer, cluster: str, env: Mapping[str, str] | None = None
+) -> Iterator[Cluster]:
+    """The three members, with ``env`` added to each one's environment, started in
+    parallel (each start waits for /healthz); all killed after."""
+    made = Cluster(tmp, etcd, cluster)
     try:
-        with ThreadPoolExecutor(3) as pool:  # in parallel: each start waits for /healthz
+        for server in made.servers.values():
+            server.env.update(env or {})
+        with ThreadPoolExecutor(3) as pool:
             for started in [pool.submit(s.start, 90) for s in made.servers.values()]:
                 started.result(timeout=120)
         yield made
     finally:
         made.close()
+
+
+@pytest.fixture
+def group(tmp_path: Path, etcd: EtcdServer, cluster: str) -> Iterator[Cluster]:
+    with started_cluster(tmp_path, etcd, cluster) as made:
+        yield made
 
 
 def enqueue_all(url: str, values: list[bytes], acked: set[bytes]) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,12 @@ import httpx
 import pytest
 
 from tests.replication.etcd_server import EtcdServer
-from tests.replication.test_node_e2e import Cluster, eventually, leader_other_than
+from tests.replication.test_node_e2e import (
+    Cluster,
+    eventually,
+    leader_other_than,
+    started_cluster,
+)
 from tests.server.live import browse_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -29,16 +33,8 @@ EVERY = 100
 
 @pytest.fixture
 def group(tmp_path: Path, etcd: EtcdServer, cluster: str) -> Iterator[Cluster]:
-    made = Cluster(tmp_path, etcd, cluster)
-    for server in made.servers.values():
-        server.env["DQ_SCHEDULE_MIN_EVERY_MS"] = str(EVERY)
-    try:
-        with ThreadPoolExecutor(3) as pool:
-            for started in [pool.submit(s.start, 90) for s in made.servers.values()]:
-                started.result(timeout=120)
+    with started_cluster(tmp_path, etcd, cluster, {"DQ_SCHEDULE_MIN_EVERY_MS": str(EVERY)}) as made:
         yield made
-    finally:
-        made.close()
 
 
 def ticks_on(url: str) -> list[int]:
