@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from dq.cli._format import age, when
 from dq.cli._remote import add_common, console, emit_json, run_remote
+from dq.cli._rules import describe
 
 if TYPE_CHECKING:
     from dq.client import Client, QueueInfo, QueueStats
@@ -108,6 +109,11 @@ def _show(info: QueueInfo, everything: bool) -> None:
     table.add_row("max deliveries", _cell(c.max_deliveries))
     table.add_row("dead letters to", _cell(c.dead_letter_queue))
     table.add_row("keys remembered", age(c.dedup_window_ms) if c.dedup_window_ms else "off")
+    table.add_row("delivery rules", describe(c))
+    if s.groups or s.held or s.rate_limited:
+        table.add_row("groups leased or held", str(s.groups))
+        table.add_row("held back", str(s.held))
+        table.add_row("rate-limited", str(s.rate_limited))
     if everything:
         table.add_row("segments", str(s.segments))
         table.add_row("on disk", _size(s.bytes_on_disk))

@@ -1,5 +1,5 @@
-"""Operator commands: ``dq create``, ``delete``, ``pause``, ``resume``, ``peek`` (by id
-or key), ``browse``, ``redrive``, ``purge`` and ``backup``.
+"""Operator commands: ``dq create``, ``config``, ``delete``, ``pause``, ``resume``,
+``peek`` (by id or key), ``browse``, ``redrive``, ``purge`` and ``backup``.
 
 All but ``backup --data-dir`` talk to a running server (``--url``/``--token``, as the
 other client commands). Each prints one line saying what happened (or a table for
@@ -10,15 +10,17 @@ status 1. ``delete`` and ``purge`` destroy items and ask for ``--yes``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import TYPE_CHECKING, Any
 
 from dq.cli._format import plural, when
 from dq.cli._local import data_dir_problem
 from dq.cli._remote import add_common, console, emit_json, run_remote, value_text
+from dq.cli._rules import add_setting_flags, describe, settings_from
 
 if TYPE_CHECKING:
-    from dq.client import BackupResult, BrowsedItem, Client
+    from dq.client import BackupResult, BrowsedItem, Client, QueueInfo
     from dq.storage.backup import BackupResult as EngineBackup
 
 __all__ = ["register"]
@@ -34,12 +36,11 @@ def _queue_cmd(subparsers: Any, name: str, help_: str, func: Any) -> argparse.Ar
 
 def register(subparsers: Any) -> None:
     p = _queue_cmd(subparsers, "create", "create a queue (or replace its config)", create)
-    p.add_argument("--lease-ms", type=int, default=30_000, help="default lease (ms)")
-    p.add_argument("--max-deliveries", type=int, help="dead-letter an item after this many")
-    p.add_argument("--dead-letter-queue", help="where dead letters go (default QUEUE.dlq)")
-    p.add_argument(
-        "--dedup-window-ms", type=int, default=300_000, help="remember keys this long (0: off)"
+    add_setting_flags(p, create=True)
+    p = _queue_cmd(
+        subparsers, "config", "change some of a queue's settings (the others are kept)", config
     )
+    add_setting_flags(p, create=False)
     p = _queue_cmd(subparsers, "delete", "delete a queue and all its items", delete)
     p.add_argument("--yes", action="store_true", help="really delete")
     p.add_argument(
@@ -83,23 +84,39 @@ def create(args: argparse.Namespace) -> int:
     def action(dq: Client) -> int:
         from dq.client import QueueConfig
 
-        config = QueueConfig(
-            args.lease_ms, args.max_deliveries, args.dead_letter_queue, args.dedup_window_ms
-        )
-        info = dq.put_queue(args.queue, config)
-        if args.json:
-            emit_json(info)
-        else:
-            c = info.config
-            print(
-                f"queue {info.name}: lease {c.default_lease_ms} ms, "
-                f"max deliveries {c.max_deliveries or '-'}, "
-                f"dead letters to {c.dead_letter_queue or '-'}, "
-                f"keys remembered {c.dedup_window_ms} ms"
-            )
+        _said(args, dq.put_queue(args.queue, settings_from(args, QueueConfig())))
         return 0
 
     return run_remote(args, action)
+
+
+def config(args: argparse.Namespace) -> int:
+    def action(dq: Client) -> int:
+        current = dq.queue(args.queue).config
+        if args.dead_letter_queue is None and current.max_deliveries is not None:
+            # the server answers <queue>.dlq for a default one: keep it the default
+            default = f"{args.queue}.dlq"
+            if current.dead_letter_queue == default:
+                current = dataclasses.replace(current, dead_letter_queue=None)
+        _said(args, dq.put_queue(args.queue, settings_from(args, current)))
+        return 0
+
+    return run_remote(args, action)
+
+
+def _said(args: argparse.Namespace, info: QueueInfo) -> None:
+    """What ``create`` and ``config`` print: the queue's settings now."""
+    if args.json:
+        emit_json(info)
+        return
+    c = info.config
+    print(
+        f"queue {info.name}: lease {c.default_lease_ms} ms, "
+        f"max deliveries {c.max_deliveries or '-'}, "
+        f"dead letters to {c.dead_letter_queue or '-'}, "
+        f"keys remembered {c.dedup_window_ms} ms, "
+        f"delivery rules {describe(c)}"
+    )
 
 
 def _refuse(args: argparse.Namespace, what: str) -> int:

@@ -21,6 +21,7 @@ from dq.client._calls import (
     ExtendMany,
     FailMany,
     GetQueue,
+    Groups,
     Health,
     ListQueues,
     PatchKey,
@@ -55,6 +56,7 @@ from dq.client.types import (
     Enqueued,
     Extend,
     Fail,
+    GroupInfo,
     Item,
     NewItem,
     Outcome,
@@ -204,6 +206,11 @@ class AsyncClient:
         return await self.transport.call(
             PutQueue(name, config if config is not None else QueueConfig())
         )
+
+    async def groups(self, queue: str, limit: int = 20) -> list[GroupInfo]:
+        """The queue's busiest groups now: those with the most leased and held items
+        (``docs/delivery.md``)."""
+        return await self.transport.call(Groups(queue, limit))
 
     async def delete_queue(self, name: str, *, force: bool = False) -> None:
         """Delete a queue and all its items. A queue other queues name as their

@@ -43,6 +43,7 @@ from dq.client.types import (
     Enqueued,
     Extend,
     Fail,
+    GroupInfo,
     NewItem,
     Outcome,
     QueueConfig,
@@ -65,6 +66,7 @@ __all__ = [
     "ExtendMany",
     "FailMany",
     "GetQueue",
+    "Groups",
     "Health",
     "ItemBatch",
     "ListQueues",
@@ -383,6 +385,21 @@ class GetQueue(Call[QueueInfo]):
 
     def decode(self, doc: Any) -> QueueInfo:
         return _wire.parse_queue(doc)
+
+
+class Groups(Call[list[GroupInfo]]):
+    """A queue's busiest groups: the most leased and held items (``docs/delivery.md``)."""
+
+    __slots__ = ("params",)
+
+    def __init__(self, queue: str, limit: int) -> None:
+        self.path = queue_path(queue) + "/groups"
+        self.queue = queue
+        self.idempotent = True
+        self.params = {"limit": limit}
+
+    def decode(self, doc: Any) -> list[GroupInfo]:
+        return _wire.parse_groups(doc)
 
 
 class Health(Call[dict[str, Any]]):

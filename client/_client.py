@@ -25,6 +25,7 @@ from dq.client._calls import (
     ExtendMany,
     FailMany,
     GetQueue,
+    Groups,
     Health,
     ListQueues,
     PatchKey,
@@ -59,6 +60,7 @@ from dq.client.types import (
     Enqueued,
     Extend,
     Fail,
+    GroupInfo,
     Item,
     NewItem,
     Outcome,
@@ -209,6 +211,11 @@ class Client:
 
     def put_queue(self, name: str, config: QueueConfig | None = None) -> QueueInfo:
         return self.transport.call(PutQueue(name, config if config is not None else QueueConfig()))
+
+    def groups(self, queue: str, limit: int = 20) -> list[GroupInfo]:
+        """The queue's busiest groups now: those with the most leased and held items
+        (``docs/delivery.md``)."""
+        return self.transport.call(Groups(queue, limit))
 
     def delete_queue(self, name: str, *, force: bool = False) -> None:
         """Delete a queue and all its items. A queue other queues name as their

@@ -20,6 +20,7 @@ from dq.client.types import (
     Enqueued,
     Extend,
     Fail,
+    GroupInfo,
     Item,
     ItemStats,
     MovedTo,
@@ -28,6 +29,7 @@ from dq.client.types import (
     QueueConfig,
     QueueInfo,
     QueueStats,
+    RateLimit,
     Reason,
     RedriveResult,
     Release,
@@ -50,6 +52,7 @@ __all__ = [
     "parse_browsed",
     "parse_dequeued",
     "parse_enqueued",
+    "parse_groups",
     "parse_items",
     "parse_outcomes",
     "parse_page",
@@ -233,6 +236,8 @@ def extend_body(batch: Sequence[Extend]) -> dict[str, Any]:
 
 
 def config_body(config: QueueConfig) -> dict[str, Any]:
+    """The PUT body; the delivery rules only when set, so a config without them is
+    what a server older than them takes."""
     body: dict[str, Any] = {
         "default_lease_ms": config.default_lease_ms,
         "max_deliveries": config.max_deliveries,
@@ -241,6 +246,19 @@ def config_body(config: QueueConfig) -> dict[str, Any]:
     }
     if config.retry is not None:  # left out without one: a server before policies takes it
         body["retry"] = _retry_body(config.retry)
+    if config.group_limit is not None:
+        body["group_limit"] = config.group_limit
+    if config.leased_limit is not None:
+        body["leased_limit"] = config.leased_limit
+    if config.fair:
+        body["fair"] = True
+    rate = config.rate_limit
+    if rate is not None:
+        body["rate_limit"] = {
+            "per_second": rate.per_second,
+            "burst": rate.burst,
+            "per_group": rate.per_group,
+        }
     return body
 
 
@@ -328,13 +346,24 @@ def _outcomes(results: list[Any]) -> list[Outcome]:
 
 
 def _config(c: dict[str, Any]) -> QueueConfig:
+    rate = c.get("rate_limit")
     return QueueConfig(
         c["default_lease_ms"],
         c.get("max_deliveries"),
         c.get("dead_letter_queue"),
         c.get("dedup_window_ms", 300_000),
         _retry(c.get("retry")),
+        c.get("group_limit"),
+        c.get("leased_limit"),
+        bool(c.get("fair", False)),
+        None
+        if rate is None
+        else RateLimit(rate["per_second"], rate["burst"], bool(rate.get("per_group", False))),
     )
+
+
+def parse_groups(doc: Any) -> list[GroupInfo]:
+    return [GroupInfo(g["group"], g["leased"], g["due"], g["held"]) for g in doc["groups"]]
 
 
 def _stats(s: dict[str, Any]) -> QueueStats:
@@ -357,6 +386,9 @@ def _stats(s: dict[str, Any]) -> QueueStats:
         float(rates.get("enqueue_per_s", 0.0)),
         float(rates.get("dequeue_per_s", 0.0)),
         float(rates.get("release_per_s", 0.0)),
+        s.get("groups", 0),
+        s.get("held", 0),
+        s.get("rate_limited", 0),
     )
 
 

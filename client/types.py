@@ -17,6 +17,7 @@ __all__ = [
     "Enqueued",
     "Extend",
     "Fail",
+    "GroupInfo",
     "Item",
     "ItemStats",
     "MovedTo",
@@ -25,6 +26,7 @@ __all__ = [
     "QueueConfig",
     "QueueInfo",
     "QueueStats",
+    "RateLimit",
     "Reason",
     "RedriveResult",
     "Release",
@@ -163,13 +165,31 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimit:
+    """A token bucket over a queue's deliveries: up to ``burst`` at once, ``per_second``
+    on average; with ``per_group`` each group has its own (``docs/delivery.md``)."""
+
+    per_second: float
+    burst: int
+    per_group: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class QueueConfig:
+    """A queue's settings. The delivery rules (``docs/delivery.md``): ``group_limit``
+    (at most so many items of one group leased at once; 1: each group is FIFO),
+    ``leased_limit`` (of the queue), ``fair`` (groups served in turn), ``rate_limit``."""
+
     default_lease_ms: int = 30_000
     max_deliveries: int | None = None
     dead_letter_queue: str | None = None
     dedup_window_ms: int = 300_000
     #: the next deadline of an item that failed or whose lease ran out (None: at once)
     retry: RetryPolicy | None = None
+    group_limit: int | None = None
+    leased_limit: int | None = None
+    fair: bool = False
+    rate_limit: RateLimit | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +211,24 @@ class QueueStats:
     enqueue_per_s: float = 0.0
     dequeue_per_s: float = 0.0
     release_per_s: float = 0.0
+    #: groups with a leased or a held item
+    groups: int = 0
+    #: due items the delivery rules hold back now
+    held: int = 0
+    #: deliveries the rate limit refused since the server started
+    rate_limited: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """One of a queue's busiest groups (``Client.groups``): its leased items, the due
+    items dequeue passed that it has not handed out, and how many of those it may not
+    hand out now (its limit, its rate, an earlier item of it)."""
+
+    group: str | None
+    leased: int
+    due: int
+    held: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ OPERATIONS = (
     "queue_put",
     "queue_delete",
     "queue_list",
+    "queue_groups",
     "pause",
     "resume",
     "browse",
@@ -246,6 +247,8 @@ class _EngineCollector(Collector):
                     "Age of the oldest live lease, from its dequeue (extends do not reset it)",
                 ),
                 ("paused", "1 while the queue is paused"),
+                ("groups", "Groups with a leased or a held item (docs/delivery.md)"),
+                ("held", "Due items the delivery rules hold back now"),
                 ("failed", "1 while the queue refuses work after an I/O error (until it reopens)"),
                 ("damaged", "1 while the queue is quarantined: damage found on disk"),
             )
@@ -265,6 +268,11 @@ class _EngineCollector(Collector):
         expired = CounterMetricFamily(
             "dq_queue_lease_expired",
             "Leases that ran out (the item went back to the queue) since the server started",
+            labels=labels,
+        )
+        refused = CounterMetricFamily(
+            "dq_queue_rate_limited",
+            "Deliveries the queue's rate limit refused since the server started",
             labels=labels,
         )
         try:
@@ -290,6 +298,9 @@ class _EngineCollector(Collector):
             lease_age = s.oldest_lease_age_ms
             families["oldest_lease_age_seconds"].add_metric([name], (lease_age or 0) / 1000.0)
             families["paused"].add_metric([name], 1.0 if s.paused else 0.0)
+            families["groups"].add_metric([name], float(s.groups))
+            families["held"].add_metric([name], float(s.held))
+            refused.add_metric([name], float(s.rate_limited))
             # a queue's faults, for alerts: stats().extra counts them since the start
             for field in ("failed", "damaged"):
                 families[field].add_metric([name], float(s.extra.get(field, 0)))
@@ -301,6 +312,7 @@ class _EngineCollector(Collector):
         yield from faults.values()
         yield dead
         yield expired
+        yield refused
 
     def _fsync(self, engine: Engine) -> Metric | None:
         """The engine's fsync latency histogram (``engine.fsync_stats``), if it has one."""

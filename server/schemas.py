@@ -21,7 +21,15 @@ from typing_extensions import TypedDict
 
 from dq.storage.codec import MAX_DEADLINE, MAX_ID
 from dq.storage.types import NewItem, Release
-from dq.storage.validation import LEASE_MS, NOT_BOTH, RECEIPT
+from dq.storage.validation import (
+    BURST,
+    GROUP_LIMIT,
+    LEASE_MS,
+    LEASED_LIMIT,
+    NOT_BOTH,
+    PER_SECOND,
+    RECEIPT,
+)
 
 __all__ = [
     "QUEUE_NAME_REGEX",
@@ -43,6 +51,8 @@ __all__ = [
     "FailItem",
     "FailOne",
     "FailRequest",
+    "GroupOut",
+    "GroupsOut",
     "Health",
     "InvalidItem",
     "ItemOut",
@@ -58,6 +68,7 @@ __all__ = [
     "QueueInfo",
     "QueueList",
     "QueueStatsOut",
+    "RateLimitBody",
     "Rates",
     "ReasonOut",
     "RedriveFailure",
@@ -446,6 +457,18 @@ class RetryBody(_Strict):
     )
 
 
+class RateLimitBody(_Strict):
+    """A token bucket over deliveries (``docs/delivery.md``)."""
+
+    per_second: float = Field(
+        gt=PER_SECOND.low, le=PER_SECOND.high, description="tokens gained a second"
+    )
+    burst: int = Field(ge=BURST.low, le=BURST.high, description="tokens the bucket holds at most")
+    per_group: bool = Field(
+        False, description="a bucket for each group (items without one share one)"
+    )
+
+
 class QueueConfigBody(_Strict):
     default_lease_ms: Lease = 30_000
     max_deliveries: int | None = Field(None, ge=1, le=0xFFFFFFFF)
@@ -462,6 +485,23 @@ class QueueConfigBody(_Strict):
         None,
         description="the next deadline of an item that failed or whose lease ran out; "
         "default: due again at once",
+    )
+    group_limit: int | None = Field(
+        None,
+        ge=GROUP_LIMIT.low,
+        le=GROUP_LIMIT.high,
+        description="at most this many items of one group leased at once (1: each group "
+        "is FIFO); null: no limit",
+    )
+    leased_limit: int | None = Field(
+        None,
+        ge=LEASED_LIMIT.low,
+        le=LEASED_LIMIT.high,
+        description="at most this many items of the queue leased at once; null: no limit",
+    )
+    fair: bool = Field(False, description="serve the groups that have due items in turn")
+    rate_limit: RateLimitBody | None = Field(
+        None, description="a token bucket over deliveries; null: no limit"
     )
 
 
@@ -487,6 +527,11 @@ class QueueStatsOut(BaseModel):
     lease_expired: int = 0
     oldest_lease_age_ms: int | None = None
     rates: Rates | None = None
+    groups: int = Field(0, description="groups with a leased or a held item")
+    held: int = Field(0, description="due items the delivery rules hold back now")
+    rate_limited: int = Field(
+        0, description="deliveries the rate limit refused since the server started"
+    )
 
 
 class QueueInfo(BaseModel):
@@ -497,6 +542,17 @@ class QueueInfo(BaseModel):
 
 class QueueList(BaseModel):
     queues: list[QueueInfo]
+
+
+class GroupOut(BaseModel):
+    group: str | None = Field(description="the group; null: the items without one")
+    leased: int
+    due: int = Field(description="due items dequeue passed that the group has not handed out")
+    held: int = Field(description="of those, the ones the group may not hand out now")
+
+
+class GroupsOut(BaseModel):
+    groups: list[GroupOut]
 
 
 class Health(BaseModel):

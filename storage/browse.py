@@ -5,9 +5,11 @@ Browse walks its own merge of the queue's sources — each in-memory segment fro
 bisect, each segment file through a fresh ``SegmentCursor`` — from the page's cursor,
 one decoded block per segment at a time: a 10M-item queue is never loaded. Which
 entries are live follows the queue's invariant (``storage/queue.py``): at or below the
-queue's dequeue cursor an entry is live only if it is leased under that very key (the
-tombstones of released items there are not kept in memory); above it, an entry is
-live when its pendings outnumber its tombstones. A page looks at no more than
+queue's dequeue cursor an entry is live only if it is leased under that very key, or
+held back by the delivery rules (the delivery index knows those and hands them to
+browse in key order, merged with the walk: ``_with_held``; the tombstones of released
+items there are not kept in memory); above it, an entry is live when its pendings
+outnumber its tombstones. A page looks at no more than
 ``MAX_SCAN`` entries, so a range of cancelled entries cannot make one request long.
 
 The browse cursor is opaque text naming the queue and the last key looked at, so it
@@ -224,6 +226,7 @@ def browse(
     elif state == "delayed":
         start = max(after, cursor, now_key)
     items: list[BrowsedItem] = []
+    stop: bytes | None = None
     for scanned, (pkey, pend, tombs) in enumerate(_groups(q, start, upto), 1):
         item_id = key_id(pkey)
         deadline = key_deadline(pkey)
@@ -239,14 +242,69 @@ def browse(
                 stats_ = ItemStats(enq, req, cnt)
                 items.append(_item(q, item_id, deadline, st, stats_, value, with_values, None))
         if len(items) >= limit or scanned >= MAX_SCAN:
-            return BrowsePage(items, encode_cursor(q.name, _tomb(pkey)))
-    return BrowsePage(items, None)
+            stop = _tomb(pkey)
+            break
+    if state != "delayed" and q.deliveries.index.indexed:
+        return _with_held(q, items, after, stop, limit, with_values)
+    return BrowsePage(items, None if stop is None else encode_cursor(q.name, stop))
+
+
+def _with_held(
+    q: Queue,
+    items: list[BrowsedItem],
+    after: bytes,
+    stop: bytes | None,
+    limit: int,
+    with_values: bool,
+) -> BrowsePage:
+    """A page merged from the walk's ``items`` (which stopped at ``stop``, None: at the
+    end) and the held items after ``after`` (due, behind the cursor), in key order."""
+    held: list[tuple[bytes, BrowsedItem]] = []
+    for key, group in q.deliveries.index.held_after(after):
+        if (stop is not None and key >= stop) or len(held) >= limit:
+            break
+        held.append((key, _held_item(q, key, group, with_values)))
+    if not held:
+        return BrowsePage(items, None if stop is None else encode_cursor(q.name, stop))
+    walked = [(encode_key(i.deadline or 0, i.id), i) for i in items]
+    merged = sorted([*walked, *held], key=lambda ki: ki[0])
+    if len(merged) > limit:
+        merged = merged[:limit]
+        stop = _tomb(merged[-1][0])
+    page = [i for _k, i in merged]
+    return BrowsePage(page, None if stop is None else encode_cursor(q.name, stop))
+
+
+def _held_item(q: Queue, key: bytes, group: str | None, with_values: bool) -> BrowsedItem:
+    """A due item the delivery rules hold back (its entry read where it lives)."""
+    found = q.files.lookup(key, None)
+    stats, value = found if found is not None else (b"", None)
+    enq, req, cnt = decode_stats(stats) if stats else (0, 0, 0)
+    return BrowsedItem(
+        id=key_id(key),
+        deadline=key_deadline(key),
+        state="due",
+        stats=ItemStats(enq, req, cnt),
+        value_size=len(value) if value is not None else 0,
+        value=value if with_values else None,
+        dead_lettered_from=q.meta.origins.get(key_id(key)),
+        group=group,
+    )
 
 
 def waiting_keys(q: Queue, after: bytes, limit: int) -> list[tuple[bytes, tuple[bytes, bytes]]]:
-    """Up to ``limit`` live, unleased items after ``after`` (and after the dequeue
-    cursor) as (pending key, (stats, value)); call under the queue lock."""
+    """Up to ``limit`` live, unleased items after ``after`` as (pending key, (stats,
+    value)): the items the delivery rules hold back (behind the cursor, so first in
+    key order), then those after the dequeue cursor; call under the queue lock."""
     out: list[tuple[bytes, tuple[bytes, bytes]]] = []
+    index = q.deliveries.index
+    if index.indexed:
+        for key, _group in index.held_after(after):
+            found = q.files.lookup(key, None)
+            if found is not None:
+                out.append((key, found))
+                if len(out) >= limit:
+                    return out
     for pkey, pend, tombs in _groups(q, max(after, q.deliveries.cursor), None):
         if len(pend) > tombs:
             out.append((pkey, _newest(pend)))
@@ -360,9 +418,12 @@ def resolve(q: Queue, item_id: int, candidates: set[bytes]) -> Found | None:
     for mem in q.files.memsegs():
         keys.update(k for k in mem.entries if _has_id(k, low, high))
     cursor = q.deliveries.cursor
+    index = q.deliveries.index
     for pkey in sorted(keys, reverse=True):
-        if pkey <= cursor:
-            continue  # behind the cursor only a leased entry is live
+        if pkey <= cursor and not (
+            index.indexed and index.holds(pkey, q.files.group_of(pkey, None))
+        ):
+            continue  # behind the cursor only a leased or a held entry is live
         net, newest = _net(q, pkey)
         if net > 0 and newest is not None:
             enq, req, cnt = decode_stats(newest[0])

@@ -55,7 +55,7 @@ from dq.storage.merge_policy import MergePolicy
 from dq.storage.moved import MovedItems
 from dq.storage.operations import MAX_DEDUP_WINDOW_MS, Operations, effective_dead_letter_queue
 from dq.storage.queue import Queue
-from dq.storage.queue_config import config_to_json
+from dq.storage.queue_config import check_rules, config_to_json
 from dq.storage.reasons import Reason, check_error
 from dq.storage.replica_engine import SCRATCH_PREFIX, ReplicaEngine, restore_replaced_queues
 from dq.storage.retry import retry_from_json
@@ -349,6 +349,7 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
 
     def _validate_config(self, name: str, config: QueueConfig) -> None:
         check_lease_ms(config.default_lease_ms, DEFAULT_LEASE_MS)
+        check_rules(config)
         if config.max_deliveries is not None and (
             not isinstance(config.max_deliveries, int) or config.max_deliveries < 1
         ):

@@ -57,8 +57,10 @@ class PendingBatch:
     tombstones of delivered entries (counted, not kept); ``remembered`` idempotency keys
     that stop waiting once published; ``load_meta`` item metadata to load (a
     replicated record's); ``groups`` the groups of its grouped pending entries (key ->
-    group, ``docs/delivery.md``); ``token`` the barrier it holds; ``restore`` the leases a refusal gives back;
-    ``wakes``: publishing it makes entries due (watchers are told).
+    group, ``docs/delivery.md``); ``token`` the barrier it holds; ``restore`` the leases
+    it ends, which a refusal gives back (their slots are freed when it is published,
+    ``storage/delivery.py``); ``unheld`` the held items it removes, held again if it
+    is refused; ``wakes``: publishing it makes entries due (watchers are told).
     """
 
     __slots__ = (
@@ -78,6 +80,7 @@ class PendingBatch:
         "stats",
         "synced",
         "token",
+        "unheld",
         "wakes",
         "wal",
     )
@@ -97,9 +100,11 @@ class PendingBatch:
         load_meta: bytes = b"",
         wakes: bool = False,
         groups: dict[bytes, str] | None = None,
+        unheld: list[tuple[bytes, str | None, int]] | None = None,
     ) -> None:
         self.mem = mem
         self.groups = groups
+        self.unheld = unheld
         self.result = result
         self.keyed = keyed
         self.stats = stats

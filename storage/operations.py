@@ -39,6 +39,7 @@ from dq.storage.browse import (
     waiting_keys,
 )
 from dq.storage.codec import decode_stats, encode_key, encode_stats, key_id
+from dq.storage.delivery import GroupFigures
 from dq.storage.errors import (
     InvalidArgument,
     ItemNotFound,
@@ -229,6 +230,19 @@ class Operations:
             if found is None:
                 return gone(q, item_id, self.moved.lookup(name, item_id))
             return as_item(q, found, now, with_values)
+
+    def groups(self, name: str, limit: int = 20) -> list[GroupFigures]:
+        """The queue's busiest groups now: those with the most leased and held items
+        (``docs/delivery.md``; groups whose items all wait ahead of the cursor have
+        nothing leased or held, and are not listed)."""
+        q = self._queue(name)
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_BROWSE:
+            raise InvalidArgument(f"limit must be between 1 and {MAX_BROWSE}", limit=limit)
+        now = self.now()
+        with q.lock:
+            q.check_open()
+            q.requeue_expired(now)
+            return q.deliveries.index.busiest(limit, now)
 
     # ------------------------------------------------------------------ removing
 

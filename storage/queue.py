@@ -1,10 +1,13 @@
 """One queue, as the parts it holds and the class that composes them.
 
 The invariant the queue keeps: every pending entry whose key is at or below the cursor
-(the last dequeued key) is either leased, or cancelled by a tombstone that has been (or
-is being) written. So dequeue never looks behind the cursor, and any new entry is placed
-strictly after it (its deadline advanced if needed; docs/storage.md: "deadline can
-never be before the oldest dequeued item").
+(the last key dequeue passed) is either leased, held back by the delivery rules (the
+delivery index, ``storage/delivery.py``: its key is in its group's FIFO there), or
+cancelled by a tombstone that has been (or is being) written. So dequeue never looks
+behind the cursor but through the index, and any new entry is placed strictly after it
+(its deadline advanced if needed; docs/storage.md: "deadline can never be before the
+oldest dequeued item"). Whatever reads below the cursor — browse, peek, delete, purge,
+redrive, stats — asks the index which entries there it holds.
 
 Write path (``docs/architecture.md``, "One enqueue"): ``enqueue`` validates nothing
 (the engine did), takes the lock, gives the items ids and keys after the cursor and
@@ -25,8 +28,8 @@ The parts, each owning its own state (every one guarded by the queue's ``lock``)
   batches, cutting the log back after a failure;
 - ``files``, ``SegmentSet`` (``segment_set.py``): the in-memory segments, the segment
   files, the merged view dequeue reads, and the state of rotations, freezes and merges;
-- ``deliveries``, ``Deliveries`` (``deliveries.py``): the cursor and the leases, and
-  dequeue's walk of the view;
+- ``deliveries``, ``Deliveries`` (``deliveries.py``): the cursor, the leases and the
+  delivery index (slots, held items: ``delivery.py``), and dequeue's walk of the view;
 - ``health``, ``Health`` (``health.py``): why the queue refuses work (an I/O error,
   damage) and when it next tries to reopen;
 - ``timers``, ``Timers`` (``timers.py``): calls later (a failed freeze tried again, a
@@ -64,6 +67,7 @@ from dq.storage.codec import (
     encode_key,
     encode_stats,
     iter_entries,
+    key_deadline,
     key_id,
     tombstone_of,
 )
@@ -188,6 +192,7 @@ class Queue:
         self.commit = GroupCommit(name, engine)
         self.files = SegmentSet(name, directory)
         self.deliveries = Deliveries()
+        self.deliveries.index.configure(config, engine.now())
         self.health = Health(name, directory)
         #: a log is open and the in-memory state mirrors the directory
         self.loaded = False
@@ -680,6 +685,8 @@ class Queue:
                 results.get(i, ItemOutcome(i, "item_not_found", "value not found")) for i in order
             ]
             if built is None:
+                if taken:  # nothing to write: the leases ended here
+                    self._slots_freed(taken, now)
                 return resolved(outcomes)
             fut = self._write_moves(built, outcomes, taken, inline)
         self.engine.emit("requeued", self.name, [o.id for o in moved])
@@ -718,6 +725,8 @@ class Queue:
                 results.get(i, ItemOutcome(i, "item_not_found", "value not found")) for i in order
             ]
             if built is None:
+                if taken:  # nothing to write: the leases ended here
+                    self._slots_freed(taken, now)
                 return resolved(outcomes)
             fut = self._write_moves(built, outcomes, taken, inline)
         self.engine.emit("requeued", self.name, [o.id for o in moved])  # a fail is a requeue
@@ -765,7 +774,12 @@ class Queue:
                 # they were (expired), and a later look moves their items again
                 self.lease_expired -= len(expired)
                 return 0
+            if built.groups and self.config.group_limit is not None:
+                # back ahead of their groups' later items (``docs/delivery.md``)
+                self.deliveries.index.returning(built.groups)
             self.engine.emit("lease_expired", self.name, [o.id for o in moved])
+        else:
+            self._slots_freed(expired, now)
         return len(expired)
 
     def _frame_moves(
@@ -864,15 +878,28 @@ class Queue:
         return self._write_tombstones(tombs, None, taken)
 
     def cancel_ahead(self, pkeys: list[bytes], result: Any = None) -> Future[Any]:
-        """Cancel live, unleased items (ahead of the dequeue cursor: an operator's delete,
-        purge or redrive). Their tombstones are kept in the in-memory segment (the view
-        must see them to skip the items), and until their record is published the first
-        key is a barrier dequeue does not pass, so no consumer leases an item whose
-        removal is in flight. Call under the lock, the queue checked open."""
+        """Cancel live, unleased items (ahead of the dequeue cursor, or held back by the
+        delivery rules behind it: an operator's delete, purge or redrive). Their
+        tombstones are kept in the in-memory segment (the view must see them to skip
+        the items), held ones leave the delivery index at once (put back if the write
+        is refused), and until their record is published the first key is a barrier
+        dequeue does not pass, so no consumer leases an item whose removal is in
+        flight. Call under the lock, the queue checked open."""
         tombs = [tombstone_of(k) for k in pkeys]
+        cursor = self.deliveries.cursor
+        index = self.deliveries.index
+        behind = [k for k in pkeys if k <= cursor or index.is_returning(k)]
+        unheld = None
+        if behind:
+            group_of = self.files.group_of
+            unheld = index.remove([(k, group_of(k, None)) for k in behind], self.engine.now())
         token = self.commit.hold(min(pkeys))
         batch = PendingBatch(
-            self.files.memseg, result, entries=[(t, None, None) for t in tombs], token=token
+            self.files.memseg,
+            result,
+            entries=[(t, None, None) for t in tombs],
+            token=token,
+            unheld=unheld or None,
         )
         return self._submit(batch, b"".join(tombs))
 
@@ -909,6 +936,7 @@ class Queue:
                 now + lease_ms,
                 now,
                 self.config.max_deliveries,
+                self.files.lookup,
             )
             if out:
                 self.rates.add("dequeue", len(out), now)
@@ -944,8 +972,9 @@ class Queue:
                     d.last_error, d.last_error_at = reasons[0].error, reasons[0].at
 
     def next_wakeup(self) -> int | None:
+        now = self.engine.now()
         with self.lock:
-            return self.deliveries.next_wakeup(self.files.view, self.state.paused)
+            return self.deliveries.next_wakeup(self.files.view, self.state.paused, now)
 
     def stats(self) -> QueueStats:
         # A segment file's counts decode its blocks the first time (after a restart, a
@@ -974,7 +1003,18 @@ class Queue:
                 None if head is None else head[0],
             )
             leased = len(self.deliveries.leases)
-            oldest = None if counted.oldest_due is None else now - counted.oldest_due
+            index = self.deliveries.index
+            due, oldest_due, held = counted.due, counted.oldest_due, 0
+            if index.active:  # held items are due, behind the cursor
+                due += index.indexed
+                first = index.oldest_key()
+                if first is not None:
+                    d = key_deadline(first)
+                    oldest_due = d if oldest_due is None else min(oldest_due, d)
+                held = index.held_back(now)
+                if index.at_leased_limit() or index.queue_token_at(now) is not None:
+                    held += counted.due  # nothing more goes out now
+            oldest = None if oldest_due is None else now - oldest_due
             disk = sum(r.file_size for r in files.segments)
             disk += self.commit.wal.size if self.loaded else 0
             for path, _m in files.frozen:
@@ -986,13 +1026,16 @@ class Queue:
                 name=self.name,
                 config=self.config,
                 pending=counted.pending,
-                due=counted.due,
+                due=due,
                 delayed=counted.delayed,
                 leased=leased,
                 segments=len(files.segments),
                 bytes_on_disk=disk,
                 oldest_due_age_ms=oldest,
                 next_id=self.next_id,
+                groups=sum(1 for g in index.groups if g is not None),
+                held=held,
+                rate_limited=index.rate_refused,
                 extra={
                     "frozen": len(files.frozen),
                     "memseg_entries": len(files.memseg),
@@ -1086,15 +1129,27 @@ class Queue:
             self.meta.load(batch.load_meta, where, now, window, log_no)
         if batch.token:
             self.commit.unhold(batch.token)
-        if batch.wakes:
+        freed = batch.restore is not None and self.deliveries.ended(
+            batch.restore, self.engine.now()
+        )
+        if batch.wakes or freed:
+            self.notify()
+
+    def _slots_freed(self, taken: list[tuple[int, Lease]], now: int) -> None:
+        """Leases ended with nothing to write (their item's value was not found): their
+        slots are free now."""
+        if self.deliveries.ended(taken, now):
             self.notify()
 
     def _roll_back(self, batch: PendingBatch) -> None:
-        """Undo what a refused batch held in memory: its barrier, the leases it took."""
+        """Undo what a refused batch held in memory: its barrier, the leases it took
+        (their slots were never freed), the held items it removed."""
         if batch.token:
             self.commit.unhold(batch.token)
         if batch.restore is not None:
             self.deliveries.give_back(batch.restore)
+        if batch.unheld:
+            self.deliveries.index.put_back(batch.unheld, self.engine.now())
 
     def _published(self, batches: list[PendingBatch]) -> list[Answer]:
         """Publish ready batches in order; their answers (settle them outside the lock)."""
@@ -1543,9 +1598,12 @@ class Queue:
     # ------------------------------------------------------------------ settings
 
     def set_config(self, config: QueueConfig) -> None:
-        """Replace the queue's config, durably (``queue.json``); call under the lock."""
+        """Replace the queue's config, durably (``queue.json``), and deliver by its rules
+        from now on (waiting long-polls look again); call under the lock."""
         save_config(self.directory, config)
         self.config = config
+        self.deliveries.index.configure(config, self.engine.now())
+        self.notify()
 
     def set_state(self, state: QueueState) -> None:
         """Replace the queue's operator state, durably (``state.json``); call under the

@@ -34,6 +34,7 @@ __all__ = [
     "OnDuplicate",
     "QueueConfig",
     "QueueStats",
+    "RateLimit",
     "Reason",
     "RedriveResult",
     "Release",
@@ -197,8 +198,20 @@ class ItemOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimit:
+    """A token bucket over a queue's deliveries (``docs/delivery.md``): it holds up to
+    ``burst`` tokens, gains ``per_second`` a second, and each delivery takes one; with
+    ``per_group`` every group (and the items without one, together) has its own."""
+
+    per_second: float
+    burst: int
+    per_group: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class QueueConfig:
-    """Per-queue settings, persisted in the queue's directory."""
+    """Per-queue settings, persisted in the queue's directory. The last four are the
+    delivery rules (``docs/delivery.md``, ``storage/delivery.py``)."""
 
     default_lease_ms: int = 30_000
     max_deliveries: int | None = None
@@ -207,6 +220,24 @@ class QueueConfig:
     dedup_window_ms: int = 300_000
     #: the next deadline of a failed item or an expired lease (None: due again at once)
     retry: RetryPolicy | None = None
+    #: at most this many items of one group leased at once (1: each group is FIFO)
+    group_limit: int | None = None
+    #: at most this many items of the queue leased at once
+    leased_limit: int | None = None
+    #: serve the groups that have due items in turn
+    fair: bool = False
+    #: a token bucket over deliveries, for the queue or for each group
+    rate_limit: RateLimit | None = None
+
+    @property
+    def has_rules(self) -> bool:
+        """Some delivery rule is set: dequeue goes through the delivery index."""
+        return (
+            self.group_limit is not None
+            or self.leased_limit is not None
+            or self.fair
+            or self.rate_limit is not None
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +271,12 @@ class QueueStats:
     release_per_s: float = 0.0
     #: the dead-letter queue this queue's items go to (None without max_deliveries)
     dead_letter_queue: str | None = None
+    #: groups with a leased or a held item (``docs/delivery.md``)
+    groups: int = 0
+    #: due items the delivery rules hold back now (a gauge)
+    held: int = 0
+    #: deliveries the rate limit refused since the server started
+    rate_limited: int = 0
 
 
 ItemState = Literal["due", "delayed", "leased", "gone"]

@@ -10,23 +10,29 @@ worded by its ``Range`` (``server/errors.py``); the client imports this module f
 its own checks.
 
 Invariant: every deadline that reaches a key fits its 48 bits (``MAX_DEADLINE``), and
-every lease lasts between 1 ms and ``MAX_LEASE_MS``.
+every lease lasts between 1 ms and ``MAX_LEASE_MS``; the ranges of a queue's delivery
+rules are here too (``queue_config.check_rules`` checks a config against them).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dq.storage.codec import MAX_DEADLINE
 from dq.storage.errors import BatchTooLarge, BrokenRule, InvalidDeadline, OutOfRange
 
 __all__ = [
+    "BURST",
     "DEADLINE",
     "DEFAULT_LEASE_MS",
     "DELAY_MS",
+    "GROUP_LIMIT",
+    "LEASED_LIMIT",
     "LEASE_MS",
     "MAX_LEASE_MS",
     "NOT_BOTH",
+    "PER_SECOND",
     "RANGES",
     "RECEIPT",
     "WAIT_MS",
@@ -45,20 +51,31 @@ MAX_RECEIPT = 512
 
 @dataclass(frozen=True, slots=True)
 class Range:
-    """A field's allowed values, ``low`` to ``high`` inclusive (for text, its length)."""
+    """A field's allowed values, ``low`` to ``high`` inclusive (for text, its length;
+    for a ``real`` number, above ``low`` and at most ``high``)."""
 
     field: str
     low: int
     high: int
     unit: str = ""
+    real: bool = False
 
     @property
     def message(self) -> str:
+        if self.real:
+            return f"{self.field} must be a number above {self.low} and at most {self.high}"
         return f"{self.field} must be between {self.low} and {self.high}{self.unit}"
 
     def holds(self, value: object) -> bool:
         if self.unit:
             return isinstance(value, str) and self.low <= len(value) <= self.high
+        if self.real:
+            return (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and self.low < value <= self.high
+            )
         return type(value) is int and self.low <= value <= self.high
 
     def check(self, value: object) -> None:
@@ -73,8 +90,28 @@ WAIT_MS = Range("wait_ms", 0, MAX_DEADLINE)
 DEADLINE = Range("deadline", 0, MAX_DEADLINE)
 DELAY_MS = Range("delay_ms", 0, MAX_DEADLINE)
 RECEIPT = Range("receipt", 1, MAX_RECEIPT, " characters")
+#: A queue's delivery rules (``docs/delivery.md``); each limit may also be null (none).
+MAX_LIMIT = 0xFFFFFFFF
+GROUP_LIMIT = Range("group_limit", 1, MAX_LIMIT)
+LEASED_LIMIT = Range("leased_limit", 1, MAX_LIMIT)
+PER_SECOND = Range("per_second", 0, 1_000_000, real=True)
+BURST = Range("burst", 1, MAX_LIMIT)
 #: The rules of fields whose range is fixed, by field name.
-RANGES = {r.field: r for r in (LEASE_MS, DEFAULT_LEASE_MS, WAIT_MS, DEADLINE, DELAY_MS, RECEIPT)}
+RANGES = {
+    r.field: r
+    for r in (
+        LEASE_MS,
+        DEFAULT_LEASE_MS,
+        WAIT_MS,
+        DEADLINE,
+        DELAY_MS,
+        RECEIPT,
+        GROUP_LIMIT,
+        LEASED_LIMIT,
+        PER_SECOND,
+        BURST,
+    )
+}
 
 
 #: ``deadline`` and ``delay_ms`` are two ways to say when an item is due

@@ -14,10 +14,11 @@ from fastapi import APIRouter, Query, Request, Response
 
 from dq.server.dependencies import QueuePath, service_of
 from dq.server.routers._common import ERRORS, json_response
-from dq.server.schemas import QueueConfigBody, QueueInfo, QueueList
+from dq.server.schemas import GroupsOut, QueueConfigBody, QueueInfo, QueueList
 from dq.storage.errors import QueueNotFound, StorageError
+from dq.storage.operations import MAX_BROWSE
 from dq.storage.retry import retry_from_json
-from dq.storage.types import QueueConfig, QueueStats
+from dq.storage.types import QueueConfig, QueueStats, RateLimit
 
 if TYPE_CHECKING:
     from dq.storage import Engine
@@ -30,6 +31,7 @@ _perf = time.perf_counter
 
 def queue_info(s: QueueStats) -> dict[str, object]:
     c = s.config
+    rate = c.rate_limit
     return {
         "name": s.name,
         "config": {
@@ -39,6 +41,12 @@ def queue_info(s: QueueStats) -> dict[str, object]:
             "dead_letter_queue": s.dead_letter_queue or c.dead_letter_queue,
             "dedup_window_ms": c.dedup_window_ms,
             "retry": None if c.retry is None else c.retry.to_json(),
+            "group_limit": c.group_limit,
+            "leased_limit": c.leased_limit,
+            "fair": c.fair,
+            "rate_limit": None
+            if rate is None
+            else {"per_second": rate.per_second, "burst": rate.burst, "per_group": rate.per_group},
         },
         "stats": {
             "pending": s.pending,
@@ -60,6 +68,9 @@ def queue_info(s: QueueStats) -> dict[str, object]:
                 "dequeue_per_s": round(s.dequeue_per_s, 3),
                 "release_per_s": round(s.release_per_s, 3),
             },
+            "groups": s.groups,
+            "held": s.held,
+            "rate_limited": s.rate_limited,
         },
     }
 
@@ -103,6 +114,7 @@ async def put_queue(queue: QueuePath, body: QueueConfigBody, request: Request) -
     service = service_of(request)
     t0 = _perf()
     engine = service.engine
+    rate = body.rate_limit
     try:
         retry = (
             None
@@ -115,6 +127,12 @@ async def put_queue(queue: QueuePath, body: QueueConfigBody, request: Request) -
             body.dead_letter_queue,
             body.dedup_window_ms,
             retry,
+            group_limit=body.group_limit,
+            leased_limit=body.leased_limit,
+            fair=body.fair,
+            rate_limit=None
+            if rate is None
+            else RateLimit(rate.per_second, rate.burst, rate.per_group),
         )
         await asyncio.to_thread(engine.put_queue, queue, config)  # writes and syncs metadata
         info = queue_info(engine.stats(queue))
@@ -123,6 +141,28 @@ async def put_queue(queue: QueuePath, body: QueueConfigBody, request: Request) -
         raise
     service.metrics.observe("queue_put", _perf() - t0, 0)
     return json_response(info)
+
+
+@router.get(
+    "/{queue}/groups",
+    response_model=GroupsOut,
+    summary="A queue's busiest groups: the most leased and held items",
+)
+async def get_groups(
+    queue: QueuePath,
+    request: Request,
+    limit: int = Query(20, ge=1, le=MAX_BROWSE, description="groups to list, at most"),
+) -> Response:
+    service = service_of(request)
+    t0 = _perf()
+    try:
+        top = await asyncio.to_thread(service.engine.groups, queue, limit)
+    except StorageError as exc:
+        service.metrics.observe_error("queue_groups", exc.code, _perf() - t0)
+        raise
+    service.metrics.observe("queue_groups", _perf() - t0, len(top))
+    groups = [{"group": g.group, "leased": g.leased, "due": g.waiting, "held": g.held} for g in top]
+    return json_response({"groups": groups})
 
 
 @router.delete("/{queue}", status_code=204, summary="Delete a queue and all its items")

@@ -223,6 +223,41 @@ def test_settings_are_edited(page: Any, api: httpx.Client, server: LiveServer, s
     assert config["dedup_window_ms"] == 60000
 
 
+def test_delivery_rules_are_set_and_the_busiest_groups_shown(
+    page: Any, api: httpx.Client, server: LiveServer, shot: Any
+) -> None:
+    """The settings form sets the delivery rules (docs/delivery.md); the Groups tab and
+    the "Held back" card show what they hold back; a refused rule says why."""
+    enqueue(api, "ruled", 1)
+    page.goto(server.url + "/ui/" + REFRESH + "#/queue/ruled/settings")
+    page.fill("#s-group-limit", "1")
+    page.fill("#s-leased-limit", "10")
+    page.check("#s-fair")
+    page.fill("#s-rate", "50")
+    page.check("#s-per-group")
+    page.click("#settings button[type=submit]")
+    expect()(page.locator("#saved")).to_have_text("saved")
+    config = queue_info(api, "ruled")["config"]
+    assert (config["group_limit"], config["leased_limit"], config["fair"]) == (1, 10, True)
+    assert config["rate_limit"] == {"per_second": 50.0, "burst": 50, "per_group": True}
+    page.fill("#s-group-limit", "0")
+    page.click("#settings button[type=submit]")
+    expect()(page.locator("#saved")).to_contain_text("not saved: group_limit must be between")
+    assert queue_info(api, "ruled")["config"]["group_limit"] == 1
+    enqueue(api, "ruled", 3, group="customer-42")
+    enqueue(api, "ruled", 1, group="customer-7")
+    taken = api.post("/v1/queues/ruled/dequeue", json={"count": 10, "lease_ms": 60_000})
+    assert {i["group"] for i in taken.json()["items"]} == {None, "customer-42", "customer-7"}
+    page.goto(server.url + "/ui/" + REFRESH + "#/queue/ruled/groups")
+    row = page.locator('#groups tr[data-group="customer-42"]')
+    expect()(row.locator('[data-col="leased"]')).to_have_text("1")
+    expect()(row.locator('[data-col="held"]')).to_have_text("2")
+    expect()(page.locator('[data-stat="held back"] .value')).to_have_text("2")
+    shot(page, "groups")
+    api.put("/v1/queues/ruled", json={}).raise_for_status()  # the rules dropped
+    expect()(page.locator('[data-stat="held back"]')).to_have_count(0)
+
+
 def test_a_refused_save_says_so_beside_the_form(
     page: Any, api: httpx.Client, server: LiveServer
 ) -> None:

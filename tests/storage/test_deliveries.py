@@ -111,10 +111,10 @@ def test_extend_lengthens_a_lease_and_answers_its_receipt() -> None:
 def test_next_wakeup_is_the_next_deadline_or_lease_end_whichever_is_first() -> None:
     d = Deliveries()
     view = view_of((NOW, 1, 0), (NOW + 5000, 2, 0))
-    assert d.next_wakeup(view, paused=False) == NOW
+    assert d.next_wakeup(view, paused=False, now=NOW) == NOW
     d.take(view, upto(NOW), None, 1, NOW + 1000, NOW, None)
-    assert d.next_wakeup(view, paused=False) == NOW + 1000  # the lease, before item 2
-    assert d.next_wakeup(view, paused=True) == NOW + 1000  # paused: leases still end
+    assert d.next_wakeup(view, paused=False, now=NOW) == NOW + 1000  # the lease, before item 2
+    assert d.next_wakeup(view, paused=True, now=NOW) == NOW + 1000  # paused: leases still end
     d.reset()
     assert d.cursor == b"" and len(d.leases) == 0
-    assert d.next_wakeup(view, paused=True) is None
+    assert d.next_wakeup(view, paused=True, now=NOW) is None

@@ -6,10 +6,13 @@ requeues, fails under the queue's retry policy, extends, stale receipts, clock m
 lease expiry, cancels by key, freezes, merges of any contiguous segment range, pause and resume,
 purge, delete by id, redrive of dead letters, browsing, a schedule's ticks (every
 5 s, ``catch_up: all``, into a queue keeping no idempotency keys: each tick once, across
-reopens and power losses), and close-and-reopen; after
-every step the engine and the model must agree on what was delivered (with the last
-error of each delivery), on what a browse shows (with each item's reasons), on what a
-key names, and on the counts.
+reopens and power losses), close-and-reopen, and the delivery rules ``group_limit``
+and ``leased_limit`` set and dropped between steps (the model: a count of leases per
+group; each dequeue hands out, one at a time, the smallest key among the due items
+first in their group's order whose group and queue are under their limits — an item
+back from an expired lease first in its group); after every step the engine and the
+model must agree on what was delivered (with the last error of each delivery), on
+what a browse shows (with each item's reasons), on what a key names, and on the counts.
 
 With ``fsync="always"`` (``EngineVsModelSynced`` here, and the machine under faults) a
 step also dequeues while an enqueue, a requeue or a delete has its log's fsync held
@@ -29,7 +32,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from dq.storage import (
     Delivery,
@@ -70,6 +79,7 @@ class Item:
     lease_expires: int = 0
     group: str | None = None  # its group (``docs/delivery.md``), kept for life
     errors: list[str] = field(default_factory=list)  # why it failed, newest first
+    returning: bool = False  # back from an expired lease: first in its group
 
 
 def _order(item: Item) -> tuple[int, int]:
@@ -113,6 +123,8 @@ class EngineVsModel(RuleBasedStateMachine):
         )
         self.fired_until = self.clock.now
         self.scheduler = Scheduler(self.engine)
+        self.group_limit: int | None = None
+        self.leased_limit: int | None = None
 
     def open_engine(self) -> Engine:
         return Engine.open(self.dir, self.config, clock=self.clock)
@@ -149,6 +161,7 @@ class EngineVsModel(RuleBasedStateMachine):
                     self.stale.append((item.id, item.receipt))
                 item.receipt = None
                 item.count = item.durable_count
+                item.returning = False  # nothing is leased, so no group waits
         assert self.engine.stats(Q).paused == self.paused
 
     # -------------------------------------------------------------- model helpers
@@ -211,6 +224,8 @@ class EngineVsModel(RuleBasedStateMachine):
                 self.failed(item, LEASE_EXPIRED)
                 item.requeue_time = now
                 item.durable_count = item.count
+                limited = queue == Q and self.group_limit is not None
+                item.returning = limited and item.group is not None
         self.engine.expire_leases(queue)
         self.settle_writes()
 
@@ -265,14 +280,12 @@ class EngineVsModel(RuleBasedStateMachine):
             return [], []
         now = self.clock.now
         qcfg = self.engine.get_queue(queue)
-        due = sorted(
-            (i for i in self.model[queue].values() if i.receipt is None and i.deadline <= now),
-            key=lambda i: (i.deadline, i.id),
-        )
         expected: list[Item] = []
         moved: list[Item] = []
-        for item in due:
-            if len(expected) == count:
+        rules = queue == Q
+        while len(expected) < count:
+            item = self.next_deliverable(queue, now, expected, rules, moved)
+            if item is None:
                 break
             if barrier is not None and encode_key(item.deadline, item.id) >= barrier:
                 break
@@ -301,6 +314,7 @@ class EngineVsModel(RuleBasedStateMachine):
             item.count += 1
             item.receipt = d.receipt
             item.lease_expires = now + lease
+            item.returning = False
             assert d.stats.dequeue_count == item.count
             assert d.stats.enqueue_time == item.enqueue_time
             assert d.stats.requeue_time == item.requeue_time
@@ -323,6 +337,77 @@ class EngineVsModel(RuleBasedStateMachine):
                     group=item.group,
                     errors=list(item.errors),
                 )
+
+    def next_deliverable(
+        self, queue: str, now: int, taking: list[Item], rules: bool, gone: list[Item]
+    ) -> Item | None:
+        """The model of the delivery rules: the smallest key among the due, unleased
+        items that are first in their group's order (items back from an expired lease
+        first, then key order; an item without a group is in none) whose group is under
+        ``group_limit``, while the queue is under ``leased_limit``; ``taking`` is what
+        this dequeue took already (leased from then on), ``gone`` what it moved to the
+        dead-letter queue (no longer in any group's order)."""
+        out = {i.id for i in gone}
+        items = [i for i in self.model[queue].values() if i.id not in out]
+        took = {i.id for i in taking}
+        leased = [i for i in items if i.receipt is not None or i.id in took]
+        if rules and self.leased_limit is not None and len(leased) >= self.leased_limit:
+            return None
+        per_group: dict[str | None, int] = {}
+        for i in leased:
+            per_group[i.group] = per_group.get(i.group, 0) + 1
+        heads: dict[str | None, Item] = {}  # each group's first item in its order
+        best: Item | None = None  # the first due item without a group
+        for i in items:
+            if i.receipt is not None or i.id in took:
+                continue
+            if i.group is None:
+                if i.deadline <= now and (
+                    best is None or (i.deadline, i.id) < (best.deadline, best.id)
+                ):
+                    best = i
+                continue
+            head = heads.get(i.group)
+            order = (not i.returning, i.deadline, i.id)
+            if head is None or order < (not head.returning, head.deadline, head.id):
+                heads[i.group] = i
+        limit = self.group_limit if rules else None
+        for group, head in heads.items():
+            if head.deadline > now or (limit is not None and per_group.get(group, 0) >= limit):
+                continue
+            if best is None or (head.deadline, head.id) < (best.deadline, best.id):
+                best = head
+        return best
+
+    @initialize(group_limit=st.sampled_from([None, 1, 2]), leased_limit=st.sampled_from([None, 3]))
+    def start_rules(self, group_limit: int | None, leased_limit: int | None) -> None:
+        """Most runs start with delivery rules (a run has few dequeues to reach them)."""
+        self.set_rules(group_limit, leased_limit)
+
+    @precondition(lambda self: self.group_limit is not None or self.leased_limit is not None)
+    @rule(count=st.integers(1, 6), lease=st.integers(1, 3000))
+    def dequeue_under_rules(self, count: int, lease: int) -> None:
+        """Dequeues weigh more while rules are set: their turns are what the rules change."""
+        self.dequeue(count, lease, Q)
+
+    @rule(
+        group_limit=st.sampled_from([None, None, 1, 2]),
+        leased_limit=st.sampled_from([None, None, 2, 4]),
+    )
+    def set_rules(self, group_limit: int | None, leased_limit: int | None) -> None:
+        """Set or drop the delivery rules while items are leased and held."""
+        self.engine.put_queue(
+            Q,
+            QueueConfig(
+                default_lease_ms=1000,
+                max_deliveries=3,
+                dead_letter_queue=DLQ,
+                retry=RetryPolicy(delays_ms=RETRY_DELAYS),
+                group_limit=group_limit,
+                leased_limit=leased_limit,
+            ),
+        )
+        self.group_limit, self.leased_limit = group_limit, leased_limit
 
     def _dlq_deadline(self, item_id: int) -> int:
         found = self.engine.peek(DLQ, item_id, with_values=False)
@@ -812,3 +897,65 @@ EngineVsModelSynced.TestCase.settings = settings(
     phases=[Phase.explicit, Phase.reuse, Phase.generate],
 )
 TestEngineVsModelSynced = EngineVsModelSynced.TestCase
+
+
+class RulesVsModel(EngineVsModel):
+    """The same machine with the steps that do not touch the delivery rules left out
+    (keyed enqueues, dead letters written directly, redrives, stale receipts, pausing,
+    expiring leases but by a dequeue), so that a run's dequeues, releases, expiries and
+    reopenings meet held items and full groups often."""
+
+    def pause(self) -> None:
+        raise AssertionError("not a step of this machine")
+
+    def resume(self) -> None:
+        raise AssertionError("not a step of this machine")
+
+    def expire_leases(self) -> None:  # a dequeue expires leases first anyway
+        raise AssertionError("not a step of this machine")
+
+    # the steps without arguments are drawn far more often than the others; here they
+    # are one step, drawn as often as a dequeue, that does one of them now and then
+    def freeze(self) -> None:
+        EngineVsModel.freeze(self)
+
+    def reopen(self) -> None:
+        EngineVsModel.reopen(self)
+
+    def purge(self) -> None:
+        EngineVsModel.purge(self)
+
+    def merge(self, data: st.DataObject) -> None:  # type: ignore[override]
+        EngineVsModel.merge(self, data)
+
+    @rule(
+        data=st.data(),
+        step=st.sampled_from(["freeze", "merge", "reopen", "purge", None, None, None, None]),
+    )
+    def upkeep(self, data: st.DataObject, step: str | None) -> None:
+        """Now and then a freeze, a merge, a restart or a purge, between the others."""
+        if step == "merge":
+            self.merge(data)
+        elif step is not None:
+            getattr(self, step)()
+
+    def keyed_enqueue(self, keys: list[str | None]) -> None:  # type: ignore[override]
+        raise AssertionError("not a step of this machine")
+
+    def enqueue_dead_letters(self, values: list[bytes]) -> None:  # type: ignore[override]
+        raise AssertionError("not a step of this machine")
+
+    def redrive(self) -> None:  # type: ignore[override]
+        raise AssertionError("not a step of this machine")
+
+    def stale_receipt(self, data: st.DataObject, op: str) -> None:  # type: ignore[override]
+        raise AssertionError("not a step of this machine")
+
+
+RulesVsModel.TestCase.settings = settings(
+    max_examples=60,
+    stateful_step_count=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestRulesVsModel = RulesVsModel.TestCase

@@ -31,6 +31,8 @@ export function rows(queues) {
       due: s.due ?? 0,
       delayed: s.delayed ?? 0,
       leased: s.leased ?? 0,
+      // due items the delivery rules hold back (null: a server older than the rules)
+      held: s.held ?? null,
       dlq,
       dead: dlq ? dlqInfo?.stats?.pending ?? 0 : null,
       deadLettered: pick(qi, "dead_lettered"),

@@ -1,15 +1,21 @@
 // One queue: live figures, pause/resume and purge (each confirmed), and tabs for its
-// charts, items, leased items, dead letters and settings.
+// charts, items, leased items, dead letters, busiest groups and settings.
 
 import { ApiError, del, get, post, q } from "../api.js";
 import { confirmAction } from "../dialog.js";
 import { bytes, duration, esc, num, rate, time } from "../format.js";
+import { groupsTable } from "./groups.js";
 import { historyCharts } from "./history.js";
 import { browser } from "./items.js";
 import { deadLetterQueueOf, rows } from "./model.js";
 import { settingsForm } from "./settings.js";
 
-const TABS = [["overview", "Charts"], ["items", "Items"], ["leased", "Leased"], ["dead", "Dead letters"], ["settings", "Settings"]];
+const TABS = [["overview", "Charts"], ["items", "Items"], ["leased", "Leased"], ["dead", "Dead letters"], ["groups", "Groups"], ["settings", "Settings"]];
+
+// the queue has a delivery rule set (docs/delivery.md)
+function hasRules(c) {
+  return Boolean(c && (c.group_limit || c.leased_limit || c.fair || c.rate_limit));
+}
 
 export async function mount(root, { name, tab }, ctx) {
   const href = (t) => `#/queue/${encodeURIComponent(name)}/${t}`;
@@ -58,6 +64,7 @@ export async function mount(root, { name, tab }, ctx) {
     pause.dataset.action = row.paused ? "resume" : "pause";
     root.querySelector("#cards").innerHTML = [
       ["Due", num(row.due)], ["Delayed", num(row.delayed)], ["Leased", num(row.leased)],
+      ...(row.held > 0 || hasRules(info.config) ? [["Held back", num(row.held), row.held > 0]] : []),
       ["Dead letters", row.dlq ? num(row.dead) : "–", row.dead > 0], ["Oldest due", duration(row.oldest)],
       ["Enqueued/s", rate(row.enq)], ["Dequeued/s", rate(row.deq)], ["Released/s", rate(row.rel)],
       ["Segments", num(row.segments)], ["On disk", bytes(row.bytes)],
@@ -71,6 +78,7 @@ export async function mount(root, { name, tab }, ctx) {
       return { refresh: draw };
     }
     if (tab === "items" || tab === "leased") return browser(tabRoot, name, { mode: tab, info, ctx });
+    if (tab === "groups") return groupsTable(tabRoot, name);
     if (tab === "dead") {
       await dlqCheck;
       drawHeader();

@@ -1,0 +1,199 @@
+"""The delivery limits under races, the way users race for a queue: many consumers over
+HTTP and over the ring at once, leases left to run out, a SIGKILL and a restart in the
+middle (``docs/delivery.md``: a slot is a lease; after a restart nothing is leased).
+
+Each consumer records when it certainly held each lease: from the moment its dequeue
+answered to the moment before it sent the release (or a little before the lease's end,
+for one it lets run out). The server's lease of an item spans at least that, so if the
+records ever show more than ``group_limit`` items of a group, or ``leased_limit`` items
+in all, held at one instant, the server had granted more than that. The ring's
+deliveries do not name their group, so each consumer looks an item's group up by its id
+(known from the enqueue).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dq.client import Client, NewItem, QueueConfig
+from tests.server.live import LiveServer, live_server
+
+pytestmark = pytest.mark.integration  # live dq serve processes, over HTTP and the ring
+
+ENV = {"DQ_SHM": "1", "DQ_EXPIRE_INTERVAL_MS": "20", "DQ_MAX_WAIT_MS": "5000"}
+
+#: (held from, held to, group, item id), times in seconds since the epoch
+Interval = tuple[float, float, str, int]
+
+
+def _overlaps(intervals: list[Interval]) -> tuple[dict[str, int], int]:
+    """The most intervals open at one instant, per group and in all."""
+    events = sorted(
+        [(a, 1, g) for a, _b, g, _i in intervals] + [(b, -1, g) for _a, b, g, _i in intervals],
+        key=lambda e: (e[0], e[1]),  # an end before a start at the same instant
+    )
+    per: dict[str, int] = {}
+    top: dict[str, int] = {}
+    now = most = 0
+    for _t, step, g in events:
+        per[g] = per.get(g, 0) + step
+        top[g] = max(top.get(g, 0), per[g])
+        now += step
+        most = max(most, now)
+    return top, most
+
+
+def _race(
+    urls: list[str],
+    queue: str,
+    group_of: dict[int, str],
+    total: int,
+    seed: int,
+    lapse: float = 0.0,
+    lease_ms: int = 5_000,
+    until: Callable[[], bool] | None = None,
+) -> tuple[list[Interval], set[int]]:
+    """Consumers at ``urls`` take items of ``queue`` until every one of ``total`` was
+    released (or ``until`` says stop); each holds an item a random few ms, and lets a
+    ``lapse`` share of its leases run out instead of releasing them. The intervals held,
+    and the ids released."""
+    intervals: list[Interval] = []
+    released: set[int] = set()
+    lock = threading.Lock()
+    stop = time.monotonic() + 90
+    errors: list[BaseException] = []
+
+    def consume(url: str, n: int) -> None:
+        rng = random.Random(seed * 100 + n)
+        try:
+            with Client(url) as c:
+                while time.monotonic() < stop and (until is None or not until()):
+                    with lock:
+                        if len(released) >= total:
+                            return
+                    got = c.dequeue(queue, rng.randint(1, 3), lease_ms=lease_ms, wait_ms=100)
+                    held_from = time.time()
+                    time.sleep(rng.random() * 0.004)
+                    for item in got:
+                        if rng.random() < lapse:  # let it run out: held until near its end
+                            held_to = min(time.time(), item.lease_expires / 1000 - 0.005)
+                            with lock:
+                                intervals.append((held_from, held_to, group_of[item.id], item.id))
+                            continue
+                        held_to = time.time()  # before the release is sent
+                        out = c.release_many(queue, [item])[0]
+                        with lock:
+                            intervals.append((held_from, held_to, group_of[item.id], item.id))
+                            if out.ok:
+                                released.add(item.id)
+        except BaseException as exc:  # reported by the test, not lost in a thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=consume, args=(u, n)) for n, u in enumerate(urls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(100)
+    assert not any(t.is_alive() for t in threads)
+    assert not errors, errors
+    return intervals, released
+
+
+def _fill(dq: Client, queue: str, groups: int, items: int, run: int = 1) -> dict[int, str]:
+    """``items`` items in ``groups`` groups, in runs of ``run`` items of one group (so a
+    consumer that ignored the limits would take many of a group at once)."""
+    names = [f"tenant-{(n // run) % groups}" for n in range(items)]
+    enqueued = dq.enqueue_many(queue, [NewItem(b"%d" % n, group=g) for n, g in enumerate(names)])
+    return {e.id: names[n] for n, e in enumerate(enqueued)}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_many_consumers_never_exceed_the_limits(tmp_path: Path, seed: int) -> None:
+    """Eight consumers, four over HTTP and four over the ring, race for a queue with
+    group_limit 2 and leased_limit 6: no instant has more than 2 of a group or 6 in all
+    leased, every item is released once, and the consumers did run side by side."""
+    with live_server(tmp_path / "data", env=ENV) as server, Client(server.url) as dq:
+        dq.put_queue("race", QueueConfig(group_limit=2, leased_limit=6))
+        group_of = _fill(dq, "race", 5, 300, run=10)
+        urls = [server.url] * 4 + [f"shm://{server.data_dir}"] * 4
+        intervals, released = _race(urls, "race", group_of, 300, seed)
+        assert released == set(group_of)
+        most_per_group, most = _overlaps(intervals)
+        assert most <= 6 and max(most_per_group.values()) <= 2, (most, most_per_group)
+        assert most >= 3  # the consumers did run side by side
+        assert dq.queue("race").stats.leased == 0
+
+
+def test_leases_running_out_free_their_slots_and_never_overfill(tmp_path: Path) -> None:
+    """A third of the leases are left to run out (300 ms): each frees its slot when it
+    ends, its item comes back and is delivered again, and no instant has more than
+    group_limit (1) of a group leased — the item back from its lease first in its group."""
+    with live_server(tmp_path / "data", env=ENV) as server, Client(server.url) as dq:
+        dq.put_queue("lapse", QueueConfig(group_limit=1))
+        group_of = _fill(dq, "lapse", 4, 60, run=3)
+        urls = [server.url] * 3 + [f"shm://{server.data_dir}"] * 3
+        intervals, released = _race(urls, "lapse", group_of, 60, 7, lapse=0.3, lease_ms=300)
+        assert released == set(group_of)
+        most_per_group, _most = _overlaps(intervals)
+        assert max(most_per_group.values()) == 1, most_per_group
+        assert len(intervals) > 60  # leases did run out and their items came back
+        # each group's items were first delivered in their order (FIFO per group)
+        first: dict[int, float] = {}
+        for a, _b, _g, i in sorted(intervals):
+            first.setdefault(i, a)
+        for g in set(group_of.values()):
+            ids = sorted(i for i in group_of if group_of[i] == g)
+            assert sorted(ids, key=lambda i: first[i]) == ids, g
+
+
+def test_after_a_sigkill_nothing_is_leased_and_the_limits_hold(tmp_path: Path) -> None:
+    """Consumers race (group_limit 1, leased_limit 3, two slots held by long leases)
+    while the server is SIGKILLed and started again: after the restart every slot is
+    free — a group whose item was leased before the kill delivers it again at once,
+    first in its group — and neither before nor after does any instant have more than
+    the limits leased."""
+    server = LiveServer(tmp_path / "data", env=ENV).start()
+    try:
+        with Client(server.url) as dq:
+            dq.put_queue("crash", QueueConfig(group_limit=1, leased_limit=3))
+            group_of = _fill(dq, "crash", 6, 120, run=4)
+            held = dq.dequeue("crash", 2, lease_ms=600_000)  # held across the kill
+            held_from = time.time()
+            assert len(held) == 2
+            urls = [server.url] * 2 + [f"shm://{server.data_dir}"] * 2
+            before, _released = _race(urls, "crash", group_of, 120, 3, until=_after(1.0))
+            before += [(held_from, time.time(), group_of[i.id], i.id) for i in held]
+            server.kill()
+            server.start()
+            assert dq.queue("crash").stats.leased == 0
+            again = dq.dequeue("crash", 3, lease_ms=600_000)
+            # their slots are free and each group's first item goes first: the two leased
+            # at the kill were the first of their groups, so they come again at once
+            assert {i.id for i in held} <= {i.id for i in again}, (held, again)
+            dq.release_many("crash", again)
+            left = {i for i in group_of if _exists(server, "crash", i)}
+            after, released = _race(urls, "crash", group_of, len(left), 4)
+            assert released == left
+            for intervals in (before, after):
+                most_per_group, most = _overlaps(intervals)
+                assert most <= 3 and max(most_per_group.values(), default=0) <= 1
+    finally:
+        server.kill()
+
+
+def _after(seconds: float) -> Callable[[], bool]:
+    end = time.monotonic() + seconds
+    return lambda: time.monotonic() >= end
+
+
+def _exists(server: LiveServer, queue: str, item_id: int) -> bool:
+    r = httpx.get(f"{server.url}/v1/queues/{queue}/items/{item_id}", timeout=10)
+    r.raise_for_status()
+    return bool(r.json()["state"] != "gone")

@@ -1,0 +1,49 @@
+"""``Group`` (``storage/held.py``) on its own: a group's held keys packed 16 bytes each,
+handed out in order, items back from a lease first, and an operator's removal put back
+where it was."""
+
+from __future__ import annotations
+
+from dq.storage.codec import encode_key
+from dq.storage.held import FRONT, HELD, Group
+
+
+def k(n: int) -> bytes:
+    return encode_key(1000 + n, n)
+
+
+def test_held_keys_go_out_in_the_order_they_were_held() -> None:
+    g = Group("a")
+    for n in range(1, 200):
+        g.append(k(n))
+    assert g.held == 199 and len(g.keys) == 199 * 16
+    out = [g.pop_head() for _ in range(150)]
+    assert out == [k(n) for n in range(1, 151)]
+    assert len(g.keys) < 199 * 16  # the consumed front was cut off
+    assert g.head_key() == k(151) and g.first_key() == k(151) and g.held == 49
+
+
+def test_an_item_back_from_a_lease_goes_first_once_it_arrives() -> None:
+    g = Group("a")
+    g.append(k(2))
+    g.returning = 1
+    assert g.head_key() is None  # the group waits for it
+    g.arrive(k(9))
+    assert g.returning == 0 and g.head_key() == k(9) and g.first_key() == k(2)
+    assert [g.pop_head(), g.pop_head()] == [k(9), k(2)]
+    assert g.idle
+
+
+def test_removal_and_put_back_keep_key_order() -> None:
+    g = Group(None)
+    for n in (1, 3, 5, 7):
+        g.append(k(n))
+    g.returning = 1
+    g.arrive(k(20))
+    assert g.holds(k(5)) and g.holds(k(20)) and not g.holds(k(4))
+    assert (g.remove(k(5)), g.remove(k(20)), g.remove(k(4))) == (HELD, FRONT, 0)
+    assert g.keys_after(b"") == [k(1), k(3), k(7)]
+    g.put_back(k(5), HELD)
+    g.put_back(k(20), FRONT)
+    assert g.keys_after(k(1)) == [k(3), k(5), k(7), k(20)]
+    assert [g.pop_head() for _ in range(5)] == [k(20), k(1), k(3), k(5), k(7)]
