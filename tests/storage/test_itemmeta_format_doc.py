@@ -164,3 +164,22 @@ def test_wal_error_example_decodes(tmp_path: Path) -> None:
     m = ItemMeta()
     assert m.load(meta, str(path), D, 300_000, log=8)  # reasons keep their sidecar
     assert m.errors.reasons(str(tmp_path), 1) == (Reason("boom", D, 1),)
+
+
+def test_wal_cancel_example_decodes(tmp_path: Path) -> None:
+    """A cancel by key: the key's id-0 entry frees the key when the log is read back,
+    and the record is what the writer frames."""
+    data, path, contents = example_log(tmp_path, "wal-cancel-example", "0000000009.log")
+    [(_offset, meta)] = contents.meta
+    assert list(decode_meta(meta)) == [("key", 0, 0, D, "order-7")]
+    [(_at, payload)] = contents.records
+    assert [(decode_key(k), s, v) for k, s, v, _ in iter_entries(payload)] == [
+        ((D, 1, 3), None, None)
+    ]
+    written = encode_key(D, 1, TOMBSTONE)
+    assert one_record_log(9, written, encode_key_entry(0, 0, D, b"order-7")) == data
+    m = ItemMeta()
+    m.load(encode_key_entry(1, D, D, b"order-7"), "enqueue", D, 300_000, log=5)
+    assert m.lookup("order-7", D, 300_000) is not None
+    m.load(meta, str(path), D, 300_000, log=9)
+    assert m.lookup("order-7", D, 300_000) is None
