@@ -6,31 +6,15 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from dq.server.app import create_app
-from dq.server.settings import Settings
 from dq.server.ui import UI_DIR
 from dq.shm.attach import attach
+from tests.server.in_app import run_in_app
 from tests.server.live import live_server
-
-Call = Callable[[httpx.AsyncClient], Awaitable[object]]
-
-
-def run(tmp_path: Path, call: Call, **settings: object) -> object:
-    app = create_app(Settings(data_dir=str(tmp_path / "d"), fsync="never").replace(**settings))
-
-    async def go() -> object:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://dq") as http:
-                return await call(http)
-
-    return asyncio.run(go())
 
 
 def test_history_fills_at_the_sampling_interval(tmp_path: Path) -> None:
@@ -50,7 +34,7 @@ def test_history_fills_at_the_sampling_interval(tmp_path: Path) -> None:
         r = await http.get("/v1/history", params={"seconds": 0})
         assert r.status_code == 422
 
-    run(tmp_path, call, history_interval_ms=100)
+    run_in_app(tmp_path, call, history_interval_ms=100)
 
 
 def test_server_view(tmp_path: Path) -> None:
@@ -66,7 +50,7 @@ def test_server_view(tmp_path: Path) -> None:
         assert s["shm"] == {"enabled": True, "clients": []}  # on by default
         assert s["history"]["max_queues"] == 100
 
-    run(tmp_path, call)
+    run_in_app(tmp_path, call)
 
 
 def test_ui_files_are_served_from_the_package(tmp_path: Path) -> None:
@@ -83,7 +67,7 @@ def test_ui_files_are_served_from_the_package(tmp_path: Path) -> None:
             for spec in re.findall(r'from "([^"]+)"', r.text):
                 assert spec.startswith("."), (rel, spec)
 
-    run(tmp_path, call)
+    run_in_app(tmp_path, call)
 
 
 def test_swagger_ui_is_local_and_declares_bearer(tmp_path: Path) -> None:
@@ -102,7 +86,7 @@ def test_swagger_ui_is_local_and_declares_bearer(tmp_path: Path) -> None:
         assert "security" not in doc["paths"]["/healthz"]["get"]
         assert (await http.get("/redoc")).status_code == 404  # it would need a CDN
 
-    run(tmp_path, call)
+    run_in_app(tmp_path, call)
 
 
 def test_tokens_guard_the_dashboard_reads_not_the_page(tmp_path: Path) -> None:
@@ -118,14 +102,14 @@ def test_tokens_guard_the_dashboard_reads_not_the_page(tmp_path: Path) -> None:
             "role": "admin",
         }
 
-    run(tmp_path, call, tokens=("s3cret",))
+    run_in_app(tmp_path, call, tokens=("s3cret",))
 
 
 def test_without_tokens_everyone_is_admin(tmp_path: Path) -> None:
     async def call(http: httpx.AsyncClient) -> None:
         assert (await http.get("/v1/session")).json() == {"auth": False, "role": "admin"}
 
-    run(tmp_path, call)
+    run_in_app(tmp_path, call)
 
 
 @pytest.mark.integration

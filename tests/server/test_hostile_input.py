@@ -25,6 +25,7 @@ from dq.client import Client
 from dq.server.app import create_app
 from dq.server.settings import Settings
 from dq.storage import fileio
+from tests.server.in_app import app_client
 from tests.server.live import REPO, LiveServer, free_port, live_server
 
 pytestmark = pytest.mark.integration  # live dq serve processes
@@ -220,16 +221,14 @@ def test_a_failed_fsync_answers_503_from_the_first_request(tmp_path: Path) -> No
     app = create_app(Settings(data_dir=str(tmp_path / "d"), fsync="always"))
 
     async def run() -> list[httpx.Response]:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://dq") as http:
-                await http.put("/v1/queues/q", json={})
-                fileio.FAULTS.append(broken)
-                try:
-                    body = {"items": [{"value": "x"}]}
-                    return [await http.post("/v1/queues/q/items", json=body) for _ in range(2)]
-                finally:
-                    fileio.FAULTS.remove(broken)
+        async with app_client(app) as http:
+            await http.put("/v1/queues/q", json={})
+            fileio.FAULTS.append(broken)
+            try:
+                body = {"items": [{"value": "x"}]}
+                return [await http.post("/v1/queues/q/items", json=body) for _ in range(2)]
+            finally:
+                fileio.FAULTS.remove(broken)
 
     answers = asyncio.run(run())
     assert [r.status_code for r in answers] == [503, 503]
@@ -248,15 +247,13 @@ def test_a_queue_is_created_off_the_event_loop(tmp_path: Path) -> None:
     app = create_app(Settings(data_dir=str(tmp_path / "d"), fsync="always"))
 
     async def run() -> int:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://dq") as http:
-                fileio.FAULTS.append(record)
-                try:
-                    body = {"items": [{"value": "first"}]}
-                    return (await http.post("/v1/queues/brand-new/items", json=body)).status_code
-                finally:
-                    fileio.FAULTS.remove(record)
+        async with app_client(app) as http:
+            fileio.FAULTS.append(record)
+            try:
+                body = {"items": [{"value": "first"}]}
+                return (await http.post("/v1/queues/brand-new/items", json=body)).status_code
+            finally:
+                fileio.FAULTS.remove(record)
 
     loop_thread = threading.current_thread().name
     assert asyncio.run(run()) == 200

@@ -6,31 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from dq.server.app import create_app
-from dq.server.settings import Settings
-
-Call = Callable[[httpx.AsyncClient], Awaitable[object]]
+from tests.server.in_app import Call, run_in_app
 
 
 def run(tmp_path: Path, call: Call, **settings: object) -> object:
-    app = create_app(
-        Settings(data_dir=str(tmp_path / "d"), fsync="never", shm=False).replace(**settings)
-    )
-
-    async def go() -> object:
-        async with app.router.lifespan_context(app):
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://dq") as http:
-                return await call(http)
-
-    return asyncio.run(go())
+    """``call`` against the app in process, without the shared-memory server."""
+    return run_in_app(tmp_path, call, shm=False, **settings)
 
 
 async def items(http: httpx.AsyncClient, queue: str) -> list[dict[str, Any]]:
