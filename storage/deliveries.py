@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from dq.storage.codec import MAX_DEADLINE, MAX_ID, decode_stats, encode_key, key_deadline, key_id
-from dq.storage.delivery import READ_BUDGET, DeliveryIndex
+from dq.storage.delivery import MAX_HELD, READ_BUDGET, DeliveryIndex
 from dq.storage.errors import StorageError
 from dq.storage.leases import Lease, Leases
 from dq.storage.types import DeadEntry, Delivery, Extend, ItemOutcome, ItemStats, Release
@@ -137,6 +137,8 @@ class Deliveries:
         dead: list[DeadEntry] = []
         after = self.cursor
         fair = index.fair
+        #: items back from expired leases, ahead of the cursor (a dict: empty is false)
+        returning = index.returning_keys
         index.tick(now)
         budget = READ_BUDGET
         if fair:
@@ -176,7 +178,7 @@ class Deliveries:
                 if after == read_from:
                     break
                 continue
-            if index.full:
+            if index.indexed >= MAX_HELD:
                 break
             after, hit = view.next_live(after, limit, barrier)
             if hit is None:
@@ -184,7 +186,8 @@ class Deliveries:
                     continue  # a group was waiting for an item that is gone: it goes on
                 break
             key, stats, value, source, group = hit
-            if index.is_returning(key):
+            # each entry the cursor passes costs a few plain calls: held ones are passed once
+            if returning and index.is_returning(key):
                 index.arrive(key, now)
             elif index.admits(group, now):
                 self._hand_out(
@@ -192,7 +195,8 @@ class Deliveries:
                 )
             else:
                 index.hold(group, key, now)
-            index.passed(after, now)
+            if returning:
+                index.passed(after, now)
         self.cursor = after
         return out, dead
 

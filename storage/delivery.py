@@ -214,6 +214,12 @@ class DeliveryIndex:
             self._returning[key] = name
             heapq.heappush(self._returning_keys, key)
 
+    @property
+    def returning_keys(self) -> dict[bytes, str]:
+        """Key -> group of the items back from an expired lease the cursor has not
+        reached (the same dict while the index lives: a caller may keep it)."""
+        return self._returning
+
     def is_returning(self, key: bytes) -> bool:
         return key in self._returning
 
