@@ -487,8 +487,11 @@ class Queue:
         flying = self._in_flight(pkey)
         if flying is not None:
             return flying
-        if pkey <= self.deliveries.cursor:
-            return KeyState("gone", pkey)  # behind the cursor, only a lease is live
+        deliveries = self.deliveries
+        if pkey <= deliveries.cursor:  # behind the cursor only a leased or held entry is live
+            index = deliveries.index
+            if not (index.indexed and index.holds(pkey, self.files.group_of(pkey, None))):
+                return KeyState("gone", pkey)
         net, newest = self.files.count(pkey)
         if net > 0 and newest is not None:
             return KeyState("pending", pkey, newest[0], newest[1])
@@ -581,7 +584,12 @@ class Queue:
         batch: PendingBatch,
     ) -> Carrying:
         """Keys moved by ``batch`` wait for its publication; memory says the reasons it
-        carries. Returns what gives those back if the record is refused."""
+        carries; the entries it leaves that the delivery rules hold back (or that are on
+        their way back from a lease) leave the delivery index, put back if the record is
+        refused (``batch.unheld``). Returns what gives the reasons back then."""
+        left = [tomb[:15] + bytes((tomb[15] & ~TOMBSTONE,)) for tomb, st, _v in batch.entries or ()
+                if st is None]  # fmt: skip
+        batch.unheld = self._unhold(left)
         carrying = self._carry(carried, batch)
         moving = [entry for entry, _d, _t in rekeyed]
         for entry in moving:
@@ -625,14 +633,11 @@ class Queue:
 
     def cancel_by_key(self, key: str, entry: Remembered, state: KeyState) -> Future[Any]:
         """Cancel the pending item ``key`` names (``state``; call under the lock, the
-        queue checked open): the tombstone of its entry (kept in memory: it is ahead of
-        the cursor, and a barrier until published) and, in the same record, a key entry
-        that names no item (id 0), so the key is free again — after a restart too."""
-        tomb = tombstone_of(state.pkey)
+        queue checked open) as an operator's delete does (``cancel_ahead``: ahead of the
+        cursor or held back by the delivery rules) and, in the same record, write a key
+        entry that names no item (id 0), so the key is free again — after a restart too."""
         forget = encode_key_entry(0, 0, entry.time, key.encode())
-        token = self.commit.hold(state.pkey)
-        batch = PendingBatch(self.files.memseg, entry.id, entries=[(tomb, None, None)], token=token)
-        fut = self._submit(batch, tomb, forget)
+        fut = self.cancel_ahead([state.pkey], entry.id, forget)
         if self.meta.keys.get(key) is entry:
             self.meta.forget_key(key)
         return fut
@@ -877,31 +882,41 @@ class Queue:
         tombs = [tombstone_of(lease.key) for _, lease in taken]
         return self._write_tombstones(tombs, None, taken)
 
-    def cancel_ahead(self, pkeys: list[bytes], result: Any = None) -> Future[Any]:
+    def cancel_ahead(
+        self, pkeys: list[bytes], result: Any = None, meta: bytes = b""
+    ) -> Future[Any]:
         """Cancel live, unleased items (ahead of the dequeue cursor, or held back by the
         delivery rules behind it: an operator's delete, purge or redrive). Their
         tombstones are kept in the in-memory segment (the view must see them to skip
         the items), held ones leave the delivery index at once (put back if the write
         is refused), and until their record is published the first key is a barrier
         dequeue does not pass, so no consumer leases an item whose removal is in
-        flight. Call under the lock, the queue checked open."""
+        flight. ``meta``: metadata entries of the same record (a cancel by key's). Call
+        under the lock, the queue checked open."""
         tombs = [tombstone_of(k) for k in pkeys]
-        cursor = self.deliveries.cursor
-        index = self.deliveries.index
-        behind = [k for k in pkeys if k <= cursor or index.is_returning(k)]
-        unheld = None
-        if behind:
-            group_of = self.files.group_of
-            unheld = index.remove([(k, group_of(k, None)) for k in behind], self.engine.now())
+        unheld = self._unhold(pkeys)
         token = self.commit.hold(min(pkeys))
         batch = PendingBatch(
             self.files.memseg,
             result,
             entries=[(t, None, None) for t in tombs],
             token=token,
-            unheld=unheld or None,
+            unheld=unheld,
         )
-        return self._submit(batch, b"".join(tombs))
+        return self._submit(batch, b"".join(tombs), meta)
+
+    def _unhold(self, pkeys: list[bytes]) -> list[tuple[bytes, str | None, int]] | None:
+        """Take the live entries ``pkeys`` that are about to be cancelled or moved out of
+        the delivery index: those behind the cursor (held back by the rules) or on their
+        way back from a lease; what was removed (None: nothing), to put back if the
+        record is refused."""
+        cursor = self.deliveries.cursor
+        index = self.deliveries.index
+        behind = [k for k in pkeys if k <= cursor or index.is_returning(k)]
+        if not behind:
+            return None
+        group_of = self.files.group_of
+        return index.remove([(k, group_of(k, None)) for k in behind], self.engine.now()) or None
 
     def _write_tombstones(
         self,

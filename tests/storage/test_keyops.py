@@ -203,3 +203,33 @@ def test_on_duplicate_takes_keep_or_replace(open_engine: Open) -> None:
     e = open_engine()
     with pytest.raises(InvalidArgument, match="on_duplicate must be 'keep' or 'replace'"):
         e.enqueue(Q, [NewItem(b"v", key="k", on_duplicate="merge")])  # type: ignore[arg-type]
+
+
+def test_items_the_delivery_rules_hold_back_are_found_cancelled_and_moved_by_key(
+    open_engine: Open, clock: FakeClock
+) -> None:
+    """With group_limit 1 the cursor passes a group's later items and holds them back:
+    they are pending all the same, so a key finds, cancels and moves them (a moved one
+    goes after the cursor, like a requeue: 1 ms after the key the cursor is at)."""
+    e = open_engine()
+    e.put_queue(Q, QueueConfig(group_limit=1))
+    first, second, third = e.enqueue(
+        Q, [NewItem(b"a%d" % n, key=f"a{n}", group="g") for n in (1, 2, 3)]
+    )
+    [d] = e.dequeue(Q, 10, 1000)  # a2 and a3 are held back behind the cursor
+    assert d.id == first.id
+    assert e.peek_key(Q, "a2").state == "due"
+    assert e.cancel_key(Q, "a2") == second.id
+    moved = e.patch_key(Q, "a3", value=b"a3 again")
+    assert moved.id == third.id
+    [again] = e.enqueue(Q, [NewItem(b"a3 last", key="a3", group="g", on_duplicate="replace")])
+    assert again.replaced and again.id == third.id
+    # past the cursor: 1 ms after it, and 1 ms more for the key its move just left
+    assert (moved.deadline, again.deadline) == (third.deadline + 1, third.deadline + 2)
+    e.release(Q, [Release(d.id, d.receipt)])
+    clock.advance(2)
+    [d] = e.dequeue(Q, 10, 1000)
+    assert (d.id, d.value) == (third.id, b"a3 last")
+    e.release(Q, [Release(d.id, d.receipt)])
+    assert e.dequeue(Q, 10, 1000) == []
+    assert e.stats(Q).pending == 0
