@@ -12,7 +12,7 @@ export function settingsForm(root, name, info, ctx, reload) {
   const hasRules = "group_limit" in c;
   const rate = c.rate_limit || {};
   root.innerHTML = `
-    <form class="settings panel" id="settings">
+    <form class="settings panel" id="settings" novalidate>
       <label for="s-lease">Default lease (ms)</label>
       <input id="s-lease" name="default_lease_ms" type="number" min="1" required value="${esc(c.default_lease_ms)}">
       <label for="s-max">Max deliveries</label>
