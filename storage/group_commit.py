@@ -1,7 +1,9 @@
 """Group commit: a queue's log, the batches appended to it that wait to be durable, and
 the barrier of batches not published yet.
 
-What this owns: the queue's current ``WalWriter``; ``waiting``, the batches appended
+What this owns: the queue's current ``WalWriter``; ``next_id``, the id the next item
+gets (a record carries its items' ids, and each new log's header the counter, so ids
+are never reused even if a log is lost); ``waiting``, the batches appended
 in ``always`` mode that wait for a sync round (and, on a replica group's leader, for the
 group's commit); the barrier (``hold``/``unhold``): the smallest key of each batch not
 published yet, which dequeue does not pass; the sync round's write and ``fdatasync``;
@@ -51,7 +53,7 @@ class PendingBatch:
     """One log record from its append until it is published: what it makes visible once
     durable, what to give back if it is refused, whom to answer.
 
-    Plain data, applied by ``Queue._publish`` (and undone by ``Queue._roll_back``):
+    Plain data, applied by ``Queue._publish`` (and undone by ``Failing.roll_back``):
     ``keyed`` pending entries (key, value) that all carry ``stats``; ``entries`` as
     (key, stats, value), stats and value None for a tombstone kept in memory; ``behind``
     tombstones of delivered entries (counted, not kept); ``remembered`` idempotency keys
@@ -134,6 +136,8 @@ class GroupCommit:
         self.host = host
         #: the current log (set when the queue loads or rotates)
         self.wal: WalWriter
+        #: the id the next item gets; every id below it was given
+        self.next_id = 1
         #: batches appended in ``always`` mode, in append order, not published yet
         self.waiting: list[PendingBatch] = []
         self._unpublished: dict[int, bytes] = {}

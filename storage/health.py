@@ -1,11 +1,12 @@
-"""A queue's health: why it refuses work (an I/O error, or damage found on disk), and
-when it next tries to reopen from disk.
+"""A queue's health: whether it takes work, and why not (an I/O error, damage found on
+disk, closed), and when it next tries to reopen from disk.
 
-What this owns: ``failed`` (the error every operation answers while it is set),
-``quarantined`` (damage: it stays failed until an operator repairs the queue and
-restarts), the backoff of reopening, and the counters ``stats`` shows. ``Queue`` does
-what failing and reopening mean for its other parts (``Queue._fail_locked``: refuse the
-waiting batches, cut the log back; ``Queue._recover_locked``: reload from disk).
+What this owns: ``loaded`` (its memory holds its directory and a log is open),
+``failed`` (the error every operation answers while it is set), ``quarantined``
+(damage: it stays failed until an operator repairs the queue and restarts), ``closed``,
+the backoff of reopening, and the counters ``stats`` shows. What failing and reopening
+mean for the other parts is done elsewhere (``storage/failing.py``: refuse the waiting
+batches, cut the log back; ``Queue.check_open``: reload from disk).
 
 Invariant: a queue that fails again within ``RECOVERY_GRACE_S`` of reopening keeps
 backing off, so a fault that has not cleared (a full disk) does not reopen the queue,
@@ -38,6 +39,11 @@ class Health:
     def __init__(self, name: str, directory: str) -> None:
         self.name = name
         self.directory = directory
+        #: the queue's memory holds its directory and a log is open (False until it
+        #: opens, and from a reopen's start until it succeeds)
+        self.loaded = False
+        #: the queue was closed (deleted, or the engine stops): it takes nothing more
+        self.closed = False
         #: why the queue refuses work (an I/O error, or damage found when opening it)
         self.failed: StorageError | None = None
         #: damaged on disk: stays failed until an operator repairs it and restarts

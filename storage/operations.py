@@ -519,7 +519,7 @@ class Operations:
         or released before a restart: one block per segment file holding its key). An
         entry of a write in flight (at or past the barrier) is left for a later round."""
         with q.lock:
-            if q.closed or q.failed is not None or not q.loaded:
+            if q.closed or q.failed is not None or not q.health.loaded:
                 return 0
             errors = q.meta.errors
             cursor = q.deliveries.cursor

@@ -23,28 +23,31 @@ cursor can never overtake an entry that is not visible yet.
 
 The parts, each owning its own state (every one guarded by the queue's ``lock``):
 
-- ``commit``, ``GroupCommit`` (``group_commit.py``): the log writer, the batches
-  waiting to be durable, the sync round's write and fsync, the barrier of unpublished
-  batches, cutting the log back after a failure;
+- ``commit``, ``GroupCommit`` (``group_commit.py``): the log writer and the id counter,
+  the batches waiting to be durable, the sync round's write and fsync, the barrier of
+  unpublished batches, cutting the log back after a failure;
 - ``files``, ``SegmentSet`` (``segment_set.py``): the in-memory segments, the segment
   files, the merged view dequeue reads, and the state of rotations, freezes and merges;
 - ``deliveries``, ``Deliveries`` (``deliveries.py``): the cursor, the leases and the
   delivery index (slots, held items: ``delivery.py``), and dequeue's walk of the view;
-- ``health``, ``Health`` (``health.py``): why the queue refuses work (an I/O error,
-  damage) and when it next tries to reopen;
+- ``health``, ``Health`` (``health.py``): whether the queue takes work (loaded, failed
+  after an I/O error, damaged, closed) and when it next tries to reopen;
 - ``timers``, ``Timers`` (``timers.py``): calls later (a failed freeze tried again, a
   dead letter moved again), none of which runs once the queue closed;
 - beside them the operator's state (``queue_state.py``, ``state.json``), item metadata
   (``itemmeta.py``: idempotency keys, dead-letter origins, items' reasons; ``dedup.py``
   sorts a keyed batch; ``item_notes.py`` says what a moved item carries and where a
-  retry policy puts a failed one), rates (``rates.py``), due/delayed counts (``state_counts.py``), the config
-  (``queue_config.py``, ``queue.json``).
+  retry policy puts a failed one), rates (``rates.py``), due/delayed counts
+  (``state_counts.py``), the config (``queue_config.py``, ``queue.json``).
 
-``Queue`` is the only place where parts meet: every public method is one operation,
-and the steps that span parts (publishing a batch, rotating the log, installing a
-segment file, failing and reopening) are its own. No part knows another or the queue;
-none runs a closure of another. That makes this the longest module of the engine
-(LevelDB's ``DBImpl`` plays the same role): read it by its sections.
+What spans parts is given the parts it coordinates (and never calls the queue):
+
+- ``failing``, ``Failing`` (``failing.py``): a refused batch rolled back, and the queue
+  failed after a write or sync error (every waiting batch refused, the log cut back).
+
+``Queue`` composes them: every public method is one operation, and the steps that span
+parts and are its own (publishing a batch, rotating the log, installing a segment file,
+reopening) are in its sections. None of the parts runs a closure of another.
 """
 
 from __future__ import annotations
@@ -89,6 +92,7 @@ from dq.storage.errors import (
     StorageError,
     WriteStall,
 )
+from dq.storage.failing import Failing
 from dq.storage.futures import Answer, answer, settle
 from dq.storage.group_commit import GroupCommit, PendingBatch
 from dq.storage.health import Health
@@ -194,10 +198,6 @@ class Queue:
         self.deliveries = Deliveries()
         self.deliveries.index.configure(config, engine.now())
         self.health = Health(name, directory)
-        #: a log is open and the in-memory state mirrors the directory
-        self.loaded = False
-        self.closed = False
-        self.next_id = 1
         #: called whenever entries are published (``Engine.watch``)
         self.watchers: list[Callable[[], None]] = []
         # operator features (storage/queue_state.py, itemmeta.py, rates.py, state_counts.py)
@@ -210,6 +210,18 @@ class Queue:
         self.lease_expired = 0
         #: calls later (a failed freeze tried again), cancelled when the queue closes
         self.timers = Timers(self.lock)
+        #: refusing writes: a batch rolled back, the queue failed after an I/O error
+        self.failing = Failing(name, engine, self.commit, self.deliveries, self.health)
+
+    @property
+    def next_id(self) -> int:
+        """The id the next item gets; every id below it was given (``GroupCommit``)."""
+        return self.commit.next_id
+
+    @property
+    def closed(self) -> bool:
+        """The queue was closed (``Health``)."""
+        return self.health.closed
 
     # ------------------------------------------------------------------ opening
 
@@ -219,7 +231,7 @@ class Queue:
         save_config(directory, config)
         q = cls(engine, name, directory, config)
         q.commit.start(WalWriter.create(directory, 1, 1, engine.config.wal_prealloc_bytes))
-        q.loaded = True
+        q.health.loaded = True
         fileio.fsync_dir(os.path.dirname(directory))
         return q
 
@@ -253,7 +265,7 @@ class Queue:
             q.health.quarantine(exc)
         except Exception as exc:  # a fault (disk full, descriptors): retried, like a restart
             with q.lock:
-                answer(q._fail_locked(exc, "opening the queue"))
+                answer(q.failing.fail(exc, "opening the queue"))
         return q
 
     def _load(self) -> None:
@@ -270,19 +282,20 @@ class Queue:
             wal = WalWriter.create(
                 self.directory,
                 rec.next_segment_no,
-                max(rec.next_id, self.next_id),
+                max(rec.next_id, self.commit.next_id),
                 self.engine.config.wal_prealloc_bytes,
             )
         except BaseException:
             for reader in rec.segments:
                 reader.close()
             raise
-        self.commit.start(wal)
+        commit = self.commit
+        commit.start(wal)
         self.files.load(rec)
         self.meta = meta
-        self.next_id = max(rec.next_id, self.next_id)  # ids of refused batches stay unused
+        commit.next_id = max(rec.next_id, commit.next_id)  # ids of refused batches stay unused
         self.deliveries.reset()
-        self.loaded = True
+        self.health.loaded = True
         for path, mem in list(self.files.frozen):
             self._schedule_freeze(path, mem)
 
@@ -314,7 +327,7 @@ class Queue:
             now = self.engine.now()
         st = encode_stats(*stats) if stats is not None else encode_stats(now, 0, 0)
         with self.lock:
-            if self.health.failed is not None or self.closed:
+            if self.health.failed is not None or self.health.closed:
                 self.check_open()
             if self.stalled():
                 self.retry_rotation(inline)
@@ -325,7 +338,7 @@ class Queue:
                 return self._enqueue_keyed(
                     prepared, st, keys, now, window, extra_meta, groups, inline, replace
                 )
-            first = self.next_id
+            first = self.commit.next_id
             fut = self._write_pending(
                 prepared,
                 st,
@@ -359,7 +372,7 @@ class Queue:
         batch = split_keyed(meta, keys, now, window, replace, self.key_state, prepared)
         fresh = batch.fresh
         if fresh or batch.rekeys:
-            first = self.next_id
+            first = self.commit.next_id
             picked = [batch.substitute.get(i, i) for i in fresh]  # a later "replace" wins
             for r in batch.rekeys:
                 r.group = None if groups is None or r.source is None else groups[r.source]
@@ -394,9 +407,10 @@ class Queue:
     ) -> Future[Any]:
         """Give the items ids and keys after the cursor, frame them as one log record and
         submit it (under the lock, the queue checked open and not stalled)."""
-        first = self.next_id
+        commit = self.commit
+        first = commit.next_id
         n = len(prepared)
-        self.next_id += n
+        commit.next_id += n
         pack = PENDING_HEADER.pack
         parts: list[bytes] = []
         pairs: list[tuple[bytes, bytes]] = []
@@ -650,7 +664,7 @@ class Queue:
         now = self.engine.now()
         with self.lock:
             self.check_open()
-            taken, outcomes = self.deliveries.end(items, self.next_id, now)
+            taken, outcomes = self.deliveries.end(items, self.commit.next_id, now)
             if not taken:
                 return resolved(outcomes)
             self.rates.add("release", len(taken), now)
@@ -675,7 +689,7 @@ class Queue:
                 order.append(r.id)
                 try:
                     deadline = resolve_deadline(r.deadline, r.delay_ms, now)
-                    lease = leases.check(r.id, r.receipt, self.next_id, now)
+                    lease = leases.check(r.id, r.receipt, self.commit.next_id, now)
                 except StorageError as exc:
                     results[r.id] = ItemOutcome(r.id, exc.code, exc.message)
                     continue
@@ -714,7 +728,7 @@ class Queue:
             for f in items:
                 order.append(f.id)
                 try:
-                    lease = leases.check(f.id, f.receipt, self.next_id, now)
+                    lease = leases.check(f.id, f.receipt, self.commit.next_id, now)
                 except StorageError as exc:
                     results[f.id] = ItemOutcome(f.id, exc.code, exc.message)
                     continue
@@ -741,12 +755,12 @@ class Queue:
         now = self.engine.now()
         with self.lock:
             self.check_open()
-            return self.deliveries.extend(items, self.next_id, now)
+            return self.deliveries.extend(items, self.commit.next_id, now)
 
     def expire_leases(self) -> int:
         now = self.engine.now()
         with self.lock:
-            if self.closed or self.health.failed is not None:
+            if self.health.closed or self.health.failed is not None:
                 return 0
             n = self.requeue_expired(now)
         return n
@@ -1031,7 +1045,7 @@ class Queue:
                     held += counted.due  # nothing more goes out now
             oldest = None if oldest_due is None else now - oldest_due
             disk = sum(r.file_size for r in files.segments)
-            disk += self.commit.wal.size if self.loaded else 0
+            disk += self.commit.wal.size if self.health.loaded else 0
             for path, _m in files.frozen:
                 try:
                     disk += os.path.getsize(path)
@@ -1047,7 +1061,7 @@ class Queue:
                 segments=len(files.segments),
                 bytes_on_disk=disk,
                 oldest_due_age_ms=oldest,
-                next_id=self.next_id,
+                next_id=self.commit.next_id,
                 groups=sum(1 for g in index.groups if g is not None),
                 held=held,
                 rate_limited=index.rate_refused,
@@ -1094,7 +1108,7 @@ class Queue:
         try:
             commit.append(batch, payload, meta)
         except ReplicationStalled:
-            self._roll_back(batch)
+            self.failing.roll_back(batch)
             raise
         mode = self.engine.config.fsync
         if mode == "always":
@@ -1105,8 +1119,8 @@ class Queue:
             try:
                 commit.write_now()
             except BaseException as exc:
-                self._roll_back(batch)
-                answer(self._fail_locked(exc, "writing the log"))
+                self.failing.roll_back(batch)
+                answer(self.failing.fail(exc, "writing the log"))
                 if isinstance(exc, StorageError):
                     raise
                 assert self.health.failed is not None
@@ -1156,16 +1170,6 @@ class Queue:
         if self.deliveries.ended(taken, now):
             self.notify()
 
-    def _roll_back(self, batch: PendingBatch) -> None:
-        """Undo what a refused batch held in memory: its barrier, the leases it took
-        (their slots were never freed), the held items it removed."""
-        if batch.token:
-            self.commit.unhold(batch.token)
-        if batch.restore is not None:
-            self.deliveries.give_back(batch.restore)
-        if batch.unheld:
-            self.deliveries.index.put_back(batch.unheld, self.engine.now())
-
     def _published(self, batches: list[PendingBatch]) -> list[Answer]:
         """Publish ready batches in order; their answers (settle them outside the lock)."""
         publish = self._publish
@@ -1191,10 +1195,10 @@ class Queue:
         """Called by the syncer: write and sync what is buffered, then publish it.
         Returns the seconds the write and the sync took (a committing thread backs off
         a slow disk with it, ``storage/syncer.py``). Any write or sync error fails the
-        queue, in every mode (``_fail_locked``)."""
-        commit = self.commit
+        queue, in every mode (``Failing.fail``)."""
+        commit, health = self.commit, self.health
         with self.lock:
-            if not self.loaded or self.health.failed is not None or self.closed:
+            if not health.loaded or health.failed is not None or health.closed:
                 return 0.0
             wal, data, seq = commit.take_round()
         started = time.perf_counter()
@@ -1202,10 +1206,10 @@ class Queue:
         took = time.perf_counter() - started
         with self.lock:
             if error is not None:
-                answers = self._fail_locked(error, "syncing the log")
+                answers = self.failing.fail(error, "syncing the log")
             elif self.engine.config.fsync == "always":
                 answers = self._complete(wal, seq)
-                if self.files.rotate_requested and not self.closed and self.health.failed is None:
+                if self.files.rotate_requested and not health.closed and health.failed is None:
                     answers += self._rotate_locked()
             else:
                 answers = []
@@ -1246,7 +1250,7 @@ class Queue:
         leading replaces its queues with the leader's copy. Call under the lock."""
         out: list[Answer] = []
         for batch in self.commit.refuse_replicated():
-            self._roll_back(batch)
+            self.failing.roll_back(batch)
             out.append((batch.future, None, error))
         return out
 
@@ -1266,7 +1270,8 @@ class Queue:
             if self.stalled():  # never refused (the stream must go on): just press on
                 self.retry_rotation()
             if parsed:
-                self.next_id = max(self.next_id, max(key_id(k) for k, _, _ in parsed) + 1)
+                commit = self.commit
+                commit.next_id = max(commit.next_id, max(key_id(k) for k, _, _ in parsed) + 1)
             grouped = groups_of(meta, where) if meta else {}
             batch = PendingBatch(
                 self.files.memseg,
@@ -1350,7 +1355,7 @@ class Queue:
         old = commit.wal
         no = old.segment_no + 1
         try:
-            new = WalWriter.create(self.directory, no, self.next_id, config.wal_prealloc_bytes)
+            new = WalWriter.create(self.directory, no, commit.next_id, config.wal_prealloc_bytes)
         except Exception as exc:
             files.rotation_failed(no, old.segment_no, exc)
             return []
@@ -1360,7 +1365,7 @@ class Queue:
         except Exception as exc:
             new.abandon()
             fileio.remove(new.path)
-            return self._fail_locked(exc, "closing the log for rotation")
+            return self.failing.fail(exc, "closing the log for rotation")
         answers = self._complete(old, old.appended_seq)
         ro, frozen = files.rotated(old.path, no)
         commit.wal = new
@@ -1388,7 +1393,7 @@ class Queue:
             # that memory lets go of their texts (``storage/reasons.py``)
             in_sidecar = meta.frozen(self.directory, mem.segment_no)
             with self.lock:
-                if self.closed or gen != files.generation:
+                if self.health.closed or gen != files.generation:
                     return
                 files.install_frozen(path, mem, result, self.deliveries.cursor)
                 if in_sidecar is not None and meta is self.meta:
@@ -1409,14 +1414,14 @@ class Queue:
         """Retry a failed freeze (disk full, descriptors, a killed worker) with a backoff,
         until it succeeds: the log stays in memory and on disk meanwhile."""
         with self.lock:
-            if self.closed or gen != self.files.generation:
+            if self.health.closed or gen != self.files.generation:
                 return
             delay = self.files.freeze_failed(path, exc)
             self.timers.call_later(delay, lambda: self._retry_freeze(path, mem, gen))
 
     def _retry_freeze(self, path: str, mem: MemSegment, gen: int) -> None:
         with self.lock:
-            if self.closed or gen != self.files.generation or not self.files.is_frozen(mem):
+            if self.health.closed or gen != self.files.generation or not self.files.is_frozen(mem):
                 return
         if os.path.exists(path):
             self._schedule_freeze(path, mem)
@@ -1446,7 +1451,7 @@ class Queue:
         answers: list[Answer] = []
         files = self.files
         with self.lock:
-            if not self.loaded or self.closed or self.health.failed is not None:
+            if not self.health.loaded or self.health.closed or self.health.failed is not None:
                 return
             if files.frozen or files.rotate_requested:
                 return
@@ -1478,8 +1483,8 @@ class Queue:
             files = self.files
             if files.merge_backing_off():
                 return False
-            return self.loaded and not (
-                self.closed or files.merging or self.health.failed is not None
+            return self.health.loaded and not (
+                self.health.closed or files.merging or self.health.failed is not None
             )
 
     def merge(self, start: int, stop: int, *, wait: bool = True) -> Future[Any] | None:
@@ -1516,13 +1521,13 @@ class Queue:
         except BaseException as exc:
             with self.lock:
                 delay = files.merge_failed()
-            if not self.closed:
+            if not self.health.closed:
                 log.error("queue %s: merge failed: %s; retrying in %.0f s", self.name, exc, delay)
                 files.merge_error = exc
             return
         with self.lock:
             files.merge_finished()
-            if self.closed:
+            if self.health.closed:
                 return
             files.install_merge(inputs, path, self.deliveries.cursor)
         self.engine.merge_policy_hook(self)
@@ -1546,46 +1551,8 @@ class Queue:
             self._recover_locked()
         if self.health.failed is not None:
             raise self.health.failed
-        if self.closed:
+        if self.health.closed:
             raise EngineUnavailable("queue is closed", queue=self.name)
-
-    def _fail_locked(self, exc: BaseException, what: str) -> list[Answer]:
-        """Fail the queue after a write or sync error (call under the lock).
-
-        After a failed write or fsync the page cache cannot be trusted to say what is
-        on disk, so nothing more is acknowledged: every waiting batch is refused and
-        rolled back, records still buffered are discarded (a refused operation must
-        never happen later), and the queue refuses work until it is reopened from disk.
-        On a replica group's leader a batch already shipped is answered "unknown"
-        (``ReplicationTimeout``), not refused: the followers may hold it, and a member
-        that takes over makes it visible.
-        """
-        health, commit = self.health, self.commit
-        error = health.refusal(exc, what)
-        if health.failed is None and self.engine.replication is not None:
-            # a leader's log may now hold records its followers do not: step down
-            self.engine.replication.local_failure(self.name, error)
-        health.fail(exc, what)
-        if self.loaded:
-            commit.wal.discard_buffer()
-            try:  # before anyone hears "refused": a crash now must not bring it back
-                commit.cut_back()
-            except Exception as cut_exc:  # tried again when the queue reopens
-                log.error("queue %s: cutting the log back failed: %s", self.name, cut_exc)
-        answers: list[Answer] = []
-        in_doubt: BaseException | None = None
-        for batch in reversed(commit.refuse_all()):
-            self._roll_back(batch)
-            if batch.lsn:  # shipped: the followers may hold it, and it may commit there
-                in_doubt = in_doubt or ReplicationTimeout(
-                    f"{what} failed on the leader after the write was sent to the replica "
-                    "group: its outcome is unknown (another member may make it visible)",
-                    queue=self.name,
-                )
-                answers.append((batch.future, None, in_doubt))
-            else:
-                answers.append((batch.future, None, error))
-        return answers
 
     def recover_if_due(self) -> None:
         """Reopen a failed queue from disk when its retry is due (the restart path)."""
@@ -1594,13 +1561,13 @@ class Queue:
 
     def _recover_locked(self) -> None:
         health = self.health
-        if self.closed or not health.recovery_due() or self.files.merging:
+        if self.health.closed or not health.recovery_due() or self.files.merging:
             return
         try:
-            if self.loaded:
+            if self.health.loaded:
                 self.commit.cut_back()
             self.files.drop()
-            self.loaded = False
+            self.health.loaded = False
             self._load()
         except CorruptionError as exc:
             health.quarantine(exc)
@@ -1635,7 +1602,7 @@ class Queue:
 
     def close(self) -> None:
         with self.lock:
-            if self.closed:
+            if self.health.closed:
                 return
             marker = os.path.join(self.directory, "merge.cancel")
             if self.files.merging:
@@ -1644,16 +1611,16 @@ class Queue:
         self.engine.compactor.wait_idle(timeout=120)
         answers: list[Answer] = []
         with self.lock:
-            self.closed = True
+            self.health.closed = True
             self.timers.close()
-            if self.loaded and self.health.failed is None:
+            if self.health.loaded and self.health.failed is None:
                 wal = self.commit.wal
                 try:
                     wal.close(sync=self.engine.config.fsync != "never")
                     answers = self._complete(wal, wal.appended_seq)
                 except Exception as exc:
-                    answers = self._fail_locked(exc, "closing the log")
-            elif self.loaded:
+                    answers = self.failing.fail(exc, "closing the log")
+            elif self.health.loaded:
                 self.commit.wal.abandon()
             gone = EngineUnavailable("queue is closed", queue=self.name)
             # on a replica group's leader, a write still waiting for its sync set is on

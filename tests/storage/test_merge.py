@@ -68,7 +68,7 @@ class Crash(Exception):
 def abandon(engine: Engine) -> None:
     """Drop an engine the way a killed process would: no flush, no cleanup."""
     for q in engine._queues.values():
-        q.closed = True
+        q.health.closed = True
         os.close(q.commit.wal._fd)
         for r in q.segments:
             r.close()

@@ -353,7 +353,7 @@ def test_local_failure_is_reported_to_the_sink(engines: Any) -> None:
         leader.enqueue("jobs", [NewItem(b"x", 0)])
         q = leader.queue("jobs")
         with q.lock:
-            q._fail_locked(OSError(5, "Input/output error"), "syncing the log")
+            q.failing.fail(OSError(5, "Input/output error"), "syncing the log")
     finally:
         auto.close()
     assert sink.failures == ["jobs"]
