@@ -8,7 +8,7 @@ for one it lets run out). The server's lease of an item spans at least that, so 
 records ever show more than ``group_limit`` items of a group, or ``leased_limit`` items
 in all, held at one instant, the server had granted more than that. The ring's
 deliveries do not name their group, so each consumer looks an item's group up by its id
-(known from the enqueue).
+(known from the enqueue). A rate limit is checked against the server's own grant times.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dq.client import Client, NewItem, QueueConfig
+from dq.client import Client, NewItem, QueueConfig, RateLimit
 from tests.server.live import LiveServer, live_server
 
 pytestmark = pytest.mark.integration  # live dq serve processes, over HTTP and the ring
@@ -197,3 +197,40 @@ def _exists(server: LiveServer, queue: str, item_id: int) -> bool:
     r = httpx.get(f"{server.url}/v1/queues/{queue}/items/{item_id}", timeout=10)
     r.raise_for_status()
     return bool(r.json()["state"] != "gone")
+
+
+def test_racing_consumers_never_get_more_than_the_rate_allows(tmp_path: Path) -> None:
+    """Six consumers over HTTP and the ring race for a queue limited to 40 deliveries a
+    second with a burst of 5, for two seconds. Each lease's grant time is the server's
+    own (its lease_expires less the lease asked for), so the check is exact: in no span
+    of time did the queue hand out more than its bucket allows (burst + rate x span)."""
+    lease_ms = 60_000
+    with live_server(tmp_path / "data", env=ENV) as server, Client(server.url) as dq:
+        dq.put_queue("paced", QueueConfig(rate_limit=RateLimit(per_second=40, burst=5)))
+        dq.enqueue_many("paced", [b"%d" % n for n in range(400)])
+        granted: list[int] = []
+        lock = threading.Lock()
+        stop = time.monotonic() + 2.0
+
+        def consume(url: str) -> None:
+            with Client(url) as c:
+                while time.monotonic() < stop:
+                    got = c.dequeue("paced", 3, lease_ms=lease_ms, wait_ms=100)
+                    with lock:
+                        granted.extend(i.lease_expires - lease_ms for i in got)
+
+        urls = [server.url] * 3 + [f"shm://{server.data_dir}"] * 3
+        threads = [threading.Thread(target=consume, args=(u,)) for u in urls]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not any(t.is_alive() for t in threads)
+        granted.sort()
+        assert len(granted) >= 50  # the consumers were served all along
+        for i, start in enumerate(granted):
+            for j in range(i, len(granted)):
+                span_ms = granted[j] - start
+                # a token per 25 ms; the clock's whole milliseconds allow one more
+                assert j - i + 1 <= 5 + span_ms * 40 / 1000 + 1, (i, j, span_ms)
+        assert dq.queue("paced").stats.rate_limited >= 1
