@@ -212,9 +212,19 @@ def _targets(name: str, path: Path, node: ast.Import | ast.ImportFrom, known: se
     for alias in node.names:
         if f"{base}.{alias.name}" in known:
             out.add(f"{base}.{alias.name}")
+        elif _is_compiled(f"{base}.{alias.name}"):
+            continue  # ``from dq.storage import _wal``: a C extension imports none of ours
         elif base in known:
             out.add(base)
     return out
+
+
+def _is_compiled(dotted: str) -> bool:
+    """``dq.storage._wal`` is one of our compiled modules if storage/_wal.c exists."""
+    parts = dotted.split(".")
+    if parts[0] == "dq":
+        parts = parts[1:]
+    return bool(parts) and ROOT.joinpath(*parts).with_suffix(".c").is_file()
 
 
 @functools.cache
