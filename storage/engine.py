@@ -51,7 +51,7 @@ from dq.storage.errors import (
 from dq.storage.events import Event
 from dq.storage.itemmeta import check_group, check_key
 from dq.storage.keyops import KeyOps
-from dq.storage.merge_policy import MergePolicy
+from dq.storage.merge_policy import MergePolicy, MergeSource
 from dq.storage.moved import MovedItems
 from dq.storage.operations import MAX_DEDUP_WINDOW_MS, Operations, effective_dead_letter_queue
 from dq.storage.queue import Queue
@@ -229,7 +229,7 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
                 try:
                     q.recover_if_due()
                     if self.config.auto_merge:
-                        q.freeze_if_idle(self.config.idle_freeze_seconds)
+                        q.jobs.freeze_if_idle(self.config.idle_freeze_seconds)
                         self.merge_policy.consider(q)
                     self.forget_expired_keys(q)
                 except Exception:
@@ -655,9 +655,9 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
         q.freeze_now()
         self.compactor.wait_idle(timeout=120)
 
-    def merge_policy_hook(self, q: Queue) -> None:
+    def merge_policy_hook(self, source: MergeSource) -> None:
         if self.config.auto_merge and not self.closed:
-            self.merge_policy.consider(q)
+            self.merge_policy.consider(source)
 
     def _retry_dead_letter(
         self,

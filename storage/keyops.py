@@ -139,7 +139,7 @@ class KeyOps:
             )
             with q.lock:
                 q.check_open()
-                if not q.stalled():
+                if not q.jobs.stalled():
                     q.requeue_expired(now)
                     entry = self._named(q, key, now)
                     state = _pending(q, key, entry, q.key_state(entry))
@@ -153,7 +153,7 @@ class KeyOps:
                         now,
                     )
                     break
-                q.retry_rotation()
+                q.jobs.retry_rotation()
             if time.monotonic() > give_up:  # writes stalled while segment files are written
                 raise WriteStall("writes are stalled while segment files are written; retry")
             time.sleep(0.005)

@@ -16,7 +16,7 @@ Two triggers (``docs/merging.md``):
    live bytes, and a merge of a few hundred readers costs dequeue only a log factor.
 
 Merges run one at a time per queue in the compaction worker; the result is swapped
-in online (``Queue._install_merge``).
+in online (``FileJobs._install_merge``).
 """
 
 from __future__ import annotations

@@ -285,9 +285,9 @@ class Operations:
         while True:
             with q.lock:
                 q.check_open()
-                if q.stalled():
+                if q.jobs.stalled():
                     stalled = True
-                    q.retry_rotation()  # as a stalled enqueue does: nothing else may
+                    q.jobs.retry_rotation()  # as a stalled enqueue does: nothing else may
                 else:
                     stalled = False
                     found = waiting_keys(q, after, _CHUNK)

@@ -43,11 +43,15 @@ The parts, each owning its own state (every one guarded by the queue's ``lock``)
 What spans parts is given the parts it coordinates (and never calls the queue):
 
 - ``failing``, ``Failing`` (``failing.py``): a refused batch rolled back, and the queue
-  failed after a write or sync error (every waiting batch refused, the log cut back).
+  failed after a write or sync error (every waiting batch refused, the log cut back);
+- ``jobs``, ``FileJobs`` (``file_jobs.py``): rotating the log, freezing closed logs,
+  merging segment files: when each runs, installing what the compaction worker wrote,
+  trying again what failed.
 
-``Queue`` composes them: every public method is one operation, and the steps that span
-parts and are its own (publishing a batch, rotating the log, installing a segment file,
-reopening) are in its sections. None of the parts runs a closure of another.
+``Queue`` composes them: every public method is one operation, and the steps that are
+its own are publishing a batch (``_publish``), the sync round (``sync_round``, which
+also carries out a rotation with ``always``), and opening and reopening from disk
+(``_load``). None of the parts runs a closure of another.
 """
 
 from __future__ import annotations
@@ -74,13 +78,7 @@ from dq.storage.codec import (
     key_id,
     tombstone_of,
 )
-from dq.storage.compactor import (
-    CompactionCancelled,
-    Compactor,
-    FreezeResult,
-    freeze_log,
-    merge_segments,
-)
+from dq.storage.compactor import Compactor
 from dq.storage.config import EngineConfig
 from dq.storage.dedup import KeyedBatch, split_keyed
 from dq.storage.deliveries import Deliveries
@@ -93,6 +91,7 @@ from dq.storage.errors import (
     WriteStall,
 )
 from dq.storage.failing import Failing
+from dq.storage.file_jobs import FileJobs
 from dq.storage.futures import Answer, answer, settle
 from dq.storage.group_commit import GroupCommit, PendingBatch
 from dq.storage.health import Health
@@ -107,8 +106,7 @@ from dq.storage.itemmeta import (
 )
 from dq.storage.key_moves import KeyState, Rekey
 from dq.storage.leases import Lease
-from dq.storage.memseg import MemSegment
-from dq.storage.merge_policy import SegmentDesc
+from dq.storage.merge_policy import MergeSource, SegmentDesc
 from dq.storage.queue_config import CONFIG_FILE, load_config, save_config
 from dq.storage.queue_state import STATE_FILE, QueueState, load_state, save_state
 from dq.storage.rates import Rates
@@ -173,7 +171,7 @@ class QueueHost(Protocol):
 
     def emit(self, kind: str, queue: str, ids: Sequence[int]) -> None: ...
 
-    def merge_policy_hook(self, q: Queue) -> None: ...
+    def merge_policy_hook(self, source: MergeSource) -> None: ...
 
     def dead_letter(
         self,
@@ -212,6 +210,22 @@ class Queue:
         self.timers = Timers(self.lock)
         #: refusing writes: a batch rolled back, the queue failed after an I/O error
         self.failing = Failing(name, engine, self.commit, self.deliveries, self.health)
+        #: rotating, freezing, merging (handed the queue only to give it to the syncer
+        #: and the merge policy)
+        self.jobs = FileJobs(
+            name,
+            directory,
+            self.lock,
+            engine,
+            self,
+            commit=self.commit,
+            files=self.files,
+            deliveries=self.deliveries,
+            health=self.health,
+            failing=self.failing,
+            timers=self.timers,
+            meta=self.meta,
+        )
 
     @property
     def next_id(self) -> int:
@@ -293,11 +307,12 @@ class Queue:
         commit.start(wal)
         self.files.load(rec)
         self.meta = meta
+        self.jobs.meta = meta  # a freeze's install lets go of what its log's sidecar holds
         commit.next_id = max(rec.next_id, commit.next_id)  # ids of refused batches stay unused
         self.deliveries.reset()
         self.health.loaded = True
         for path, mem in list(self.files.frozen):
-            self._schedule_freeze(path, mem)
+            self.jobs.freeze(path, mem)
 
     # ------------------------------------------------------------------ enqueue
 
@@ -327,11 +342,13 @@ class Queue:
             now = self.engine.now()
         st = encode_stats(*stats) if stats is not None else encode_stats(now, 0, 0)
         with self.lock:
-            if self.health.failed is not None or self.health.closed:
+            health = self.health
+            if health.failed is not None or health.closed:
                 self.check_open()
-            if self.stalled():
-                self.retry_rotation(inline)
-                self.files.warn_stalled(self.fill())
+            jobs = self.jobs
+            if jobs.stalled():
+                jobs.retry_rotation(inline)
+                self.files.warn_stalled(jobs.fill())
                 raise WriteStall("writes are stalled while segment files are written; retry")
             window = self.config.dedup_window_ms
             if keys is not None and window > 0 and any(k is not None for k in keys):
@@ -1129,8 +1146,9 @@ class Queue:
             settle(batch.future, batch.result)
             if mode == "interval" and self.engine.syncer is not None:
                 self.engine.syncer.mark_dirty(self)
-        if self.fill() >= self.engine.config.memseg_bytes:
-            answer(self._request_rotation())
+        jobs = self.jobs
+        if jobs.fill() >= self.engine.config.memseg_bytes:
+            answer(jobs.request_rotation())
         return batch.future
 
     def _publish(self, batch: PendingBatch) -> None:
@@ -1195,7 +1213,9 @@ class Queue:
         """Called by the syncer: write and sync what is buffered, then publish it.
         Returns the seconds the write and the sync took (a committing thread backs off
         a slow disk with it, ``storage/syncer.py``). Any write or sync error fails the
-        queue, in every mode (``Failing.fail``)."""
+        queue, in every mode (``Failing.fail``); with ``always`` a rotation asked for is
+        carried out here (``FileJobs.begin_rotation``), the batches its closed log made
+        durable published between its two steps."""
         commit, health = self.commit, self.health
         with self.lock:
             if not health.loaded or health.failed is not None or health.closed:
@@ -1210,7 +1230,11 @@ class Queue:
             elif self.engine.config.fsync == "always":
                 answers = self._complete(wal, seq)
                 if self.files.rotate_requested and not health.closed and health.failed is None:
-                    answers += self._rotate_locked()
+                    refused, rotation = self.jobs.begin_rotation()
+                    answers += refused
+                    if rotation is not None:
+                        answers += self._complete(rotation.old, rotation.old.appended_seq)
+                        self.jobs.end_rotation(rotation)
             else:
                 answers = []
             if any(e is None for _f, _r, e in answers):
@@ -1267,8 +1291,8 @@ class Queue:
         parsed = [(k, s, v) for k, s, v, _off in iter_entries(entries, where=where)]
         with self.lock:
             self.check_open()
-            if self.stalled():  # never refused (the stream must go on): just press on
-                self.retry_rotation()
+            if self.jobs.stalled():  # never refused (the stream must go on): just press on
+                self.jobs.retry_rotation()
             if parsed:
                 commit = self.commit
                 commit.next_id = max(commit.next_id, max(key_id(k) for k, _, _ in parsed) + 1)
@@ -1302,190 +1326,32 @@ class Queue:
                 self.files.copy_into(dest, wal)
             return self.last_lsn
 
-    # ------------------------------------------------------------------ the log's size
-
-    def fill(self) -> int:
-        """How full the current log is, in bytes: its size, or the memory its in-memory
-        segment takes if that is more (small values cost far more in memory than in the
-        log), so ``memseg_bytes`` bounds both."""
-        return max(self.commit.wal.size, self.files.memseg.bytes)
-
-    def stalled(self) -> bool:
-        """Writes wait: the log is twice over its limit while segment files are written."""
-        return self.fill() > 2 * self.engine.config.memseg_bytes
-
     @property
     def segments(self) -> list[SegmentReader]:
         """The segment files, oldest first (for tools and tests; ``files`` has them)."""
         return self.files.segments
 
-    # ------------------------------------------------------------------ rotation
-
-    def _request_rotation(self) -> list[Answer]:
-        if self.engine.config.fsync == "always":
-            self.files.rotate_requested = True
-            return []
-        return self._rotate_locked()
-
-    def retry_rotation(self, inline: InlineCommits | None = None) -> None:
-        """Writes are stalled: rotate now, or try the pending rotation again (when its
-        backoff allows). A stall need not follow a rotation asked for: with ``always``
-        a batch's entries reach memory only when its sync round publishes them, after
-        the check that asks, and one batch of small entries (a purge's tombstones) can
-        take the in-memory segment from under its limit to over twice it."""
-        self.files.rotate_requested = True
-        if self.engine.config.fsync == "always":
-            if inline is None or not inline.take(self):
-                assert self.engine.syncer is not None
-                self.engine.syncer.mark_dirty(self)
-        else:
-            answer(self._rotate_locked())
-
-    def _rotate_locked(self) -> list[Answer]:
-        """Start the next log and freeze the current one: all or nothing.
-
-        The next log is created first. If that fails the queue stays on its current
-        log, still writable, and the rotation is retried with a backoff. Then the
-        current log is closed (its buffer written and synced): if that fails, the queue
-        fails like any failed sync, and every waiter is answered.
-        """
-        files, commit, config = self.files, self.commit, self.engine.config
-        if not files.may_rotate(config.max_frozen):
-            return []
-        old = commit.wal
-        no = old.segment_no + 1
-        try:
-            new = WalWriter.create(self.directory, no, commit.next_id, config.wal_prealloc_bytes)
-        except Exception as exc:
-            files.rotation_failed(no, old.segment_no, exc)
-            return []
-        files.rotation_started()
-        try:
-            old.close(sync=config.fsync != "never")
-        except Exception as exc:
-            new.abandon()
-            fileio.remove(new.path)
-            return self.failing.fail(exc, "closing the log for rotation")
-        answers = self._complete(old, old.appended_seq)
-        ro, frozen = files.rotated(old.path, no)
-        commit.wal = new
-        self._schedule_freeze(ro, frozen)
-        return answers
-
-    # ------------------------------------------------------------------ freezing
-
-    def _schedule_freeze(self, path: str, mem: MemSegment) -> None:
-        """Have the compaction worker write the segment file of the closed log ``path``."""
-        gen = self.files.generation
-        fut = self.engine.compactor.submit(freeze_log, path, self.directory)
-        fut.add_done_callback(lambda f: self._install_frozen(path, mem, f, gen))
-
-    def _install_frozen(self, path: str, mem: MemSegment, fut: Future[Any], gen: int) -> None:
-        """A freeze finished: install its segment file (``SegmentSet.install_frozen``),
-        then carry on with a rotation that waited for it. Any failure here, or in the
-        freeze itself, is retried (``_freeze_failed``)."""
-        answers: list[Answer] = []
-        files = self.files
-        try:
-            result: FreezeResult = fut.result()
-            meta = self.meta
-            # the reasons written in this log are in its sidecar now: read where, so
-            # that memory lets go of their texts (``storage/reasons.py``)
-            in_sidecar = meta.frozen(self.directory, mem.segment_no)
-            with self.lock:
-                if self.health.closed or gen != files.generation:
-                    return
-                files.install_frozen(path, mem, result, self.deliveries.cursor)
-                if in_sidecar is not None and meta is self.meta:
-                    meta.errors.frozen(mem.segment_no, in_sidecar)
-                if files.rotate_requested and self.health.failed is None:
-                    if self.engine.config.fsync == "always":
-                        assert self.engine.syncer is not None
-                        self.engine.syncer.mark_dirty(self)
-                    else:
-                        answers = self._rotate_locked()
-        except Exception as exc:
-            self._freeze_failed(path, mem, exc, gen)
-            return
-        answer(answers)
-        self.engine.merge_policy_hook(self)
-
-    def _freeze_failed(self, path: str, mem: MemSegment, exc: BaseException, gen: int) -> None:
-        """Retry a failed freeze (disk full, descriptors, a killed worker) with a backoff,
-        until it succeeds: the log stays in memory and on disk meanwhile."""
-        with self.lock:
-            if self.health.closed or gen != self.files.generation:
-                return
-            delay = self.files.freeze_failed(path, exc)
-            self.timers.call_later(delay, lambda: self._retry_freeze(path, mem, gen))
-
-    def _retry_freeze(self, path: str, mem: MemSegment, gen: int) -> None:
-        with self.lock:
-            if self.health.closed or gen != self.files.generation or not self.files.is_frozen(mem):
-                return
-        if os.path.exists(path):
-            self._schedule_freeze(path, mem)
-            return
-        # the log is gone: an earlier attempt wrote the segment and deleted the log, then
-        # failed to sync the directory; install what is there
-        done: Future[Any] = Future()
-        done.set_result(self.files.frozen_result(mem))
-        self._install_frozen(path, mem, done, gen)
+    # ------------------------------------------------------------------ file jobs (``FileJobs``)
 
     def freeze_now(self, timeout: float = 30.0) -> None:
         """Rotate the log now (``Engine.freeze``); waits until the rotation is done."""
         with self.lock:
             self.check_open()
-            answers = self._request_rotation()
+            answers = self.jobs.request_rotation()
         answer(answers)
-        syncer = self.engine.syncer
-        if self.engine.config.fsync != "always" or syncer is None:
-            return
-        syncer.mark_dirty(self)
-        deadline = time.monotonic() + timeout
-        while self.files.rotate_requested and time.monotonic() < deadline:
-            time.sleep(0.001)
-
-    def freeze_if_idle(self, idle_seconds: float) -> None:
-        """Freeze a log holding tombstones after a quiet spell, so merges can use them."""
-        answers: list[Answer] = []
-        files = self.files
-        with self.lock:
-            if not self.health.loaded or self.health.closed or self.health.failed is not None:
-                return
-            if files.frozen or files.rotate_requested:
-                return
-            if files.memseg.tombstone_count == 0:
-                return
-            if time.monotonic() - self.commit.last_write < idle_seconds:
-                return
-            answers = self._request_rotation()
-            if files.rotate_requested and self.engine.syncer is not None:
-                self.engine.syncer.mark_dirty(self)
-        answer(answers)
-
-    # ------------------------------------------------------------------ merging (``MergeSource``)
+        self.jobs.await_rotation(timeout)
 
     def unfrozen_logs(self) -> list[int]:
-        """Numbers of logs that have no segment file yet."""
-        with self.lock:
-            return self.files.unfrozen_logs()
+        """Numbers of logs that have no segment file yet (``MergeSource``)."""
+        return self.jobs.unfrozen_logs()
 
     def segment_descriptions(self) -> list[SegmentDesc]:
         """The segment files, oldest first, as the merge policy sees them."""
-        with self.lock:
-            return self.files.descriptions()
+        return self.jobs.descriptions()
 
     def merge_idle(self) -> bool:
-        """True when a merge could start now (open, healthy, no merge running, and no
-        failed merge still backing off)."""
-        with self.lock:
-            files = self.files
-            if files.merge_backing_off():
-                return False
-            return self.health.loaded and not (
-                self.health.closed or files.merging or self.health.failed is not None
-            )
+        """True when a merge could start now (``FileJobs.merge_idle``)."""
+        return self.jobs.merge_idle()
 
     def merge(self, start: int, stop: int, *, wait: bool = True) -> Future[Any] | None:
         """Merge ``segments[start:stop]`` (a contiguous range) into one segment file on
@@ -1495,42 +1361,7 @@ class Queue:
             taken = self.files.start_merge(start, stop)
             if taken is None:
                 return None
-            inputs, drop_rogue = taken
-            marker = os.path.join(self.directory, "merge.cancel")
-        fut = self.engine.compactor.submit(
-            merge_segments,
-            [r.path for r in inputs],
-            self.directory,
-            drop_rogue=drop_rogue,
-            cancel_marker=marker,
-        )
-        fut.add_done_callback(lambda f: self._install_merge(inputs, f))
-        if wait:
-            fut.result()
-        return fut
-
-    def _install_merge(self, inputs: list[SegmentReader], fut: Future[Any]) -> None:
-        files = self.files
-        try:
-            path: str | None = fut.result()
-        except CompactionCancelled:  # the queue is closing: its inputs stay as they are
-            with self.lock:
-                files.merge_stopped()
-            log.info("queue %s: merge stopped: the queue is closing", self.name)
-            return
-        except BaseException as exc:
-            with self.lock:
-                delay = files.merge_failed()
-            if not self.health.closed:
-                log.error("queue %s: merge failed: %s; retrying in %.0f s", self.name, exc, delay)
-                files.merge_error = exc
-            return
-        with self.lock:
-            files.merge_finished()
-            if self.health.closed:
-                return
-            files.install_merge(inputs, path, self.deliveries.cursor)
-        self.engine.merge_policy_hook(self)
+        return self.jobs.merge(*taken, wait=wait)
 
     # ------------------------------------------------------------------ failing and reopening
 
@@ -1561,13 +1392,13 @@ class Queue:
 
     def _recover_locked(self) -> None:
         health = self.health
-        if self.health.closed or not health.recovery_due() or self.files.merging:
+        if health.closed or not health.recovery_due() or self.files.merging:
             return
         try:
-            if self.health.loaded:
+            if health.loaded:
                 self.commit.cut_back()
             self.files.drop()
-            self.health.loaded = False
+            health.loaded = False
             self._load()
         except CorruptionError as exc:
             health.quarantine(exc)
@@ -1601,26 +1432,24 @@ class Queue:
     # ------------------------------------------------------------------ closing
 
     def close(self) -> None:
+        health = self.health
         with self.lock:
-            if self.health.closed:
+            if health.closed:
                 return
-            marker = os.path.join(self.directory, "merge.cancel")
-            if self.files.merging:
-                with open(marker, "wb"):
-                    pass
+            self.jobs.stop_merge()
         self.engine.compactor.wait_idle(timeout=120)
         answers: list[Answer] = []
         with self.lock:
-            self.health.closed = True
+            health.closed = True
             self.timers.close()
-            if self.health.loaded and self.health.failed is None:
+            if health.loaded and health.failed is None:
                 wal = self.commit.wal
                 try:
                     wal.close(sync=self.engine.config.fsync != "never")
                     answers = self._complete(wal, wal.appended_seq)
                 except Exception as exc:
                     answers = self.failing.fail(exc, "closing the log")
-            elif self.health.loaded:
+            elif health.loaded:
                 self.commit.wal.abandon()
             gone = EngineUnavailable("queue is closed", queue=self.name)
             # on a replica group's leader, a write still waiting for its sync set is on
@@ -1634,5 +1463,5 @@ class Queue:
                 (b.future, None, in_doubt if b.lsn else gone) for b in self.commit.refuse_all()
             ]
             self.files.close()
-            fileio.remove(marker)
+            fileio.remove(self.jobs.cancel_marker)
         answer(answers)

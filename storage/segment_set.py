@@ -5,8 +5,9 @@ whose segment files are being written (``frozen``), the segment files (``segment
 and ``view``, the merge of all of them that dequeue reads; and the bookkeeping of the
 jobs that change the set: rotation (asked for, backing off after a failure), freezes
 (retried with a backoff until they succeed), merges (one at a time, backing off after
-a failure). ``Queue`` decides when each job runs (a rotation also switches the log,
-``GroupCommit``'s); this part carries out each step on its own state.
+a failure). ``FileJobs`` (``file_jobs.py``) decides when each job runs (a rotation
+also switches the log, ``GroupCommit``'s); this part carries out each step on its own
+state.
 
 Invariants: a frozen log's ``.log_ro`` is deleted (and the deletion synced) before its
 segment file joins the set merges may read (``install_frozen``), so a merge output never

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dq.storage import Engine, EngineConfig, NewItem, Release, fileio
-from dq.storage import queue as queue_module
+from dq.storage import Engine, EngineConfig, NewItem, Release, file_jobs, fileio
 from dq.storage.compactor import merge_segments
 from dq.storage.errors import InvalidArgument, QueueDamaged, WriteStall
 from dq.storage.merge_policy import MergePolicy
@@ -197,13 +196,13 @@ def test_a_write_stall_behind_a_hung_worker_is_logged(
     """A compaction worker that hangs fails nothing, but writes are refused: the log
     says so (once a minute, not once a refusal) and names the cause."""
     gate = threading.Event()
-    real = queue_module.freeze_log
+    real = file_jobs.freeze_log
 
     def hung(*args: object, **kwargs: object) -> object:
         assert gate.wait(30)
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(queue_module, "freeze_log", hung)
+    monkeypatch.setattr(file_jobs, "freeze_log", hung)
     e = open_engine(memseg_bytes=4096, max_frozen=1, compaction="thread")
     value = os.urandom(500)
     refused = 0

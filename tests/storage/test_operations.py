@@ -397,7 +397,7 @@ def test_purge_of_a_stalled_queue_retries_its_failed_rotation(
     e.enqueue("q", [NewItem(b"x" * 5000)])  # over the limit: the rotation fails
     e.enqueue("q", [NewItem(b"y" * 5000)])  # twice over: writes stall now
     q = e.queue("q")
-    assert failures and q.stalled()
+    assert failures and q.jobs.stalled()
     with pytest.raises(WriteStall):
         e.enqueue_nowait("q", [NewItem(b"z")])
     disk_full[0] = False  # space again: the next try of the rotation succeeds
@@ -405,7 +405,7 @@ def test_purge_of_a_stalled_queue_retries_its_failed_rotation(
     purging = threading.Thread(target=lambda: done.append(e.purge("q")), daemon=True)
     purging.start()
     purging.join(30)
-    assert done == [3] and not q.stalled()
+    assert done == [3] and not q.jobs.stalled()
 
 
 def test_a_purge_whose_tombstones_overfill_memory_in_one_sync_round_finishes(
@@ -420,12 +420,12 @@ def test_a_purge_whose_tombstones_overfill_memory_in_one_sync_round_finishes(
     for _ in range(60):
         e.enqueue("q", [NewItem(b"v", delay_ms=60_000)])
     q = e.queue("q")
-    assert not q.stalled() and q.stats().pending == 60
+    assert not q.jobs.stalled() and q.stats().pending == 60
     done: list[int] = []
     purging = threading.Thread(target=lambda: done.append(e.purge("q")), daemon=True)
     purging.start()
     purging.join(30)
-    assert done == [60] and not q.stalled()
+    assert done == [60] and not q.jobs.stalled()
     e.enqueue("q", [NewItem(b"after")])  # writes go on
     assert [d.value for d in e.dequeue("q", 10)] == [b"after"]
 
