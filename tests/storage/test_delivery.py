@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dq.storage import Engine, NewItem
+from dq.storage import Engine, NewItem, RetryPolicy
 from dq.storage.errors import OutOfRange, StorageError
 from dq.storage.types import Delivery, QueueConfig, RateLimit, Release, Requeue
 from tests.storage.conftest import FakeClock
@@ -85,6 +85,25 @@ def test_an_expired_item_comes_back_ahead_of_its_groups_later_items(
     assert by_value(back, "a1").stats.dequeue_count == 2
     release(e, by_value(back, "a1"))
     assert values(take(e)) == ["a2"]
+
+
+def test_an_expired_item_held_by_the_retry_policy_keeps_its_group_waiting(
+    open_engine: Callable[..., Engine], clock: FakeClock
+) -> None:
+    """With a retry policy an expired item comes back later than now, and its ordered
+    group hands out nothing else until it has (other groups go on meanwhile)."""
+    e = open_engine()
+    e.put_queue("q", QueueConfig(group_limit=1, retry=RetryPolicy(delays_ms=(2000,))))
+    put(e, ("a1", "a"), ("a2", "a"), ("b1", "b"))
+    assert values(take(e, lease=1000)) == ["a1", "b1"]
+    clock.advance(1500)  # both leases ran out: due again 2 s later
+    put(e, ("b2", "b"))
+    assert take(e) == []  # a2 waits for a1; b1 and b2 wait for b1
+    clock.advance(2000)
+    back = take(e)
+    assert values(back) == ["a1", "b1"]
+    release(e, *back)
+    assert values(take(e)) == ["a2", "b2"]
 
 
 def test_a_group_whose_returning_item_was_deleted_goes_on(
