@@ -80,6 +80,8 @@ async def create_queue(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
             config = engine.get_queue(name)
             sidecar = ctx.state.sidecars.load(engine, name)
             new_config, new_sidecar = apply(ctx, name, attrs, config, sidecar)
+            # a queue of that name made natively without the FIFO rule is another queue
+            new_config = fifo.fifo_config(name, new_config)
             # compared as applied: asking again for a default (DelaySeconds=0) is no change
             seen = effective(name, sidecar, ctx.limits)
             if new_config != config or effective(name, new_sidecar, ctx.limits) != seen:
@@ -89,7 +91,7 @@ async def create_queue(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
                     f"attribute(s) {', '.join(sorted(attrs))}.",
                 )
             return {"QueueUrl": ctx.url(name)}
-        fresh = QueueConfig()
+        fresh = fifo.fifo_config(name, QueueConfig())
         if fifo.is_fifo(name):  # SQS's deduplication interval, whatever dq's default
             fresh = replace(fresh, dedup_window_ms=fifo.DEDUP_WINDOW_MS)
         config, sidecar = apply(ctx, name, attrs, fresh, Sidecar())

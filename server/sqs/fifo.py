@@ -5,6 +5,7 @@ a FIFO queue by its name), so the answer is the same on every node of a replica 
 and for a queue created through the native API. SQS's FIFO rules map onto dq as:
 
     FifoQueue=true               the name ends in .fifo; the queue's group_limit is 1
+                                 (``fifo_config``)
     MessageGroupId               the item's group (required on send)
     ordering, a group held       group_limit=1: the engine's delivery rules
     MessageDeduplicationId       the item's idempotency key, remembered for the
@@ -25,8 +26,10 @@ from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import replace
 
 from dq.server.sqs.errors import SqsError
+from dq.storage.types import QueueConfig
 
 __all__ = [
     "ATTRIBUTES",
@@ -38,6 +41,7 @@ __all__ = [
     "check_id",
     "check_kind",
     "dedup_key",
+    "fifo_config",
     "is_fifo",
     "sequence_number",
 ]
@@ -97,6 +101,12 @@ def check_kind(name: str, attributes: dict[str, str]) -> None:
             "The name of a FIFO queue can only include alphanumeric characters, hyphens, "
             "underscores and dots, must end with .fifo suffix and be 1 to 128 in length.",
         )
+
+
+def fifo_config(name: str, config: QueueConfig) -> QueueConfig:
+    """``config`` with what makes queue ``name`` FIFO in the engine: its groups' items
+    one at a time, in order (``group_limit`` 1; ``docs/delivery.md``)."""
+    return replace(config, group_limit=1) if is_fifo(name) else config
 
 
 def check_attribute(name: str, key: str, value: str) -> str | None:

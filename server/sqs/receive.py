@@ -285,11 +285,22 @@ async def delete_message_batch(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _change(ctx: Ctx, name: str, changes: list[tuple[int, str, int]]) -> list[ItemOutcome]:
-    """Apply (id, receipt, seconds) changes: extends, and requeues for 0 s; in order."""
+    """Apply (id, receipt, seconds) changes: extends, and requeues for 0 s; in order.
+
+    On a FIFO queue, 0 s ends the lease as if it ran out (an extend to 1 ms, so the
+    engine's lease expiry brings the message back): SQS makes it visible as the next of
+    its group, and only an expired lease comes back ahead of its group's later items —
+    a requeue due now would go behind them (``docs/delivery.md``)."""
     service = ctx.service
     ops = service.ops
-    extends = [Extend(i, r, s * 1000) for i, r, s in changes if s > 0]
-    requeues = [Requeue(i, r, delay_ms=0) for i, r, s in changes if s == 0]
+    lease = [s > 0 or fifo.is_fifo(name) for _, _, s in changes]  # an extend, or a requeue
+    extends: list[Extend] = []
+    requeues: list[Requeue] = []
+    for (i, r, s), e in zip(changes, lease, strict=True):
+        if e:
+            extends.append(Extend(i, r, max(1, s * 1000)))
+        else:
+            requeues.append(Requeue(i, r, delay_ms=0))
     t0 = _perf()
     try:
         extended = ops.extend(name, extends) if extends else []
@@ -306,7 +317,7 @@ async def _change(ctx: Ctx, name: str, changes: list[tuple[int, str, int]]) -> l
     if requeues:
         service.metrics.observe("requeue", _perf() - t0, len(requeued))
     ext, req = iter(extended), iter(requeued)
-    outcomes = [next(ext) if s > 0 else next(req) for _, _, s in changes]
+    outcomes = [next(ext) if e else next(req) for e in lease]
     done = (r for (_, r, _), o in zip(changes, outcomes, strict=True) if o.error is None)
     ctx.state.attempts.changed(name, done)
     return outcomes

@@ -3,7 +3,8 @@
 DelaySeconds (or the queue's ``DelaySeconds``) is the item's delay; a ``dq.Deadline``
 Number attribute (ms since the epoch) gives an absolute deadline instead, with no
 15-minute cap. ``MessageGroupId`` is the item's group, ``MessageDeduplicationId`` its
-idempotency key (on a FIFO queue, the key ``dq.server.sqs.fifo`` derives). Body and
+idempotency key (on a FIFO queue, the key ``dq.server.sqs.fifo`` derives); a group on
+a standard queue makes it fair (``dq.server.sqs.fair``). Body and
 attributes go into the item's value (``dq.server.sqs.messages``). A batch is one durable
 engine write: its valid entries are all stored or none is. On a FIFO queue, what FIFO
 refuses (no group, no deduplication id, a per-message delay) fails the whole batch, as
@@ -21,6 +22,7 @@ from dq.server.sqs import fifo
 from dq.server.sqs.batches import check_entries, failed
 from dq.server.sqs.context import Ctx
 from dq.server.sqs.errors import SqsError, from_storage
+from dq.server.sqs.fair import make_fair
 from dq.server.sqs.messages import (
     DEADLINE_ATTRIBUTE,
     Stored,
@@ -172,6 +174,12 @@ def _target(ctx: Ctx, name: str) -> _Target:
     return _Target(name, sidecar, fifo.is_fifo(name))
 
 
+def _turns_fair(target: _Target) -> bool:
+    """A grouped message sent to this queue turns its ``fair`` rule on: a standard
+    queue the SQS layer has not made fair before (``dq.server.sqs.fair``)."""
+    return not target.fifo and target.sidecar.fair_since is None
+
+
 def _sent(target: _Target, done: Enqueued) -> dict[str, str]:
     """The ids of a stored message (a duplicate's are the first message's, as SQS)."""
     ids = {"MessageId": message_id(target.name, done.id)}
@@ -185,6 +193,8 @@ async def send_message(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
     if target.fifo:
         _check_fifo(target, p, ctx, batch=False)
     item, answer = _prepare(ctx, target, p)
+    if item.group is not None and _turns_fair(target):
+        await make_fair(ctx, target.name)
     (done,) = await _enqueue(ctx, target.name, [item])
     return {**answer, **_sent(target, done)}
 
@@ -216,6 +226,8 @@ async def send_message_batch(ctx: Ctx, p: dict[str, Any]) -> dict[str, Any]:
             continue
         ok.append((e["Id"], answer))
         items.append(item)
+    if _turns_fair(target) and any(i.group is not None for i in items):
+        await make_fair(ctx, name)
     done = await _enqueue(ctx, name, items) if items else []
     successful = []
     for (entry_id, answer), enq in zip(ok, done, strict=True):

@@ -2,8 +2,9 @@
 
 ``<data dir>/queues/<queue>/sqs.json`` holds the SQS attributes that are not part of
 the engine's queue config (``DelaySeconds``, ``ReceiveMessageWaitTimeSeconds``,
-``MaximumMessageSize``, ``MessageRetentionPeriod``, ``Policy`` ...), the queue's tags
-and its creation/modification times. It is written atomically (temp file, fsync,
+``MaximumMessageSize``, ``MessageRetentionPeriod``, ``Policy`` ...), the queue's tags,
+its creation/modification times, and when a grouped message made it fair
+(``dq.server.sqs.fair``). It is written atomically (temp file, fsync,
 rename, fsync of the directory) and lives in the queue's own directory, so it goes
 away with the queue and a recreated queue starts clean. The engine ignores files it
 does not know. Reads are cached per queue object (a queue deleted and recreated is a
@@ -36,6 +37,10 @@ class Sidecar:
     #: epoch seconds; ``None`` for a queue created through the native API
     created: int | None = None
     modified: int | None = None
+    #: epoch seconds when the SQS layer turned the queue's ``fair`` rule on, at its first
+    #: message with a group; ``None`` until then (it does so once, so an operator's
+    #: ``fair: false`` afterwards stands)
+    fair_since: int | None = None
 
     def to_json(self) -> bytes:
         doc = {
@@ -44,6 +49,7 @@ class Sidecar:
             "tags": self.tags,
             "created": self.created,
             "modified": self.modified,
+            "fair_since": self.fair_since,
         }
         return json.dumps(doc, sort_keys=True, indent=1).encode()
 
@@ -55,10 +61,13 @@ class Sidecar:
             {str(k): str(v) for k, v in doc.get("tags", {}).items()},
             doc.get("created"),
             doc.get("modified"),
+            doc.get("fair_since"),
         )
 
     def copy(self) -> Sidecar:
-        return Sidecar(dict(self.attributes), dict(self.tags), self.created, self.modified)
+        return Sidecar(
+            dict(self.attributes), dict(self.tags), self.created, self.modified, self.fair_since
+        )
 
 
 class SidecarStore:

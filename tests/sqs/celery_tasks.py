@@ -64,3 +64,13 @@ def slow(token: str) -> str:
         time.sleep(60)
     mark(f"{token}-done", str(os.getpid()))
     return token
+
+
+@app.task
+def ordered(group: str, n: int) -> int:
+    """One step of a group's work, taking a while: its start and end are marked with the
+    time, so the test can tell the order of a group's steps and what ran at once."""
+    mark(f"start-{group}-{n}", repr(time.time()))
+    time.sleep(0.3)
+    mark(f"end-{group}-{n}", repr(time.time()))
+    return n

@@ -1,4 +1,5 @@
-"""The AWS CLI (``aws sqs ...`` from the ``awscli`` package) against a live server."""
+"""The AWS CLI (``aws sqs ...`` from the ``awscli`` package) against a live server:
+standard queues, FIFO queues (groups in order and held) and fair queues."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from dq.client import Client
 from tests.server.live import LiveServer
 
 AWS = Path(sys.executable).with_name("aws")
@@ -117,3 +121,88 @@ def test_cli_fifo_queue(server: LiveServer, tmp_path: Path) -> None:
         server, tmp_path, "get-queue-attributes", "--queue-url", url, "--attribute-names", "All"
     )["Attributes"]
     assert attrs["FifoQueue"] == "true" and attrs["ContentBasedDeduplication"] == "true"
+
+
+def _bodies(got: Any) -> list[str]:
+    return sorted(m["Body"] for m in (got or {}).get("Messages", []))
+
+
+@pytest.mark.integration
+def test_cli_fifo_groups_in_order_and_held(server: LiveServer, tmp_path: Path) -> None:
+    """A group's messages one at a time and in order, the group held while one is in
+    flight (also once its visibility timeout ran out: it comes back ahead of the rest),
+    the other group not held; a message's own delay refused as SQS refuses it."""
+    url = _aws(
+        server, tmp_path, "create-queue", "--queue-name", "cli-held.fifo",
+        "--attributes", "FifoQueue=true,ContentBasedDeduplication=true",
+    )["QueueUrl"]  # fmt: skip
+    entries = [
+        {"Id": body, "MessageBody": body, "MessageGroupId": group}
+        for body, group in (("a1", "A"), ("a2", "A"), ("b1", "B"), ("b2", "B"))
+    ]
+    _aws(
+        server, tmp_path, "send-message-batch", "--queue-url", url, "--entries", json.dumps(entries)
+    )
+    receive = ("receive-message", "--queue-url", url, "--max-number-of-messages", "10")
+    handles: dict[str, str] = {}
+
+    def got(*args: str) -> list[str]:
+        answer = _aws(server, tmp_path, *receive, *args)
+        handles.update({m["Body"]: m["ReceiptHandle"] for m in (answer or {}).get("Messages", [])})
+        return _bodies(answer)
+
+    # 8 s: longer than the next few CLI calls take on a busy machine
+    assert got("--visibility-timeout", "8") == ["a1", "b1"]
+    assert got() == []  # a2 and b2 wait behind their groups' first
+    _aws(server, tmp_path, "delete-message", "--queue-url", url, "--receipt-handle", handles["b1"])
+    assert got() == ["b2"]  # B goes on; A is still held by a1 in flight
+    # the long poll's answer is a1 once its visibility timeout runs out: a1 again, not a2
+    assert got("--wait-time-seconds", "20") == ["a1"]
+    _aws(server, tmp_path, "delete-message", "--queue-url", url, "--receipt-handle", handles["a1"])
+    assert got("--wait-time-seconds", "2") == ["a2"]
+    refused = _run(
+        server, tmp_path, "send-message", "--queue-url", url, "--message-body", "later",
+        "--message-group-id", "A", "--delay-seconds", "5",
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "InvalidParameterValue" in refused.stderr and "DelaySeconds" in refused.stderr
+
+
+@pytest.mark.integration
+def test_cli_fair_queue(server: LiveServer, tmp_path: Path) -> None:
+    """Tenants named by --message-group-id on a standard queue take turns: the quiet
+    tenant's messages come in the first receive, ahead of the noisy one's backlog."""
+    url = _aws(server, tmp_path, "create-queue", "--queue-name", "cli-tenants")["QueueUrl"]
+    for tenant, first, n in (
+        ("noisy", 0, 10),
+        ("noisy", 10, 10),
+        ("noisy", 20, 10),
+        ("quiet", 0, 2),
+    ):
+        entries = [
+            {"Id": f"m{i}", "MessageBody": f"{tenant}-{i}", "MessageGroupId": tenant}
+            for i in range(first, first + n)
+        ]
+        _aws(
+            server,
+            tmp_path,
+            "send-message-batch",
+            "--queue-url",
+            url,
+            "--entries",
+            json.dumps(entries),
+        )
+    with Client(server.url) as client:
+        assert client.queue("cli-tenants").config.fair is True
+    first_ten = _bodies(
+        _aws(
+            server,
+            tmp_path,
+            "receive-message",
+            "--queue-url",
+            url,
+            "--max-number-of-messages",
+            "10",
+        )
+    )
+    assert {"quiet-0", "quiet-1"} <= set(first_ten), first_ten

@@ -1,13 +1,16 @@
-"""A real Celery worker on kombu's SQS transport, with dq as the broker.
+"""Real Celery workers on kombu's SQS transport, with dq as the broker.
 
 The server requires a token (the worker signs with it as its secret key). One worker
 subprocess (solo pool) runs a task, a task Celery retries, and a long task during which
 it is SIGKILLed; a second worker then gets that task again once its
-visibility timeout (3 s) has run out, because the task was acknowledged late.
+visibility timeout (3 s) has run out, because the task was acknowledged late. On a FIFO
+queue (``.fifo``, tasks sent with a ``MessageGroupId``), two workers run each group's
+tasks one at a time and in order, and different groups at once.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
@@ -112,3 +115,53 @@ def test_celery_worker_round_trip_retry_and_crash(
         _kill(first)
         if second is not None:
             _kill(second)
+
+
+def _ready(log: Path, worker: subprocess.Popen[bytes], timeout: float) -> None:
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        if log.exists() and " ready." in log.read_text():
+            return
+        if worker.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise AssertionError(f"the worker did not start; its log:\n{log.read_text()[-3000:]}")
+
+
+@pytest.mark.timeout(120)
+def test_celery_fifo_queue_runs_a_group_in_order(
+    env: tuple[dict[str, str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker_env, out = env
+    worker_env = {**worker_env, "DQ_CELERY_QUEUE": "dq-celery.fifo"}
+    for k, v in worker_env.items():
+        if k.startswith("DQ_CELERY"):
+            monkeypatch.setenv(k, v)
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "sqs"))
+    sys.modules.pop("celery_tasks", None)
+    import celery_tasks
+
+    logs = [tmp_path / "worker-1.log", tmp_path / "worker-2.log"]
+    workers = [_worker(worker_env, log) for log in logs]
+    try:
+        for w, log in zip(workers, logs, strict=True):
+            _ready(log, w, 30)
+        steps = 4
+        for group in ("A", "B"):  # a group's steps one after the other: a free worker
+            for n in range(steps):  # would take A's next step if A were not held
+                celery_tasks.ordered.apply_async((group, n), MessageGroupId=group)
+        spans: dict[str, list[tuple[float, float]]] = {"A": [], "B": []}
+        for group, group_spans in spans.items():
+            for n in range(steps):
+                start = float(_wait_for(out / f"start-{group}-{n}", 30, workers[0], logs[0]))
+                end = float(_wait_for(out / f"end-{group}-{n}", 30, workers[0], logs[0]))
+                group_spans.append((start, end))
+        celery_tasks.app.close()
+    finally:
+        for w in workers:
+            _kill(w)
+    for group_spans in spans.values():  # in order, one at a time
+        for (_, end), (next_start, _) in itertools.pairwise(group_spans):
+            assert next_start >= end
+    # the two workers ran the two groups side by side
+    assert any(a0 < b1 and b0 < a1 for a0, a1 in spans["A"] for b0, b1 in spans["B"])

@@ -6,6 +6,8 @@ group as the item's group."""
 from __future__ import annotations
 
 import hashlib
+import random
+import threading
 import time
 from dataclasses import replace
 from typing import Any
@@ -15,6 +17,7 @@ from botocore.exceptions import ClientError
 
 from dq.client import Client
 from tests.server.live import LiveServer
+from tests.sqs.conftest import sqs_client
 
 
 def _error(exc: pytest.ExceptionInfo[ClientError]) -> dict[str, Any]:
@@ -274,10 +277,10 @@ def test_content_based_deduplication(sqs: Any, qname: str) -> None:
         MessageGroupId="g",
         MessageAttributes={"x": {"DataType": "String", "StringValue": "attributes do not count"}},
     )
-    c = sqs.send_message(QueueUrl=url, MessageBody="different", MessageGroupId="g")
+    c = sqs.send_message(QueueUrl=url, MessageBody="different", MessageGroupId="h")
     # a given id wins over the body's hash
     d = sqs.send_message(
-        QueueUrl=url, MessageBody="same", MessageGroupId="g", MessageDeduplicationId="own"
+        QueueUrl=url, MessageBody="same", MessageGroupId="k", MessageDeduplicationId="own"
     )
     assert a["MessageId"] == b["MessageId"]
     assert len({a["MessageId"], c["MessageId"], d["MessageId"]}) == 3
@@ -401,3 +404,121 @@ def test_receive_request_attempt_id(sqs: Any, qname: str) -> None:
     a = sqs.receive_message(QueueUrl=standard, ReceiveRequestAttemptId="same")["Messages"]
     b = sqs.receive_message(QueueUrl=standard, ReceiveRequestAttemptId="same")["Messages"]
     assert a[0]["MessageId"] != b[0]["MessageId"]
+
+
+@pytest.mark.integration
+def test_a_group_is_held_while_a_message_is_in_flight(sqs: Any, qname: str) -> None:
+    """g1's second message waits while its first is in flight, g2 and g3 go on; a delete,
+    a visibility timeout running out, or a visibility change to 0 frees the group, and
+    a message that comes back is its group's next again."""
+    url = _fifo(sqs, qname, ContentBasedDeduplication="true")
+    for body, group in (("a1", "g1"), ("a2", "g1"), ("b1", "g2"), ("a3", "g1")):
+        sqs.send_message(QueueUrl=url, MessageBody=body, MessageGroupId=group)
+
+    def receive(visibility: int = 30, wait: int = 0) -> list[str]:
+        got = sqs.receive_message(
+            QueueUrl=url,
+            MaxNumberOfMessages=10,
+            VisibilityTimeout=visibility,
+            WaitTimeSeconds=wait,
+        ).get("Messages", [])
+        handles.update({m["Body"]: m["ReceiptHandle"] for m in got})
+        return sorted(m["Body"] for m in got)
+
+    handles: dict[str, str] = {}
+    assert receive(visibility=2) == ["a1", "b1"]
+    assert receive() == []  # a2 waits behind a1 in flight
+    # a group that comes along meanwhile is not held by g1
+    sqs.send_message(QueueUrl=url, MessageBody="c1", MessageGroupId="g3")
+    assert receive() == ["c1"]
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=handles["b1"])
+    time.sleep(2.3)  # a1's visibility timeout runs out: a1 again, not a2
+    assert receive(wait=2) == ["a1"]
+    sqs.change_message_visibility(QueueUrl=url, ReceiptHandle=handles["a1"], VisibilityTimeout=0)
+    assert receive(wait=2) == ["a1"]  # visible again at once, still ahead of a2
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=handles["a1"])
+    assert receive(wait=2) == ["a2"]
+    assert receive() == []
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=handles["a2"])
+    assert receive(wait=2) == ["a3"]
+
+
+@pytest.mark.integration
+def test_group_order_under_concurrent_receivers(sqs: Any, server: LiveServer, qname: str) -> None:
+    """Four receivers, six groups of eight messages: every group's messages are
+    processed in the order they were sent, never two of one group at once, each once."""
+    url = _fifo(sqs, qname, ContentBasedDeduplication="true")
+    groups, per_group = 6, 8
+    entries = [
+        {"Id": f"{g}-{n}", "MessageBody": f"{g}-{n}", "MessageGroupId": f"g{g}"}
+        for n in range(per_group)
+        for g in range(groups)
+    ]
+    for i in range(0, len(entries), 10):
+        sqs.send_message_batch(QueueUrl=url, Entries=entries[i : i + 10])
+    lock = threading.Lock()
+    in_flight: set[str] = set()
+    processed: dict[str, list[int]] = {f"g{g}": [] for g in range(groups)}
+    overlaps: list[str] = []
+    errors: list[BaseException] = []
+    give_up = time.monotonic() + 60
+
+    def receiver(seed: int) -> None:
+        client = sqs_client(server.url)
+        rnd = random.Random(seed)
+        try:
+            while time.monotonic() < give_up:
+                with lock:
+                    if sum(map(len, processed.values())) == groups * per_group:
+                        return
+                got = client.receive_message(
+                    QueueUrl=url,
+                    MaxNumberOfMessages=rnd.randint(1, 3),
+                    WaitTimeSeconds=1,
+                    AttributeNames=["MessageGroupId"],
+                ).get("Messages", [])
+                with lock:  # in flight from now: two of one group at once is an overlap
+                    for m in got:
+                        group = m["Attributes"]["MessageGroupId"]
+                        if group in in_flight:
+                            overlaps.append(m["Body"])
+                        in_flight.add(group)
+                for m in got:
+                    group, n = m["Attributes"]["MessageGroupId"], int(m["Body"].split("-")[1])
+                    time.sleep(rnd.uniform(0, 0.02))  # the work
+                    with lock:  # done with it before the delete frees the group
+                        processed[group].append(n)
+                        in_flight.discard(group)
+                    client.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=receiver, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert not errors and not overlaps
+    assert processed == {f"g{g}": list(range(per_group)) for g in range(groups)}
+    assert _count(sqs, url) == 0
+
+
+@pytest.mark.integration
+def test_a_fifo_queue_has_group_limit_one(sqs: Any, server: LiveServer, qname: str) -> None:
+    """The rule lives in the queue: a native consumer of a FIFO queue is held alike. A
+    queue of a FIFO name made natively without the rule is not the FIFO queue asked for."""
+    url = _fifo(sqs, qname, ContentBasedDeduplication="true")
+    assert _fifo(sqs, qname, ContentBasedDeduplication="true") == url  # the same queue
+    with Client(server.url) as client:
+        assert client.queue(qname + ".fifo").config.group_limit == 1
+        client.put_queue(qname + "-native.fifo")
+        with pytest.raises(sqs.exceptions.QueueNameExists):
+            _fifo(sqs, qname + "-native")
+        sqs.send_message(QueueUrl=url, MessageBody="first", MessageGroupId="g")
+        sqs.send_message(QueueUrl=url, MessageBody="second", MessageGroupId="g")
+        (item,) = client.dequeue(qname + ".fifo", count=10)
+        assert item.group == "g"
+        assert "Messages" not in sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)
+        client.release(qname + ".fifo", item.id, item.receipt)
+    (m,) = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10)["Messages"]
+    assert m["Body"] == "second"
