@@ -12,7 +12,10 @@ DELETE of what it got. The server's side is every thread but the main one (the s
 thread, the syncer that makes a write durable and answers it, the control thread). Per
 request it prints:
 
-- Python function calls on the server's side, by module (``threading.setprofile``);
+- Python function calls on the server's side, by module (``threading.setprofile``), and
+  the voluntary context switches of its threads (``/proc/self/task/*/status``: a thread
+  going to sleep to be woken by another; the client waits on the ring between requests,
+  so on a quiet or a loaded machine the count per request is the same);
 - instructions on the server's side (callgrind ``--separate-threads``: every thread but
   the first) and of the whole process, each as a run of 2N less a run of N, over N, so
   start-up cancels out. The fsync's own work is the kernel's and is not counted.
@@ -91,8 +94,26 @@ def child_work(n: int, part: str) -> None:
         rig.close()
 
 
+def _switches() -> int:
+    """Voluntary context switches so far of this process's threads but the main one
+    (``/proc/self/task``): each is a thread going to sleep, to be woken by another."""
+    main = threading.get_native_id()
+    total = 0
+    for task in os.listdir("/proc/self/task"):
+        if int(task) == main:
+            continue
+        try:
+            text = Path(f"/proc/self/task/{task}/status").read_text()
+        except FileNotFoundError:
+            continue
+        m = re.search(r"^voluntary_ctxt_switches:\s+(\d+)", text, re.M)
+        total += int(m.group(1)) if m else 0
+    return total
+
+
 def child_calls(n: int) -> dict[str, dict[str, float]]:
-    """Per request of each part: the server's Python calls, by module."""
+    """Per request of each part: the server's Python calls, by module, and its threads'
+    voluntary context switches (``(context switches)``)."""
     ours = re.compile(r"/(storage|server|shm|client|cli|pipeline)/([^/]+)\.py$")
     main = threading.get_ident()
     counts: collections.Counter[str] = collections.Counter()
@@ -116,10 +137,12 @@ def child_calls(n: int) -> dict[str, dict[str, float]]:
         rig.run(10, "dequeue")
         for part in ("enqueue", "dequeue"):
             counts.clear()
+            switches = _switches()
             counting[0] = True
             rig.run(n, part)
             counting[0] = False
             out[part] = {k: v / n for k, v in sorted(counts.items())}
+            out[part]["(context switches)"] = (_switches() - switches) / n
     finally:
         rig.close()
     return out
@@ -186,7 +209,9 @@ def main() -> int:
 
     for part, title in (("enqueue", "single durable PUT"), ("dequeue", "FIND + DELETE")):
         c = calls[part]
+        switches = c.pop("(context switches)")
         print(f"\n## {title}, per request, server side")
+        print(f"voluntary context switches of the server's threads: {switches:.2f}")
         print(f"Python calls: {sum(c.values()):.1f}")
         for k, v in sorted(c.items(), key=lambda kv: -kv[1]):
             if v >= 0.5:

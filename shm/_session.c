@@ -237,6 +237,7 @@ typedef struct {
     Buf parts;
     Cmd *run; /* a run of PUTs or DELETEs being taken */
     int serving, waiting;
+    PyObject *later; /* the session's own group commit, to run before it waits (or NULL) */
 } Session;
 
 static PyTypeObject SessionType;
@@ -780,6 +781,24 @@ clear_rest(Session *s)
     Py_CLEAR(s->rest);
 }
 
+/* Run the group commit the session's writes asked for (``later``): before the session
+   waits for anything — the next command, or the answers of its earlier ones, which that
+   commit makes durable. */
+static void
+run_later(Session *s)
+{
+    while (s->later != NULL) {
+        PyObject *fn = s->later;
+        s->later = NULL;
+        PyObject *r = PyObject_CallNoArgs(fn);
+        if (r == NULL) {
+            PyErr_WriteUnraisable(fn);
+        }
+        Py_XDECREF(r);
+        Py_DECREF(fn);
+    }
+}
+
 /* ---- commands that run once every earlier one is answered ---------------------------------- */
 
 /* Wait (GIL released) until every command before `index` is published. 0, or 1 if the
@@ -787,6 +806,7 @@ clear_rest(Session *s)
 static int
 wait_answered(Session *s, uint32_t index)
 {
+    run_later(s);
     while (s->tail != index) {
         if (__atomic_load_n(&s->stopping, __ATOMIC_ACQUIRE)) {
             return 1;
@@ -1440,6 +1460,7 @@ process(Session *s, uint32_t head)
         int r = start_run(s, run, nrun);
         rc = r < 0 ? r : rc;
     }
+    run_later(s);
     return rc;
 }
 
@@ -1617,6 +1638,22 @@ session_close(Session *s, PyObject *unused)
         PyBuffer_Release(&s->view);
     }
     clear_rest(s);
+    Py_CLEAR(s->later); /* it refers back to this session (a cycle otherwise) */
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+session_later(Session *s, PyObject *fn)
+{
+    if (!PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "later() takes a callable");
+        return NULL;
+    }
+    if (s->later != NULL) { /* one commit runs everything noted: keep the first */
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(fn);
+    s->later = fn;
     Py_RETURN_NONE;
 }
 
@@ -1645,6 +1682,7 @@ session_dealloc(Session *s)
     Py_XDECREF(s->statuses);
     Py_XDECREF(s->watch);
     Py_XDECREF(s->rest);
+    Py_XDECREF(s->later);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
@@ -1656,6 +1694,9 @@ static PyMethodDef session_methods[] = {
      "stop(): make serve() return (from any thread); answers still due are still published."},
     {"close", (PyCFunction)session_close, METH_NOARGS,
      "close(): release the ring's buffer; answers still due are dropped."},
+    {"later", (PyCFunction)session_later, METH_O,
+     "later(fn): call fn() (the session's own group commit) once the commands taken in this "
+     "pass are started, or before the session waits for earlier answers, on its thread."},
     {NULL, NULL, 0, NULL},
 };
 

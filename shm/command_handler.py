@@ -10,8 +10,11 @@ answer, which the loop encodes. Invariants kept:
     fields with ``malformed`` and the engine validates names, sizes and deadlines before it
     writes anything, so a hostile ring yields error responses, never a corrupt queue;
   - durable ops (PUT, DELETE, REQUEUE, PUT_MANY, DELETE_MANY) return the engine's future
-    and are answered only once it resolves (the loop hands it the answer): the same group
-    commit and the same durability as an HTTP request. A run of PUTs (or DELETEs) that
+    and are answered only once it resolves (the loop hands it the answer): the same
+    durability as an HTTP request. With ``fsync always`` the session's thread leads its
+    own group commit (``commits``; ``storage/syncer.py``, ``lead``) once it has started
+    the commands of a pass, or before it waits for their answers: a lone writer's
+    commit needs no other thread, and concurrent sessions' writes share rounds. A run of PUTs (or DELETEs) that
     arrived together comes as one batch (``enqueue``, ``release``), as an HTTP batch
     would; if the engine refuses the batch as a whole, nothing of it was written, and the
     loop starts each command alone (``enqueue_one``, ``release_one``);
@@ -26,7 +29,7 @@ import json
 import logging
 import threading
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dq.shm.command_ring import Status
 from dq.storage.errors import NotLeader, StorageError
@@ -42,6 +45,9 @@ from dq.storage.types import (
     check_queue_name,
 )
 from dq.storage.waits import Leased
+
+if TYPE_CHECKING:
+    from dq.storage.syncer import InlineCommits
 
 __all__ = ["STATUSES", "CommandHandler"]
 
@@ -93,27 +99,32 @@ class CommandHandler:
         self._start_release = ops.start_release
         #: what a long-polling FIND sleeps on; its session sets it when it stops
         self._woken = woken if woken is not None else threading.Event()
+        #: the session thread's own group commits (writer-led, ``storage/syncer.py``),
+        #: which its writes go to; None: the syncer thread's
+        self.commits: InlineCommits | None = None
 
     # ---- durable: the engine's future, answered when it resolves -------------------------
 
     def enqueue_one(
         self, value: bytes, deadline: int | None, delay_ms: int | None
     ) -> Future[list[Enqueued]]:
-        return self._start_enqueue(self._name, [NewItem(value, deadline, delay_ms)])
+        return self._start_enqueue(self._name, [NewItem(value, deadline, delay_ms)], self.commits)
 
     def enqueue(self, items: list[tuple[bytes, int | None, int | None]]) -> Future[list[Enqueued]]:
-        return self._start_enqueue(self._name, [NewItem(v, d, dl) for v, d, dl in items])
+        items_ = [NewItem(v, d, dl) for v, d, dl in items]
+        return self._start_enqueue(self._name, items_, self.commits)
 
     def release_one(self, item_id: int, receipt: str) -> Future[list[ItemOutcome]]:
-        return self._start_release(self._name, [Release(item_id, receipt)])
+        return self._start_release(self._name, [Release(item_id, receipt)], self.commits)
 
     def release(self, items: list[tuple[int, str]]) -> Future[list[ItemOutcome]]:
-        return self._start_release(self._name, [Release(i, r) for i, r in items])
+        return self._start_release(self._name, [Release(i, r) for i, r in items], self.commits)
 
     def requeue(
         self, item_id: int, receipt: str, deadline: int | None, delay_ms: int | None
     ) -> Future[list[ItemOutcome]]:
-        return self._ops.start_requeue(self._name, [Requeue(item_id, receipt, deadline, delay_ms)])
+        requeue = Requeue(item_id, receipt, deadline, delay_ms)
+        return self._ops.start_requeue(self._name, [requeue], self.commits)
 
     def put_many(
         self, items: list[tuple[bytes, int | None, int | None, str | None]], replace: bool = False
@@ -122,7 +133,7 @@ class CommandHandler:
         "replace" — what that does is the enqueue's rule (``storage/dedup.py``)."""
         how: OnDuplicate = "replace" if replace else "keep"
         new = [NewItem(v, d, dl, k, None, how) for v, d, dl, k in items]
-        return self._start_enqueue(self._name, new)
+        return self._start_enqueue(self._name, new, self.commits)
 
     def delete_many(self, items: list[tuple[int, str]]) -> Future[list[ItemOutcome]]:
         return self.release(items)

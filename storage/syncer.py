@@ -18,6 +18,13 @@ no hand-off of each answer back to the loop, which on a fast disk cost more CPU 
 fsync itself (``bench/NOTES.md``, "The event loop commits its own writes"). A slow fsync
 blocks the committing thread, so while the recent average write-and-sync takes longer
 than ``SLOW_COMMIT_S`` (a slow disk), that thread's writes go to this one again.
+
+Threads that each serve one writer (a ring session) lead their commits instead, as
+LevelDB's ``DBImpl::Write`` does (``Syncer.commit_inline(..., led=True)``): a writer
+whose write finds no round running runs it itself — a lone writer pays no hand-off to
+this thread and no wake-up of it — and the writes of others that arrive meanwhile join
+the leader's next round (``lead``): the leader runs rounds until no queue it was given
+is left dirty, one round per queue covering every record appended to it by then.
 """
 
 from __future__ import annotations
@@ -34,6 +41,10 @@ __all__ = ["FsyncStats", "InlineCommits", "SyncTarget", "Syncer"]
 #: committing threads leave their commits to the syncer thread: the event loop must not
 #: stall on a slow disk (reads would wait behind every fsync).
 SLOW_COMMIT_S = 0.002
+#: A writer leading group commits (``Syncer.lead``) runs at most this many passes over
+#: the queues given to it — its own, then those given while it synced — and leaves what
+#: is given after that to the syncer thread: it has its own client to serve.
+LEAD_PASSES = 2
 #: Weight of the newest group commit in that average (about the last 20 count).
 _AVERAGE_WEIGHT = 0.05
 
@@ -87,6 +98,12 @@ class Syncer:
         self._dirty: dict[SyncTarget, None] = {}
         self._stopping = False
         self._inline: list[InlineCommits] = []
+        #: queues given to writer-led commits, and whether a writer is leading them
+        self._led: dict[SyncTarget, None] = {}
+        self._leading = False
+        #: rounds and hand-backs of committing threads that have stopped (``counts``)
+        self._gone_rounds = 0
+        self._gone_handed_back = 0
         #: recent average seconds of one group commit's write and sync (any thread's)
         self.average_commit_s = 0.0
         #: sync rounds (one queue's write + fsync) this thread has run
@@ -94,7 +111,9 @@ class Syncer:
         self._thread = threading.Thread(target=self._run, name="dq-syncer", daemon=True)
         self._thread.start()
 
-    def commit_inline(self, schedule: Callable[[Callable[[], None]], object]) -> InlineCommits:
+    def commit_inline(
+        self, schedule: Callable[[Callable[[], None]], object], *, led: bool = False
+    ) -> InlineCommits:
         """Let the calling thread commit its own writes (``always`` mode only).
 
         From now on a write this thread starts with the returned object (the ``commit``
@@ -104,8 +123,10 @@ class Syncer:
         never wait for their own write take it (the ``*_nowait`` ones): a thread that
         blocked on a write it was to commit itself would wait forever, so every other
         write, and a write another thread starts, goes to the syncer thread.
-        ``close()`` the result to stop."""
-        inline = InlineCommits(self, schedule)
+        ``close()`` the result to stop. ``led``: the thread's commits go through
+        ``lead`` (a thread serving one writer: concurrent writers share rounds), and
+        stay with it on a slow disk (it has nothing else to do while its writes wait)."""
+        inline = InlineCommits(self, schedule, led=led)
         with self._cond:
             if self.mode != "always" or self._stopping:
                 raise RuntimeError("inline commits need fsync=always and a running syncer")
@@ -119,6 +140,48 @@ class Syncer:
                 self._dirty[target] = None
                 if self.mode == "always":
                     self._cond.notify()
+
+    def lead(self, targets: list[SyncTarget]) -> int:
+        """Writer-led group commit: make ``targets`` durable. If no writer is leading,
+        the caller leads: it runs a round for each queue given to ``lead`` until none is
+        left (those other writers give while it syncs included); else it leaves them to
+        the leader, which takes them before it stops leading. Returns the rounds this
+        thread ran, in at most ``LEAD_PASSES`` passes; what is given after those goes to
+        the syncer thread. A queue is given only after its record was appended, and the
+        leader looks again under the lock before it stops, so no write is left behind."""
+        with self._cond:
+            for target in targets:
+                self._led[target] = None
+            if self._leading:
+                return 0
+            self._leading = True
+        rounds = 0
+        passes = 0
+        try:
+            while True:
+                with self._cond:
+                    batch = list(self._led)
+                    self._led.clear()
+                    if not batch or passes == LEAD_PASSES:
+                        self._leading = False
+                        if batch:  # others keep writing: the syncer thread takes over
+                            self._dirty.update(dict.fromkeys(batch))
+                            self._cond.notify()
+                        return rounds
+                passes += 1
+                for target in batch:
+                    rounds += 1
+                    try:
+                        self.observe(target.sync_round())
+                    except Exception:  # the target has failed its waiters; serve the others
+                        log.exception("sync round failed")
+        except BaseException:  # leave what is left to this thread
+            with self._cond:
+                self._leading = False
+                self._dirty.update(self._led)
+                self._led.clear()
+                self._cond.notify()
+            raise
 
     def _run(self) -> None:
         while True:
@@ -147,11 +210,20 @@ class Syncer:
         writes committing threads left to this thread because the disk was slow)."""
         with self._cond:
             inline = list(self._inline)
+            gone_rounds, gone_handed_back = self._gone_rounds, self._gone_handed_back
         return (
             self.rounds,
-            sum(c.rounds for c in inline),
-            sum(c.handed_back for c in inline),
+            gone_rounds + sum(c.rounds for c in inline),
+            gone_handed_back + sum(c.handed_back for c in inline),
         )
+
+    def _forget(self, inline: InlineCommits) -> None:
+        """A committing thread stopped (a ring session ended): keep its counts only."""
+        with self._cond:
+            if inline in self._inline:
+                self._inline.remove(inline)
+                self._gone_rounds += inline.rounds
+                self._gone_handed_back += inline.handed_back
 
     def observe(self, took: float) -> None:
         """Count one group commit's write-and-sync time into the recent average (a
@@ -178,9 +250,16 @@ class InlineCommits:
     stopped writing (the engine closing), hence the lock.
     """
 
-    def __init__(self, syncer: Syncer, schedule: Callable[[Callable[[], None]], object]) -> None:
+    def __init__(
+        self,
+        syncer: Syncer,
+        schedule: Callable[[Callable[[], None]], object],
+        *,
+        led: bool = False,
+    ) -> None:
         self._syncer = syncer
         self._schedule = schedule
+        self._led = led
         #: the thread whose writes these are (it called ``Syncer.commit_inline``)
         self._thread = threading.get_ident()
         self._lock = threading.Lock()
@@ -198,8 +277,8 @@ class InlineCommits:
         (closed, a slow disk, or called from another thread)."""
         if self._closed or threading.get_ident() != self._thread:
             return False
-        if self._syncer.average_commit_s > SLOW_COMMIT_S:
-            self.handed_back += 1
+        if not self._led and self._syncer.average_commit_s > SLOW_COMMIT_S:
+            self.handed_back += 1  # an event loop must not stall on a slow disk
             return False
         with self._lock:
             self._dirty[target] = None
@@ -219,6 +298,10 @@ class InlineCommits:
             batch = list(self._dirty)
             self._dirty.clear()
             self._scheduled = False
+        if self._led:
+            self.rounds += self._syncer.lead(batch)
+            self.commits += 1
+            return
         observe = self._syncer.observe
         self.rounds += len(batch)
         for target in batch:
@@ -233,3 +316,4 @@ class InlineCommits:
         closes) so no write is left waiting."""
         self._closed = True
         self.commit()
+        self._syncer._forget(self)
