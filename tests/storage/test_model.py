@@ -523,6 +523,7 @@ class EngineVsModel(RuleBasedStateMachine):
                     item.deadline = moved_to
                     item.requeue_time = now
                     item.durable_count = item.count
+                    self.moved(Q, item)
                 else:
                     del self.model[Q][item.id]
 
