@@ -276,19 +276,22 @@ def _with_held(
 
 
 def _held_item(q: Queue, key: bytes, group: str | None, with_values: bool) -> BrowsedItem:
-    """A due item the delivery rules hold back (its entry read where it lives)."""
+    """A due item the delivery rules hold back (its entry read where it lives), shown
+    as ``_item`` shows any other: its group, its reasons."""
     found = q.files.lookup(key, None)
     stats, value = found if found is not None else (b"", None)
     enq, req, cnt = decode_stats(stats) if stats else (0, 0, 0)
+    item_id = key_id(key)
     return BrowsedItem(
-        id=key_id(key),
+        id=item_id,
         deadline=key_deadline(key),
         state="due",
         stats=ItemStats(enq, req, cnt),
         value_size=len(value) if value is not None else 0,
         value=value if with_values else None,
-        dead_lettered_from=q.meta.origins.get(key_id(key)),
+        dead_lettered_from=q.meta.origins.get(item_id),
         group=group,
+        errors=q.item_reasons(item_id),
     )
 
 
