@@ -323,6 +323,8 @@ class EngineVsModel(RuleBasedStateMachine):
         if moved:
             self.settle_writes()
             assert DLQ in self.engine.list_queues()
+            # the peeks below give the engine's expired leases of DLQ back: so does the model
+            self.expire(DLQ)
             dl = self.engine.queue(DLQ)
             for item in moved:
                 new_id = dl.next_id - len(moved) + moved.index(item)
