@@ -139,6 +139,7 @@ class Deliveries:
         fair = index.fair
         #: items back from expired leases, ahead of the cursor (a dict: empty is false)
         returning = index.returning_keys
+        admits, hold = index.admits, index.hold
         index.tick(now)
         budget = READ_BUDGET
         if fair:
@@ -186,17 +187,34 @@ class Deliveries:
                     continue  # a group was waiting for an item that is gone: it goes on
                 break
             key, stats, value, source, group = hit
-            # each entry the cursor passes costs a few plain calls: held ones are passed once
-            if returning and index.is_returning(key):
-                index.arrive(key, now)
-            elif index.admits(group, now):
-                self._hand_out(
-                    key, stats, value, source, group, expires, now, max_deliveries, out, dead
-                )
-            else:
-                index.hold(group, key, now)
-            if returning:
+            if returning:  # items are on their way back from expired leases
+                if index.is_returning(key):
+                    index.arrive(key, now)
+                elif index.admits(group, now):
+                    self._hand_out(
+                        key, stats, value, source, group, expires, now, max_deliveries, out, dead
+                    )
+                else:
+                    index.hold(group, key, now)
                 index.passed(after, now)
+                continue
+            # Entries held back go straight on to the next: a hold makes no group eligible
+            # and takes no token, so what the round checked above still holds. Each is
+            # passed once, with a few plain calls.
+            while not admits(group, now):
+                hold(group, key, now)
+                if index.indexed >= MAX_HELD:
+                    hit = None
+                    break
+                after, hit = view.next_live(after, limit, barrier)
+                if hit is None:
+                    break
+                key, stats, value, source, group = hit
+            if hit is None:
+                break
+            self._hand_out(
+                key, stats, value, source, group, expires, now, max_deliveries, out, dead
+            )
         self.cursor = after
         return out, dead
 
