@@ -29,13 +29,12 @@ import argparse
 import collections
 import json
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
-from pathlib import Path
 from typing import Any
+
+from bench import counted
 
 VALUE = b"v" * 256
 #: the benchmarks' folder: calls into its code are the workload's, not the engine's
@@ -85,7 +84,6 @@ def child_work(n: int, part: str) -> None:
 
 def child_calls(n: int) -> dict[str, dict[str, float]]:
     """Per operation of each part: Python calls by module, and calls into the segment."""
-    ours = re.compile(r"/(storage|server|shm|client|cli|pipeline)/([^/]+)\.py$")
     out: dict[str, dict[str, float]] = {}
     data = tempfile.mkdtemp(prefix="dq-hot-split-")
     try:
@@ -100,11 +98,7 @@ def child_calls(n: int) -> dict[str, dict[str, float]]:
                     path = frame.f_code.co_filename
                     if os.path.dirname(path) == _BENCH:
                         return  # the workload's own loop, and its stand-in syncer
-                    m = ours.search(path)
-                    if m is None or "-packages/" in path:
-                        counts["(standard library and dependencies)"] += 1
-                        return
-                    mod = f"{m.group(1)}/{m.group(2)}.py"
+                    mod = counted.module_of(path)
                     counts[mod] += 1
                     if mod == "storage/memseg.py" and frame.f_code.co_name in MEMSEG_CALLS:
                         counts["memseg " + frame.f_code.co_name] += 1
@@ -153,19 +147,6 @@ def child_replay(n: int, part: str, per_op: dict[str, float]) -> None:
         cursor = key
 
 
-def _callgrind(args: list[str], env: dict[str, str]) -> int:
-    """Instructions (Ir) of one run of this script with ``args`` under callgrind."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "cg.out")
-        cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
-        cmd += [sys.executable, "-m", "bench.hot_split", *args]
-        subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=3600)
-        text = Path(out).read_text()
-        m = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
-        assert m, "callgrind wrote no totals"
-        return int(m.group(1))
-
-
 _MEASURED: dict[tuple[str, ...], float] = {}
 
 
@@ -173,25 +154,16 @@ def _per_op(args: list[str], n: int, env: dict[str, str]) -> float:
     """Ir per operation: a run of 2n less a run of n, over n (each measured once)."""
     key = (*args, str(n))
     if key not in _MEASURED:
-        one = _callgrind([*args, "--ops", str(n)], env)
-        two = _callgrind([*args, "--ops", str(2 * n)], env)
+        one = counted.callgrind("bench.hot_split", [*args, "--ops", str(n)], env)[0]
+        two = counted.callgrind("bench.hot_split", [*args, "--ops", str(2 * n)], env)[0]
         _MEASURED[key] = (two - one) / n
     return _MEASURED[key]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ops", type=int, default=1000, help="operations of each part (N)")
-    ap.add_argument("--tree", help="measure the project checked out at this path")
-    ap.add_argument("--no-valgrind", action="store_true", help="call counts only")
-    ap.add_argument("--child", choices=["work", "calls", "replay"], help=argparse.SUPPRESS)
-    ap.add_argument("--part", default="enqueue", help=argparse.SUPPRESS)
+    ap = counted.options(__doc__, 1000, "operations", ["work", "calls", "replay"])
     ap.add_argument("--per-op", default="{}", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.tree:
-        from bench.engine_cpu import _use_tree
-
-        _use_tree(args.tree)
+    args = counted.parse(ap)
     if args.child == "work":
         child_work(args.ops, args.part)
         return 0
@@ -202,33 +174,15 @@ def main() -> int:
         print(json.dumps(child_calls(args.ops)))
         return 0
 
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    tree = ["--tree", args.tree] if args.tree else []
-    got = subprocess.run(
-        [sys.executable, "-m", "bench.hot_split", *tree, "--child", "calls", "--ops", "200"],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    calls: dict[str, dict[str, float]] = json.loads(got.stdout)
-    import dq.storage
-
-    where = Path(dq.storage.__file__).resolve().parents[1] if not args.tree else args.tree
-    print(f"# tree {where}, load {os.getloadavg()[0]:.1f} (counts do not depend on it)")
+    env, tree, calls = counted.begin("bench.hot_split", args.tree)
     replay = {
         part: [*tree, "--child", "replay", "--part", part, "--per-op", json.dumps(calls[part])]
         for part in ("enqueue", "dequeue")
     }
     for part, title in (("enqueue", "durable single enqueue"), ("dequeue", "dequeue + release")):
         c = calls[part]
-        py = sum(v for k, v in c.items() if not k.startswith("memseg "))
         print(f"\n## {title}, per operation")
-        print(f"Python calls: {py:.1f}")
-        for k, v in sorted(c.items(), key=lambda kv: -kv[1]):
-            if not k.startswith("memseg ") and v >= 0.5:
-                print(f"  {k}: {v:.1f}")
+        counted.print_calls({k: v for k, v in c.items() if not k.startswith("memseg ")})
         seg = {k: v for k, v in c.items() if k.startswith("memseg ")}
         print(
             "calls into the in-memory segment: "

@@ -27,19 +27,18 @@ machine. Needs ``valgrind``; ``--no-valgrind`` prints the call counts alone.
 
 from __future__ import annotations
 
-import argparse
 import collections
-import glob
 import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+
+from bench import counted
 
 VALUE = b"v" * 256
 
@@ -114,7 +113,6 @@ def _switches() -> int:
 def child_calls(n: int) -> dict[str, dict[str, float]]:
     """Per request of each part: the server's Python calls, by module, and its threads'
     voluntary context switches (``(context switches)``)."""
-    ours = re.compile(r"/(storage|server|shm|client|cli|pipeline)/([^/]+)\.py$")
     main = threading.get_ident()
     counts: collections.Counter[str] = collections.Counter()
     counting = [False]
@@ -122,12 +120,7 @@ def child_calls(n: int) -> dict[str, dict[str, float]]:
     def prof(frame: Any, event: str, arg: Any) -> None:
         if event != "call" or not counting[0] or threading.get_ident() == main:
             return
-        path = frame.f_code.co_filename
-        m = ours.search(path)
-        if m is None or "-packages/" in path:
-            counts["(standard library and dependencies)"] += 1
-        else:
-            counts[f"{m.group(1)}/{m.group(2)}.py"] += 1
+        counts[counted.module_of(frame.f_code.co_filename)] += 1
 
     threading.setprofile(prof)  # the threads the rig starts: syncer, control, session
     rig = _Rig()
@@ -150,33 +143,15 @@ def child_calls(n: int) -> dict[str, dict[str, float]]:
 
 def _callgrind(args: list[str], env: dict[str, str]) -> tuple[int, int]:
     """Instructions (Ir) of one run under callgrind: (server threads, whole process)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "cg.out")
-        cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes"]
-        cmd += [f"--callgrind-out-file={out}", sys.executable, "-m", "bench.ring_split", *args]
-        subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=3600)
-        per_thread = {}
-        for path in glob.glob(out + "-*"):
-            m = re.search(r"^(?:summary|totals): (\d+)", Path(path).read_text(), re.M)
-            assert m, "callgrind wrote no totals"
-            per_thread[int(path.rsplit("-", 1)[1])] = int(m.group(1))
-        assert 1 in per_thread, "no main thread in callgrind's output"
-        whole = sum(per_thread.values())
-        return whole - per_thread[1], whole
+    per_thread = counted.callgrind("bench.ring_split", args, env, by_thread=True)
+    assert 1 in per_thread, "no main thread in callgrind's output"
+    whole = sum(per_thread.values())
+    return whole - per_thread[1], whole
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ops", type=int, default=300, help="requests of each part (N)")
-    ap.add_argument("--tree", help="measure the project checked out at this path")
-    ap.add_argument("--no-valgrind", action="store_true", help="call counts only")
-    ap.add_argument("--child", choices=["work", "calls"], help=argparse.SUPPRESS)
-    ap.add_argument("--part", default="enqueue", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.tree:
-        from bench.engine_cpu import _use_tree
-
-        _use_tree(args.tree)
+    ap = counted.options(__doc__, 300, "requests", ["work", "calls"])
+    args = counted.parse(ap)
     if args.child == "work":
         child_work(args.ops, args.part)
         return 0
@@ -184,21 +159,7 @@ def main() -> int:
         print(json.dumps(child_calls(args.ops)))
         return 0
 
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    tree = ["--tree", args.tree] if args.tree else []
-    got = subprocess.run(
-        [sys.executable, "-m", "bench.ring_split", *tree, "--child", "calls", "--ops", "200"],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    calls: dict[str, dict[str, float]] = json.loads(got.stdout)
-    import dq.shm
-
-    where = Path(dq.shm.__file__).resolve().parents[1] if not args.tree else args.tree
-    print(f"# tree {where}, load {os.getloadavg()[0]:.1f} (counts do not depend on it)")
+    env, tree, calls = counted.begin("bench.ring_split", args.tree)
     measured: dict[tuple[str, int], tuple[int, int]] = {}
 
     def run(part: str, n: int) -> tuple[int, int]:
@@ -212,10 +173,7 @@ def main() -> int:
         switches = c.pop("(context switches)")
         print(f"\n## {title}, per request, server side")
         print(f"voluntary context switches of the server's threads: {switches:.2f}")
-        print(f"Python calls: {sum(c.values()):.1f}")
-        for k, v in sorted(c.items(), key=lambda kv: -kv[1]):
-            if v >= 0.5:
-                print(f"  {k}: {v:.1f}")
+        counted.print_calls(c)
         if args.no_valgrind:
             continue
         n = args.ops
