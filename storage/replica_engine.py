@@ -6,6 +6,12 @@ engine itself never talks to another machine.
 
 - **Role** (``set_role``): a follower refuses every client write and dequeue with
   ``NotLeader`` naming the leader, so nothing reaches its logs but the leader's records.
+  A leader is given its term's liveness (``alive``: its etcd lease surely lives) and asks
+  it at every write and dequeue: a process woken from a stall past its lease may run
+  requests before anything has told it that it lost the lead, and a dequeue needs no
+  commit from the followers that would stop it, so without the question it could hand
+  out leases while the next leader hands out the same items (``docs/delivery.md``,
+  "Failover in a replica group").
 - **Leader** (``set_replication``, ``commit``): every record a queue appends, and
   every queue-level change, is shipped to the sink under the queue's lock, in log
   order; a write publishes and is answered only once it is synced locally *and*
@@ -23,6 +29,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, cast
 
@@ -99,16 +106,23 @@ class ReplicaEngine:
         self.writable = True
         #: the leader's URL as a follower knows it (None while unknown)
         self.leader_url: str | None = None
+        #: a leader's term is surely not over while this says so (None: not asked)
+        self._alive: Callable[[], bool] | None = None
         self._committed = threading.Condition()
         #: queues whose memory lacks records their log holds (``set_replication``)
         self._dropped: set[str] = set()
 
     # ------------------------------------------------------------------ role
 
-    def set_role(self, writable: bool, leader: str | None = None) -> None:
+    def set_role(
+        self, writable: bool, leader: str | None = None, alive: Callable[[], bool] | None = None
+    ) -> None:
         """Make this node take client writes (a leader, or alone) or refuse them with
-        ``NotLeader(leader)`` (a follower)."""
+        ``NotLeader(leader)`` (a follower). ``alive``: a leader's term may be over once
+        it answers False; writes and dequeues are refused from then on, even before the
+        role is taken away (see the module docstring)."""
         self.leader_url = leader
+        self._alive = alive if writable else None
         self.writable = writable
 
     def check_writable(self) -> None:
@@ -117,7 +131,8 @@ class ReplicaEngine:
         self._check_writable()
 
     def _check_writable(self) -> None:
-        if not self.writable:
+        alive = self._alive
+        if not self.writable or (alive is not None and not alive()):
             if self.leader_url is None:  # answered 503 no_leader: there is no "there"
                 raise NotLeader(
                     "this node knows no leader of the replica group now (an election is "

@@ -8,7 +8,8 @@ run in worker threads) and moves between roles:
   campaign (``coordinator.campaign``: only a sync member, or anyone before the group
   has a sync set, can win).
 - **leader** of epoch E: the replicator (``make_leader(E)``, started) is installed on
-  the engine (``set_replication``), then the engine takes writes (``set_role(True)``).
+  the engine (``set_replication``), then the engine takes writes (``set_role(True)``)
+  while the lease surely lives (the engine asks at each write and dequeue).
   It ends when the leader key is no longer E's, when the lease is not surely alive
   (checked every ``_WATCH_S`` apart from the etcd reads, so a leader cut off from etcd
   stops taking writes within its TTL even while an etcd call hangs), or when the
@@ -54,7 +55,9 @@ _RETRY_FOLLOW_S = 1.0
 class RoleEngine(Protocol):
     """What the node needs of the engine (``dq.storage.engine.Engine``)."""
 
-    def set_role(self, writable: bool, leader: str | None) -> None: ...
+    def set_role(
+        self, writable: bool, leader: str | None, alive: Callable[[], bool] | None = None
+    ) -> None: ...
 
     def set_replication(self, sink: Any) -> None: ...
 
@@ -197,6 +200,9 @@ class Node:
                 await asyncio.wait_for(self._wake.wait(), self.poll_s)
             self._wake.clear()
 
+    def _lease_surely_alive(self) -> bool:
+        return self.coordinator.lease_alive()
+
     def _lease_lost(self) -> None:
         if self.role == "leader":
             self.engine.set_role(False, None)
@@ -267,7 +273,9 @@ class Node:
         self.leader = LeaderInfo(self.name, self.coordinator.url, epoch, self.coordinator.lease)
         self.engine.set_replication(replicator)
         self.on_leader(replicator)
-        self.engine.set_role(True, None)
+        # asked at every write and dequeue: a stall past the lease may end before the
+        # watch below has run, and the requests waiting then must not be served
+        self.engine.set_role(True, None, alive=self._lease_surely_alive)
         logger.info("%s leads epoch %d", self.name, epoch)
 
     async def _stop_leading(self, reason: str, hold: bool = True) -> None:

@@ -29,10 +29,14 @@ class Engine:
     leader_url: str | None = None
     sink: Any = None
     roles: list[tuple[bool, str | None]] = field(default_factory=list)
+    #: what a leader's engine asks at every write and dequeue
+    alive: Callable[[], bool] | None = None
     restores: int = 0
 
-    def set_role(self, writable: bool, leader: str | None) -> None:
-        self.writable, self.leader_url = writable, leader
+    def set_role(
+        self, writable: bool, leader: str | None, alive: Callable[[], bool] | None = None
+    ) -> None:
+        self.writable, self.leader_url, self.alive = writable, leader, alive
         self.roles.append((writable, leader))
 
     def set_replication(self, sink: Any) -> None:
@@ -229,16 +233,20 @@ def test_one_leader_the_others_follow_its_epoch(run: Runner) -> None:
 
 def test_a_leader_whose_lease_may_be_gone_does_not_claim_to_lead(run: Runner) -> None:
     """A process woken from a pause longer than its lease answers ``GET /v1/cluster``
-    before its lease watch runs: it must not show itself as the leader."""
+    (and any request) before its lease watch runs: it must not show itself as the
+    leader, and its engine must take no write and no dequeue."""
 
     async def scenario(members: Group) -> None:
         group = [await members(n) for n in ("a", "b")]
         await until(lambda: settled(group))
         (leader,) = leaders(group)
         assert leader.node.describe()["role"] == "leader"
+        alive = leader.engine.alive  # the engine asks it at every write and dequeue
+        assert alive is not None and alive()
         leader.coordinator.lease_alive = lambda: False  # type: ignore[method-assign]
         doc = leader.node.describe()  # on the loop, before the watch can run
         assert (doc["role"], doc["epoch"], doc["leader"]) == ("candidate", 0, None)
+        assert not alive()  # so the engine refuses them before the watch has run
         await until(lambda: not leader.engine.writable)  # and the watch steps it down
 
     run(scenario)

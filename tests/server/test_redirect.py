@@ -126,6 +126,42 @@ def test_followers_naming_each_other_end_in_a_clear_error(
     assert pending(a, queue) == 0 and pending(b, queue) == 0
 
 
+def test_a_leader_whose_term_may_be_over_hands_out_nothing(
+    leader: ThreadedServer, queue: str
+) -> None:
+    """A leader is told to ask whether its term surely lives at every write and dequeue
+    (the replica node passes its etcd lease's check): once the answer is no, dequeues
+    over HTTP (the fast path and the app), over the ring and writes are refused with 503
+    no_leader before the role is taken away, and nothing is leased or lost meanwhile."""
+    alive = [True]
+    with Client(leader.url) as dq:
+        dq.enqueue(queue, b"one")
+        leader.engine.set_role(True, None, alive=lambda: alive[0])
+        try:
+            alive[0] = False
+            fast = httpx.post(f"{leader.url}/v1/queues/{queue}/dequeue", json={}, timeout=10)
+            assert fast.status_code == 503, fast.text  # not 200 with the item
+            assert fast.json()["error"] == "no_leader"
+            app = httpx.post(  # a long-poll's fields: the app's route
+                f"{leader.url}/v1/queues/{queue}/dequeue?x=1", json={"count": 1}, timeout=10
+            )
+            assert app.status_code == 503, app.text  # not 200 with the item
+            assert app.json()["error"] == "no_leader"
+            with (
+                Client(f"shm://{leader.settings.data_dir}", retries=0) as ring,
+                pytest.raises(Unavailable),
+            ):
+                ring.dequeue(queue)
+            with Client(leader.url, retries=0) as late, pytest.raises(Unavailable) as no:
+                late.enqueue(queue, b"two")
+            assert no.value.code == "no_leader"
+            assert leader.engine.stats(queue).leased == 0
+            alive[0] = True  # a lease renewed in time: the same term goes on
+            assert [i.value for i in dq.dequeue(queue)] == [b"one"]
+        finally:
+            leader.engine.set_role(True)
+
+
 def test_a_new_leader_is_followed_after_a_failover(
     pair: tuple[ThreadedServer, ThreadedServer], queue: str
 ) -> None:
