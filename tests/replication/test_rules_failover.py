@@ -240,6 +240,11 @@ def test_limits_hold_through_a_frozen_and_a_killed_leader(group: Cluster) -> Non
             "releases at the second leader", lambda: consumers.count() >= 30 or None, timeout=60
         )
         eventually("the first leader back in sync", lambda: group.in_sync(3), timeout=60)
+        # it rejoined with a copy of the second leader's queues: the rules and the
+        # groups came with it (either survivor may lead next)
+        assert _config_on(first.url) == CONFIG
+        with Client(first.url, timeout=5.0) as c:
+            assert c.peek(Q, ids[-1], values=False).group == names[-1]
         killed_at = time.time()
         group.servers[second.node].kill()
         third = eventually("a leader after the kill", leader_other_than(group, second.node))
