@@ -78,6 +78,8 @@ enum {
 #define FLAG_MORE 0x01
 #define FLAG_NO_QUEUE 0x02
 #define FLAG_DRAINING 0x04
+#define FLAG_GROUPS 0x08 /* FIND: each delivery carries group_len u8 and its group */
+#define GROUP_MAX 255    /* a group's bytes on the ring: its length is a u8 */
 
 #define IDLE_PARK_NS 2000000000LL  /* a safety net: stop() wakes a parked session */
 #define POLL_MIN_NS 500000LL       /* clients that do not wake the server: polled, */
@@ -93,7 +95,7 @@ static PyObject *MalformedSlot; /* dq.shm.errors */
 static PyObject *ProtocolError;
 static PyObject *s_result, *s_add_done_callback, *s_id, *s_deadline, *s_duplicate,
     *s_replaced, *s_error, *s_message, *s_receipt, *s_lease_expires, *s_stats, *s_enqueue_time,
-    *s_requeue_time, *s_dequeue_count, *s_value, *s_queue_exists, *s_draining,
+    *s_requeue_time, *s_dequeue_count, *s_value, *s_group, *s_queue_exists, *s_draining,
     *s_enqueue_one, *s_enqueue, *s_release_one, *s_release, *s_requeue, *s_extend,
     *s_find, *s_stats_m, *s_bind, *s_put_many, *s_delete_many, *s_error_m;
 
@@ -225,6 +227,7 @@ typedef struct {
     PyObject *statuses; /* dict: error code -> status */
     PyObject *watch;    /* None, or called with the new tail after every move (tests) */
     int bound;
+    int groups; /* the client asked for its deliveries' groups at attach (FLAG_GROUPS) */
     int stopping;
     uint32_t published; /* private futex word: bumped when tail reaches next */
     /* the rest of the last answer that did not fit its slots (CONTINUE) */
@@ -821,9 +824,32 @@ wait_answered(Session *s, uint32_t index)
     return 0;
 }
 
-/* The FIND's answer: n u32, then each delivery (docs/shm.md). */
+/* A delivery's group as the ring carries it: none (length 0), or 1..255 ASCII bytes.
+   -1 with an exception for anything else (the engine keeps 1-128 printable ASCII
+   characters: anything else is a bug, answered `internal`, never a cut or a wrapped
+   length byte). `group` is borrowed. */
 static int
-encode_deliveries(PyObject *got, Buf *b, int *flags)
+group_of(PyObject *group, const char **p, uint8_t *n)
+{
+    if (group == Py_None) {
+        *p = "";
+        *n = 0;
+        return 0;
+    }
+    if (!PyUnicode_Check(group) || !PyUnicode_IS_ASCII(group) ||
+        PyUnicode_GET_LENGTH(group) < 1 || PyUnicode_GET_LENGTH(group) > GROUP_MAX) {
+        PyErr_SetString(PyExc_ValueError, "a group is not a str of 1-255 ASCII characters");
+        return -1;
+    }
+    *p = (const char *)PyUnicode_DATA(group);
+    *n = (uint8_t)PyUnicode_GET_LENGTH(group);
+    return 0;
+}
+
+/* The FIND's answer: n u32, then each delivery (docs/shm.md); with `groups` each
+   delivery's head has group_len u8 after value_len, and its group follows its value. */
+static int
+encode_deliveries(PyObject *got, Buf *b, int *flags, int groups)
 {
     PyObject *seq = PySequence_Fast(got, "a dequeue answers a list");
     if (seq == NULL) {
@@ -836,11 +862,12 @@ encode_deliveries(PyObject *got, Buf *b, int *flags)
         PyObject *d = PySequence_Fast_GET_ITEM(seq, i);
         uint64_t f[5] = {0};
         uint64_t count = 0;
-        PyObject *stats = NULL, *receipt = NULL, *value = NULL;
-        const char *rp;
+        PyObject *stats = NULL, *receipt = NULL, *value = NULL, *group = NULL;
+        const char *rp, *gp = "";
         Py_ssize_t rn;
         char *vp;
         Py_ssize_t vn;
+        uint8_t gn = 0;
         rc = -1;
         if (get_u64(d, s_id, &f[0]) == 0 && get_u64(d, s_deadline, &f[1]) == 0 &&
             get_u64(d, s_lease_expires, &f[2]) == 0 &&
@@ -850,20 +877,24 @@ encode_deliveries(PyObject *got, Buf *b, int *flags)
             get_u64(stats, s_dequeue_count, &count) == 0 &&
             (receipt = PyObject_GetAttr(d, s_receipt)) != NULL && ascii_of(receipt, &rp, &rn) == 0 &&
             (value = PyObject_GetAttr(d, s_value)) != NULL &&
-            PyBytes_AsStringAndSize(value, &vp, &vn) == 0) {
+            PyBytes_AsStringAndSize(value, &vp, &vn) == 0 &&
+            (!groups ||
+             ((group = PyObject_GetAttr(d, s_group)) != NULL && group_of(group, &gp, &gn) == 0))) {
             if (count > UINT32_MAX || rn > UINT16_MAX || vn > (Py_ssize_t)UINT32_MAX) {
                 PyErr_SetString(PyExc_OverflowError, "a delivery field is out of range");
             }
             else {
-                uint8_t head[DELIVERY_HEAD];
+                uint8_t head[DELIVERY_HEAD + 1];
                 uint32_t c32 = (uint32_t)count, v32 = (uint32_t)vn;
                 uint16_t r16 = (uint16_t)rn;
                 memcpy(head, f, 40);
                 memcpy(head + 40, &c32, 4);
                 memcpy(head + 44, &r16, 2);
                 memcpy(head + 46, &v32, 4);
-                if (buf_put(b, head, DELIVERY_HEAD) == 0 && buf_put(b, rp, rn) == 0 &&
-                    buf_put(b, vp, vn) == 0) {
+                head[DELIVERY_HEAD] = gn;
+                if (buf_put(b, head, DELIVERY_HEAD + (groups ? 1 : 0)) == 0 &&
+                    buf_put(b, rp, rn) == 0 && buf_put(b, vp, vn) == 0 &&
+                    buf_put(b, gp, gn) == 0) {
                     rc = 0;
                 }
             }
@@ -871,6 +902,7 @@ encode_deliveries(PyObject *got, Buf *b, int *flags)
         Py_XDECREF(stats);
         Py_XDECREF(receipt);
         Py_XDECREF(value);
+        Py_XDECREF(group);
     }
     Py_DECREF(seq);
     if (rc < 0) {
@@ -885,7 +917,7 @@ encode_deliveries(PyObject *got, Buf *b, int *flags)
     if (e < 0 || dr < 0) {
         return -1;
     }
-    *flags = (e ? 0 : FLAG_NO_QUEUE) | (dr ? FLAG_DRAINING : 0);
+    *flags = (e ? 0 : FLAG_NO_QUEUE) | (dr ? FLAG_DRAINING : 0) | (groups ? FLAG_GROUPS : 0);
     return 0;
 }
 
@@ -1017,7 +1049,7 @@ run_now(Session *s, Cmd *c, uint32_t first, uint32_t nslots)
         Py_XDECREF(lease_obj);
         Buf body = {0};
         int flags = 0;
-        if (got == NULL || encode_deliveries(got, &body, &flags) < 0) {
+        if (got == NULL || encode_deliveries(got, &body, &flags, s->groups) < 0) {
             Py_XDECREF(got);
             PyMem_Free(body.p);
             answer_exception(s, first, nslots, 1);
@@ -1564,13 +1596,14 @@ session_serve(Session *s, PyObject *args, PyObject *kwargs)
 static int
 session_init(Session *s, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"buffer", "capacity", "handler", "statuses", "bound", "watch", NULL};
+    static char *kwlist[] = {"buffer", "capacity", "handler", "statuses",
+                             "bound",  "watch",    "groups",  NULL};
     PyObject *buffer, *handler, *statuses, *watch = Py_None;
     unsigned int capacity;
-    int bound = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OIOO!|pO:RingSession", kwlist, &buffer,
+    int bound = 0, groups = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OIOO!|pOp:RingSession", kwlist, &buffer,
                                      &capacity, &handler, &PyDict_Type, &statuses, &bound,
-                                     &watch)) {
+                                     &watch, &groups)) {
         return -1;
     }
     if (s->has_view) {
@@ -1607,6 +1640,7 @@ session_init(Session *s, PyObject *args, PyObject *kwargs)
     s->statuses = statuses;
     s->watch = watch;
     s->bound = bound;
+    s->groups = groups;
     uint64_t header[3] = {0, 0, capacity};
     memcpy(s->base, header, sizeof header);
     return 0;
@@ -1711,8 +1745,9 @@ static PyTypeObject SessionType = {
     .tp_name = "dq.shm._session.RingSession",
     .tp_basicsize = sizeof(Session),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "RingSession(buffer, capacity, handler, statuses, bound=False, watch=None): the "
-              "server's side of one command ring (docs/shm.md); writes the ring's header.",
+    .tp_doc = "RingSession(buffer, capacity, handler, statuses, bound=False, watch=None, "
+              "groups=False): the server's side of one command ring (docs/shm.md); writes the "
+              "ring's header. groups: FIND answers carry each delivery's group (FLAG_GROUPS).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)session_init,
     .tp_dealloc = (destructor)session_dealloc,
@@ -1755,6 +1790,7 @@ PyInit__session(void)
     INTERN(s_requeue_time, "requeue_time");
     INTERN(s_dequeue_count, "dequeue_count");
     INTERN(s_value, "value");
+    INTERN(s_group, "group");
     INTERN(s_queue_exists, "queue_exists");
     INTERN(s_draining, "draining");
     INTERN(s_enqueue_one, "enqueue_one");

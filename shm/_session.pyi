@@ -17,6 +17,7 @@ class RingSession:
         statuses: dict[str, int],
         bound: bool = False,
         watch: Callable[[int], object] | None = None,
+        groups: bool = False,
     ) -> None: ...
     @property
     def tail(self) -> int: ...

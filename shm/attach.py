@@ -12,10 +12,15 @@ objects behind the rings. Invariants kept:
 
 The handshake is one JSON line each way (UTF-8, at most 4 KiB):
 
-    client → {"version": 1, "queue": "jobs" | null, "capacity": 64, "wakes": true}
+    client → {"version": 1, "queue": "jobs" | null, "capacity": 64, "wakes": true,
+              "groups": true}
     server → {"ok": true, "version": 1, "shm": "/dq-…", "size": 133144, "capacity": 64,
               "slot_size": 2080, "value_max": 1024, "http_url": "http://…" | null,
-              "max_batch": 1000}
+              "max_batch": 1000, "groups": true}
+
+``groups``: the client reads each delivery's group (``FLAG_GROUPS``); a server that says
+nothing of it sends none, and a client that does not ask gets none (an older client's
+decoding of a FIND answer stays as it was).
           or {"ok": false, "error": "code", "message": "…"}
 """
 
@@ -199,8 +204,10 @@ def attach(
     queue: str | None = None,
     capacity: int = 64,
     timeout_s: float = 10.0,
+    groups: bool = False,
 ) -> Attachment:
-    """Connect to the server of ``data_dir`` and map the ring it creates for us."""
+    """Connect to the server of ``data_dir`` and map the ring it creates for us;
+    ``groups``: ask for the deliveries' groups (each FIND answer says whether they came)."""
     path = socket_path(data_dir)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -211,7 +218,13 @@ def attach(
             raise AttachError("no shared-memory server", socket=str(path), error=str(exc)) from exc
         send_message(
             sock,
-            {"version": PROTOCOL_VERSION, "queue": queue, "capacity": capacity, "wakes": True},
+            {
+                "version": PROTOCOL_VERSION,
+                "queue": queue,
+                "capacity": capacity,
+                "wakes": True,
+                "groups": groups,
+            },
         )
         reply = read_message(sock)
         if not reply.get("ok"):

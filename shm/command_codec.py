@@ -12,6 +12,8 @@ than ``struct.error`` or ``IndexError``.
     PUT       deadline u64 | delay_ms u64        item value (<= 1024)       id u64 | deadline u64
     DELETE    id u64 | 0                         receipt (ASCII)            empty
     FIND      count u32 | wait_ms u32 | lease_ms u64   empty               count u32, deliveries
+                                                                            (with FLAG_GROUPS:
+                                                                            each with its group)
     REQUEUE   id u64 | deadline u64              delay_ms u64 | receipt     deadline u64
     EXTEND    id u64 | lease_ms u64              receipt                    lease_expires u64 |
                                                                             receipt_len u16 | receipt
@@ -35,11 +37,13 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 
+from dq.shm.command_ring import FLAG_GROUPS
 from dq.shm.errors import MalformedSlot
 from dq.storage.types import Delivery, ItemStats
 
 __all__ = [
     "DELIVERY_HEAD",
+    "DELIVERY_HEAD_GROUPS",
     "PUT_MANY_REPLACE",
     "decode_delete_many_ok",
     "decode_deliveries",
@@ -65,6 +69,8 @@ U32 = struct.Struct("<I")
 U16 = struct.Struct("<H")
 # id, deadline, lease_expires, enqueue_time, requeue_time, dequeue_count, receipt_len, value_len
 DELIVERY_HEAD = struct.Struct("<QQQQQIHI")
+#: the head of a delivery in an answer with FLAG_GROUPS: the same, then group_len u8
+DELIVERY_HEAD_GROUPS = struct.Struct("<QQQQQIHIB")
 MANY_KEY = struct.Struct("<IIQ")  # count, body_size, flags (PUT_MANY; else 0)
 PUT_MANY_ITEM = struct.Struct("<QQIB")  # deadline, delay_ms, value_len, key_len
 PUT_MANY_OK = struct.Struct("<QQB")  # id, deadline, how (0 new, 1 duplicate, 2 replaced)
@@ -74,7 +80,7 @@ PUT_MANY_REPLACE = 1
 DELETE_MANY_ITEM = struct.Struct("<QH")  # id, receipt_len
 assert KEY2.size == FIND_KEY.size == MANY_KEY.size == 16
 assert (PUT_MANY_ITEM.size, PUT_MANY_OK.size, DELETE_MANY_ITEM.size) == (21, 17, 10)
-assert DELIVERY_HEAD.size == 50
+assert (DELIVERY_HEAD.size, DELIVERY_HEAD_GROUPS.size) == (50, 51)
 
 
 def _u64(v: int | None) -> int:
@@ -122,34 +128,65 @@ def encode_find(count: int, wait_ms: int, lease_ms: int | None) -> bytes:
     return FIND_KEY.pack(count, wait_ms, _u64(lease_ms))
 
 
-def decode_deliveries(body: bytes) -> list[Delivery]:
+def decode_deliveries(body: bytes, flags: int = 0) -> list[Delivery]:
+    """A FIND body's deliveries; ``flags``: its answer's (``FLAG_GROUPS``: with groups)."""
     return [
-        Delivery(i, receipt, value, dl, ItemStats(enq, req, dq), exp)
-        for i, receipt, value, dl, enq, req, dq, exp in delivery_fields(body)
+        Delivery(i, receipt, value, dl, ItemStats(enq, req, dq), exp, group)
+        for i, receipt, value, dl, enq, req, dq, exp, group in delivery_fields(body, flags)
     ]
 
 
-def delivery_fields(body: bytes) -> list[tuple[int, str, bytes, int, int, int, int, int]]:
+def _group(raw: bytes) -> str:
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise MalformedSlot("group is not ASCII") from None
+
+
+def delivery_fields(
+    body: bytes, flags: int = 0
+) -> list[tuple[int, str, bytes, int, int, int, int, int, str | None]]:
     """A FIND body's deliveries as (id, receipt, value, deadline, enqueue_time,
-    requeue_time, dequeue_count, lease_expires): each side builds its own objects."""
+    requeue_time, dequeue_count, lease_expires, group): each side builds its own objects.
+    The answer's ``flags`` say the layout: with ``FLAG_GROUPS`` each delivery has
+    ``group_len`` after ``value_len`` and its group after its value; without it (a server
+    that does not send groups, or a client that did not ask) there is none, and ``group``
+    is None, as for an item without a group."""
     if len(body) < 4:
         raise MalformedSlot("FIND response too short", size=len(body))
     (count,) = U32.unpack_from(body)
     pos = 4
     end = len(body)
-    unpack, head = DELIVERY_HEAD.unpack_from, DELIVERY_HEAD.size
-    out = []
+    groups = bool(flags & FLAG_GROUPS)
+    out: list[tuple[int, str, bytes, int, int, int, int, int, str | None]] = []
+    if not groups:
+        unpack, head = DELIVERY_HEAD.unpack_from, DELIVERY_HEAD.size
+        for _ in range(count):
+            if pos + head > end:
+                raise MalformedSlot("FIND response truncated", offset=pos)
+            i, dl, exp, enq, req, dq, rlen, vlen = unpack(body, pos)
+            pos += head
+            if pos + rlen + vlen > end:
+                raise MalformedSlot("FIND response truncated", offset=pos)
+            receipt = _receipt(body[pos : pos + rlen])
+            value = body[pos + rlen : pos + rlen + vlen]
+            pos += rlen + vlen
+            out.append((i, receipt, value, dl, enq, req, dq, exp, None))
+        return out
+    unpack, head = DELIVERY_HEAD_GROUPS.unpack_from, DELIVERY_HEAD_GROUPS.size
     for _ in range(count):
         if pos + head > end:
             raise MalformedSlot("FIND response truncated", offset=pos)
-        i, dl, exp, enq, req, dq, rlen, vlen = unpack(body, pos)
+        i, dl, exp, enq, req, dq, rlen, vlen, glen = unpack(body, pos)
         pos += head
-        if pos + rlen + vlen > end:
+        if pos + rlen + vlen + glen > end:
             raise MalformedSlot("FIND response truncated", offset=pos)
         receipt = _receipt(body[pos : pos + rlen])
         value = body[pos + rlen : pos + rlen + vlen]
         pos += rlen + vlen
-        out.append((i, receipt, value, dl, enq, req, dq, exp))
+        group = _group(body[pos : pos + glen]) if glen else None
+        pos += glen
+        out.append((i, receipt, value, dl, enq, req, dq, exp, group))
     return out
 
 

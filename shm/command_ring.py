@@ -97,6 +97,9 @@ FLAG_MORE = 0x01  # the body continues: send Op.CONTINUE for the next chunk
 #: FIND only (a client that does not know them ignores them, as it ignores reserved bits):
 FLAG_NO_QUEUE = 0x02  # the queue does not exist (yet): nothing comes until it is created
 FLAG_DRAINING = 0x04  # the server is shutting down: its long-polls end at once
+#: each delivery carries its group (``group_len`` u8 after ``value_len``, the group after
+#: the value): set on the FIND answers of a ring whose client asked at attach ("groups")
+FLAG_GROUPS = 0x08
 
 MAX_CAPACITY = 4096
 CONTINUE_WINDOW = 32  # continuation chunks a client asks for at once

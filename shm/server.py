@@ -83,6 +83,8 @@ class Session:
         self._handler: CommandHandler | None = None
         self._mm: Any = None
         self.wakes = False
+        #: the client asked for its deliveries' groups (``FLAG_GROUPS``, docs/shm.md)
+        self.groups = False
         self.capacity: int | None = None
         self.queue: str | None = None
         self.pid: int | None = None
@@ -136,6 +138,7 @@ class Session:
             except Exception as exc:
                 raise _Refused("invalid_queue_name", str(exc)) from None
         self.wakes = request.get("wakes") is True
+        self.groups = request.get("groups") is True
         self.capacity, self.queue, self.pid = capacity, queue, peer_pid(sock)
         size = ring_size(capacity)
         server = self.server
@@ -145,7 +148,13 @@ class Session:
         )
         # writes the ring's header (head 0, tail 0, capacity) before the client sees it
         ring = RingSession(
-            self._mm, capacity, handler, STATUSES, bound=queue is not None, watch=server.tail_watch
+            self._mm,
+            capacity,
+            handler,
+            STATUSES,
+            bound=queue is not None,
+            watch=server.tail_watch,
+            groups=self.groups,
         )
         self.ring = ring
         if self.stopping.is_set():  # stopped before there was a ring to wake
@@ -162,6 +171,7 @@ class Session:
                 "value_max": VALUE_MAX,
                 "http_url": server.http_url,
                 "max_batch": server.engine.config.max_batch,
+                "groups": self.groups,
             },
         )
         sock.settimeout(None)

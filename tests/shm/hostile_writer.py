@@ -6,8 +6,10 @@ Attaches to the server of DATA_DIR (bound to the queue "hostile") and writes COU
 malformed commands into its ring: random ops (known and unknown), random keys, a
 ``value_size`` beyond the slot, random value bytes, PARTs before anything, batch ops with
 bodies that lie about their size; each published with the hand-off of docs/shm.md and
-its answer waited for (5 s at most). Every fourth ring it ends with a broken protocol
-(head beyond capacity, or head past a slot not ready) and then must see itself dropped.
+its answer waited for (5 s at most). Half its rings ask for groups at attach, and every
+ok FIND answer must say by its GROUPS flag that it carries them exactly then. Every
+fourth ring it ends with a broken protocol (head beyond capacity, or head past a slot
+not ready) and then must see itself dropped.
 Prints how many commands were answered and whether it was dropped.
 """
 
@@ -19,6 +21,7 @@ import sys
 
 from dq.shm import _atomics as at
 from dq.shm.attach import attach
+from dq.shm.command_ring import FLAG_GROUPS
 
 SLOT = 2080
 CAPACITY = 8
@@ -30,7 +33,8 @@ def main() -> int:
     answered = 0
     dropped = 0
     while answered < count:
-        a = attach(data, queue="hostile", capacity=CAPACITY, timeout_s=10)
+        groups = rnd.random() < 0.5
+        a = attach(data, queue="hostile", capacity=CAPACITY, timeout_s=10, groups=groups)
         mm = a.mm
         head = 0
         for _ in range(rnd.randint(5, 60)):
@@ -44,6 +48,8 @@ def main() -> int:
                     key = struct.pack("<IIQ", rnd.randint(0, 40), rnd.randint(0, 3000), 0)
                 if op == 2:  # a FIND that does not long-poll: answers come within 5 s
                     key = key[:4] + bytes(4) + key[8:]
+                    if rnd.random() < 0.5:  # one the server runs: deliveries to answer
+                        key = struct.pack("<IIQ", rnd.randint(0, 5), 0, rnd.randint(1, 60_000))
                 value = rnd.randbytes(rnd.choice([0, 3, 8, 16, 50, 1024]))
                 size = rnd.choice([len(value)] * 6 + [1025, 0xFFFFFFFF])
                 mm[off] = 0
@@ -74,6 +80,10 @@ def main() -> int:
                 (rsize,) = struct.unpack_from("<I", mm, off + 1046)
                 if mm[off + 2074] != 1 or not 4 <= rsize <= 1024:
                     print(f"slot {(first + i) % CAPACITY}: answer size {rsize}", file=sys.stderr)
+                    return 1
+                status, flags = mm[off + 1050], mm[off + 1051]
+                if mm[off + 1] == 2 and status == 0 and bool(flags & FLAG_GROUPS) != groups:
+                    print(f"a FIND answered flags {flags} (groups {groups})", file=sys.stderr)
                     return 1
         if rnd.random() < 0.25:
             if rnd.random() < 0.5:

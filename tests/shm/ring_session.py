@@ -92,12 +92,17 @@ class Recorder:
 class Served:
     """A ring, its compiled session (served by a thread once ``start``ed) and a client."""
 
-    def __init__(self, capacity: int = 4, *, bound: bool = True, handler: Any = None) -> None:
+    def __init__(
+        self, capacity: int = 4, *, bound: bool = True, handler: Any = None, groups: bool = False
+    ) -> None:
         self.mm = mmap.mmap(-1, ring_size(capacity))
         self.handler = Recorder()
         #: the handler the session calls (``handler``, or the recorder)
         self.served_by = self.handler if handler is None else handler
-        self.session = RingSession(self.mm, capacity, self.served_by, STATUSES, bound=bound)
+        #: ``groups``: the ring of a client that asked for its deliveries' groups
+        self.session = RingSession(
+            self.mm, capacity, self.served_by, STATUSES, bound=bound, groups=groups
+        )
         self.client = ClientRing(self.mm, spin_us=0.0)
         self.failure: BaseException | None = None
         self._thread: threading.Thread | None = None

@@ -5,6 +5,7 @@ decoded and answers what the test says (``tests/shm/ring_session.py``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import struct
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from dq.shm import _atomics as at
 from dq.shm import command_codec as codec
-from dq.shm.command_ring import RESPONSE_BODY_MAX, SLOT_SIZE, Op, Status, ring_size
+from dq.shm.command_ring import FLAG_GROUPS, RESPONSE_BODY_MAX, SLOT_SIZE, Op, Status, ring_size
 from dq.shm.errors import MalformedSlot, ProtocolError, RingTimeout, ValueTooLargeForRing
 from dq.storage.types import Delivery, Enqueued, ItemOutcome, ItemStats
 from dq.storage.waits import Leased, leased
@@ -37,6 +38,10 @@ DOC_DELIVERY = Delivery(
     ItemStats(1_800_000_000_000, 0, 1),
     1_800_000_031_600,
 )
+
+
+#: the delivery of the example with groups: the same item, in the group ``customer-42``
+DOC_GROUP_DELIVERY = dataclasses.replace(DOC_DELIVERY, group="customer-42")
 
 
 def response_bytes(served: Served, index: int, size: int) -> bytes:
@@ -99,6 +104,29 @@ def test_doc_example_responses_decode() -> None:
         index = served.client.submit(Op.FIND, codec.encode_find(1, 0, None), b"")
         served.client.wait(index, WAIT_S)
         assert response_bytes(served, index, 12) == doc_example("find-no-queue-response")
+
+
+def test_doc_example_with_groups_decodes_and_the_older_layout_stays() -> None:
+    """A ring whose client asked for groups answers the document's bytes with GROUPS set;
+    the answer without groups (an older client's) is byte for byte what it always was,
+    and a decoder reads each by its answer's flag."""
+    raw = doc_example("find-groups-response")
+    (size,) = struct.unpack_from("<I", raw)
+    assert size == len(raw) - 4 == 87
+    assert (raw[4], raw[5]) == (Status.OK, FLAG_GROUPS)
+    (delivery,) = codec.decode_deliveries(raw[8:], raw[5])
+    assert delivery == DOC_GROUP_DELIVERY
+    old = doc_example("find-response")
+    assert old[5] == 0
+    assert codec.decode_deliveries(old[8:], old[5]) == [DOC_DELIVERY]  # group None
+
+    for groups, wanted in ((True, raw), (False, old)):
+        with Served(4, groups=groups) as served:
+            served.handler.answers.append(Leased([DOC_GROUP_DELIVERY]))
+            served.start()
+            index = served.client.submit(Op.FIND, doc_example("find-key"), b"")
+            served.client.wait(index, WAIT_S)
+            assert response_bytes(served, index, len(wanted)) == wanted
 
 
 def test_client_fills_a_slot_as_the_original_says_and_the_server_answers_in_order() -> None:

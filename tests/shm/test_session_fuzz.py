@@ -10,6 +10,7 @@ writes malformed slots into a live server's ring while a good client is served.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import struct
 import subprocess
@@ -23,11 +24,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dq.shm import command_codec as codec
-from dq.shm.command_ring import SLOT_SIZE, Op, Status
+from dq.shm.command_ring import FLAG_GROUPS, FLAG_MORE, SLOT_SIZE, Op, Status
+from dq.shm.errors import MalformedSlot
 from dq.shm.server import ShmServer
 from dq.storage import Engine, EngineConfig
 from dq.storage.errors import InvalidQueueName
-from dq.storage.types import check_queue_name
+from dq.storage.types import Delivery, ItemStats, NewItem, check_queue_name
+from dq.storage.waits import Leased
 from tests.shm.ring_session import WAIT_S, Recorder, Served
 from tests.shm.test_command_ring_hostile import Good
 
@@ -95,27 +98,32 @@ def expected(op: int, key: bytes, value_size: int, value: bytes) -> tuple[Any, i
     return None, Status.UNKNOWN_OP, f"unknown op {op}".encode()
 
 
-def expected_all(sent: list[tuple[int, bytes, int, bytes]]) -> list[tuple[Any, int, int, bytes]]:
+def expected_all(
+    sent: list[tuple[int, bytes, int, bytes]], groups: bool = False
+) -> list[tuple[Any, int, int, bytes]]:
     """(call, status, flags, body) of each command in turn: an answer given at once that
     does not fit its slot ends there with MORE and its rest is what the next CONTINUE
-    gets (a refusal's words too); a durable one is cut; any other op drops the rest."""
-    rest = b""
+    gets (a refusal's words too, with the answer's other flags); a durable one is cut;
+    any other op drops the rest. ``groups``: the client asked for groups at attach, so
+    an ok FIND answer has GROUPS."""
+    rest, rest_flags = b"", 0
     out: list[tuple[Any, int, int, bytes]] = []
     for op, key, size, value in sent:
         if op == Op.CONTINUE and size <= 1024:
             if rest:
                 chunk, rest = rest[:1020], rest[1020:]
-                out.append((None, Status.OK, int(bool(rest)), chunk))
+                out.append((None, Status.OK, rest_flags | int(bool(rest)), chunk))
             else:
                 out.append((None, Status.NO_CONTINUATION, 0, b"no response continues"))
             continue
         if op != Op.CONTINUE:
             rest = b""
         call, status, body = expected(op, key, size, value)
+        flags = FLAG_GROUPS if groups and op == Op.FIND and status == Status.OK else 0
         kept = len(body) > 1020 and op not in (Op.PUT, Op.DELETE, Op.REQUEUE)
         if kept:
-            rest = body[1020:]
-        out.append((call, status, int(kept), body[:1020]))
+            rest, rest_flags = body[1020:], flags
+        out.append((call, status, flags | int(kept), body[:1020]))
     return out
 
 
@@ -190,19 +198,20 @@ one_slot = st.tuples(
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(one_slot, min_size=1, max_size=15))
+@given(st.lists(one_slot, min_size=1, max_size=15), st.booleans())
 @example(  # a refusal too long for its slot continues, as any answer given at once
-    [(Op.BIND, bytes(16), bytes(1000), None)] + [(Op.CONTINUE, bytes(16), b"", None)] * 4
+    [(Op.BIND, bytes(16), bytes(1000), None)] + [(Op.CONTINUE, bytes(16), b"", None)] * 4,
+    False,
 )
-def test_single_slot_commands_decode_as_the_doc_says(slots: list[Any]) -> None:
-    with Served(16) as served:
+def test_single_slot_commands_decode_as_the_doc_says(slots: list[Any], groups: bool) -> None:
+    with Served(16, groups=groups) as served:
         served.start()
         sent = [
             (op, key, len(value) if size is None else size, value) for op, key, value, size in slots
         ]
         answers = send(served, sent)
         assert served.failure is None
-        wanted = expected_all(sent)
+        wanted = expected_all(sent, groups)
         assert answers == [(status, flags, body) for _, status, flags, body in wanted]
         assert flat_calls(served.handler) == [call for call, *_ in wanted if call is not None]
 
@@ -277,6 +286,135 @@ def test_batch_bodies_over_parts_round_trip(items: list[Any], data: st.DataObjec
         assert call == ("put_many", sent)
 
 
+# ---- deliveries and their groups: what the session encodes, what a client decodes --------
+
+#: groups the engine keeps (1-128 printable ASCII), and none
+GOOD_GROUP = st.one_of(
+    st.none(),
+    st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=128),
+)
+#: groups the ring cannot carry (its group_len is a u8 of ASCII bytes): a bug upstream,
+#: which the session answers ``internal`` rather than cutting or wrapping the length
+BAD_GROUP = st.one_of(
+    st.just(""),
+    st.text(st.characters(max_codepoint=0x7F), min_size=256, max_size=400),
+    st.text(st.characters(min_codepoint=0x80, max_codepoint=0x2FF), min_size=1, max_size=4),
+    st.binary(min_size=1, max_size=4),
+    st.integers(),
+)
+
+
+def _delivery(n: int, value: bytes, group: Any) -> Delivery:
+    stats = ItemStats(1_800_000_000_000 + n, n, n % 7)
+    return Delivery(n + 1, f"r{n}.{n}", value, 1_800_000_000_500 + n, stats, 2_000_000 + n, group)
+
+
+def doc_find_body(deliveries: list[Delivery], groups: bool) -> bytes:
+    """A FIND answer's body as docs/shm.md lays it out ("Ops", a delivery), re-stated
+    here: n u32, then per delivery its 50-byte head (51 with GROUPS: group_len u8), the
+    receipt, the value, and with GROUPS the group."""
+    out = [struct.pack("<I", len(deliveries))]
+    for d in deliveries:
+        receipt = d.receipt.encode()
+        head = struct.pack(
+            "<QQQQQIHI",
+            d.id,
+            d.deadline,
+            d.lease_expires,
+            d.stats.enqueue_time,
+            d.stats.requeue_time,
+            d.stats.dequeue_count,
+            len(receipt),
+            len(d.value),
+        )
+        group = (d.group or "").encode() if groups else b""
+        out += [head, bytes([len(group)]) if groups else b"", receipt, d.value, group]
+    return b"".join(out)
+
+
+def _carried(group: Any) -> bool:
+    """Whether the ring can carry ``group``: none, or 1-255 ASCII characters."""
+    return group is None or (isinstance(group, str) and group.isascii() and 1 <= len(group) <= 255)
+
+
+def _chunks(served: Served, key: bytes) -> list[tuple[int, int, bytes]]:
+    """A FIND's answer chunk by chunk, CONTINUE after CONTINUE: (status, flags, body)."""
+    client = served.client
+    r = client.wait(client.submit(Op.FIND, key, b""), WAIT_S)
+    chunks = [(r.status, r.flags, r.body)]
+    while r.more:
+        r = client.call(Op.CONTINUE, bytes(16), b"", timeout_s=WAIT_S)
+        chunks.append((r.status, r.flags, r.body))
+    return chunks
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.binary(max_size=1100), st.one_of(GOOD_GROUP, GOOD_GROUP, BAD_GROUP)),
+        max_size=8,
+    ),
+    st.booleans(),
+)
+def test_deliveries_and_their_groups_encode_as_the_doc_says(
+    items: list[tuple[bytes, Any]], groups: bool
+) -> None:
+    """With GROUPS asked for, every chunk of an ok FIND answer has the flag and the body
+    is the document's layout with groups; without, the layout without them, whatever the
+    groups (never read). A group the ring cannot carry is answered ``internal``, and the
+    session serves on."""
+    deliveries = [_delivery(n, v, g) for n, (v, g) in enumerate(items)]
+    ok = not groups or all(_carried(g) for _, g in items)
+    with Served(4, groups=groups) as served:
+        served.handler.answers.append(Leased(deliveries))
+        served.start()
+        chunks = _chunks(served, codec.encode_find(8, 0, 30_000))
+        if not ok:
+            assert chunks == [(Status.INTERNAL, 0, b"internal error: ValueError")]
+        else:
+            body = doc_find_body(deliveries, groups)
+            wanted = [body[i : i + 1020] for i in range(0, len(body), 1020)]
+            assert [c[2] for c in chunks] == wanted
+            for n, (status, flags, _) in enumerate(chunks):
+                more = FLAG_MORE if n < len(chunks) - 1 else 0
+                assert (status, flags) == (Status.OK, (FLAG_GROUPS if groups else 0) | more)
+            got = codec.decode_deliveries(body, FLAG_GROUPS if groups else 0)
+            sent = [d if groups else dataclasses.replace(d, group=None) for d in deliveries]
+            assert got == sent
+        # served on: the next command is answered as always
+        stats = served.client.call(Op.STATS, bytes(16), b"", timeout_s=WAIT_S)
+        assert (stats.status, stats.body) == (Status.OK, b"{}")
+        assert served.failure is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.binary(max_size=40), GOOD_GROUP), max_size=4),
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=6),
+    st.integers(0, 8),
+)
+def test_find_answers_with_hostile_lengths_decode_or_are_malformed(
+    items: list[tuple[bytes, Any]], writes: list[tuple[int, int]], cut: int
+) -> None:
+    """A client decoding an answer with GROUPS whose lengths lie (``group_len``, the
+    receipt's and value's lengths, the count, a body cut short) gets ``MalformedSlot`` or
+    deliveries made of the body's own bytes, never an IndexError or a group read past
+    the body."""
+    body = bytearray(doc_find_body([_delivery(n, v, g) for n, (v, g) in enumerate(items)], True))
+    for at, byte in writes:
+        if body:
+            body[at % len(body)] = byte
+    raw = bytes(body[: max(0, len(body) - cut)])
+    try:
+        got = codec.decode_deliveries(raw, FLAG_GROUPS)
+    except MalformedSlot:
+        return
+    for d in got:
+        assert d.group is None or (d.group.isascii() and 1 <= len(d.group) <= 255)
+        assert d.group is None or d.group.encode() in raw
+    assert sum(51 + len(d.receipt) + len(d.value) + len(d.group or "") for d in got) <= len(raw)
+
+
 # ---- malformed slots written from a second process ---------------------------------------
 
 WRITER = Path(__file__).with_name("hostile_writer.py")
@@ -286,6 +424,9 @@ WRITER = Path(__file__).with_name("hostile_writer.py")
 def test_malformed_slots_from_another_process_hurt_only_that_client(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with Engine.open(data, EngineConfig(fsync="never")) as engine:
+        # the hostile rings' FINDs find grouped items (and ungrouped ones) to answer
+        grouped = [NewItem(b"h%d" % n, group=f"g{n}" if n % 2 else None) for n in range(300)]
+        engine.enqueue("hostile", grouped)
         server = ShmServer(engine, data).start()
         good = Good(server)
         try:
