@@ -253,7 +253,9 @@ class ShmTransport:
 
     def _attach(self) -> tuple[Attachment, ClientRing]:
         try:
-            attachment = attach(self.data_dir, capacity=self._capacity, timeout_s=self._timeout)
+            attachment = attach(
+                self.data_dir, capacity=self._capacity, timeout_s=self._timeout, groups=True
+            )
         except ShmError as exc:
             raise TransportError(f"{self.url}: cannot attach: {exc}") from exc
         try:
@@ -522,10 +524,15 @@ class ShmTransport:
         part: Command = (_PART, _ZERO_KEY, b"")
         return [part] * (min(need, free) - 1) + [find]
 
-    def _deliveries(self, body: bytes) -> list[Item]:
+    def _deliveries(self, body: bytes, flags: int) -> list[Item]:
+        """A FIND answer's items; its ``flags`` say whether they carry their groups
+        (``FLAG_GROUPS``: this client asks at attach; a server that predates it sends
+        none, and the items have ``group`` None)."""
         got = [
-            Item(i, receipt, value, dl, ItemStats(enq, req, dq), exp)
-            for i, receipt, value, dl, enq, req, dq, exp in codec.delivery_fields(body)
+            Item(i, receipt, value, dl, ItemStats(enq, req, dq), exp, group)
+            for i, receipt, value, dl, enq, req, dq, exp, group in codec.delivery_fields(
+                body, flags
+            )
         ]
         if got:
             self._delivery_bytes = max(64, (len(body) - 4) // len(got) + 1)
@@ -585,7 +592,7 @@ class ShmTransport:
             if r.status != _OK:
                 _raise(r, queue)
             exists = not r.flags & FLAG_NO_QUEUE
-            return Dequeued(self._deliveries(r.body), [], exists), r.flags
+            return Dequeued(self._deliveries(r.body, r.flags), [], exists), r.flags
         _check_receipts([r.receipt for r in release])
         sendable = [r for r in release if _ascii(r.receipt)]
         commands, many = self._deletes(sendable)
@@ -606,7 +613,7 @@ class ShmTransport:
         if r.status != _OK:
             _raise(r, queue)
         exists = not r.flags & FLAG_NO_QUEUE
-        return Dequeued(self._deliveries(r.body), outcomes, exists), r.flags
+        return Dequeued(self._deliveries(r.body, r.flags), outcomes, exists), r.flags
 
     def _dequeue_over_http(
         self,
@@ -629,7 +636,7 @@ class ShmTransport:
         else:
             if find.status != _OK:
                 _raise(find, queue)
-            items = self._deliveries(find.body)
+            items = self._deliveries(find.body, find.flags)
             again = self._hand_on(ReleaseMany(queue, resend)) if resend else []
             exists = not find.flags & FLAG_NO_QUEUE
         by_release = dict(zip([id(x) for x in resend], again, strict=True))
