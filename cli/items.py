@@ -8,7 +8,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from dq.cli._format import When, parse_when, plural, when
+from dq.cli._deadline import add_deadline_flags, deadline_of
+from dq.cli._format import plural, when
 from dq.cli._remote import add_common, console, emit_json, run_remote, value_text
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ def register(subparsers: Any) -> None:
         help="one item per line of stdin (the line without its line ending; empty lines "
         "are skipped)",
     )
-    _when_flags(p)
+    add_deadline_flags(p)
     p.add_argument(
         "--key",
         action="append",
@@ -79,7 +80,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("queue")
     p.add_argument("id", type=int)
     p.add_argument("receipt")
-    _when_flags(p)
+    add_deadline_flags(p)
     add_common(p)
     p.set_defaults(func=requeue)
 
@@ -95,26 +96,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("reason", nargs="?", default="", help="why it failed (up to 4096 bytes)")
     add_common(p)
     p.set_defaults(func=fail)
-
-
-def _when_flags(p: argparse.ArgumentParser) -> None:
-    group = p.add_mutually_exclusive_group()
-    group.add_argument("--delay-ms", type=int, help="due this many ms from now")
-    group.add_argument(
-        "--deadline",
-        type=parse_when,
-        metavar="TIME",
-        help="due at TIME: ISO 8601 (2026-12-01T09:30, local time unless it has an "
-        "offset or Z), relative (+90s, +5m, +2h, +1d) or ms since the epoch",
-    )
-
-
-def _deadline(args: argparse.Namespace) -> tuple[int | None, int | None]:
-    """(deadline, delay_ms) from ``--deadline``/``--delay-ms``."""
-    given: When | None = args.deadline
-    if given is None:
-        return None, args.delay_ms
-    return given.deadline, given.delay_ms
 
 
 def put(args: argparse.Namespace) -> int:
@@ -142,7 +123,7 @@ def put(args: argparse.Namespace) -> int:
     if keys and len(keys) != len(raw):
         print(f"dq put: give one --key per value ({len(raw)}), not {len(keys)}", file=sys.stderr)
         return 2
-    deadline, delay_ms = _deadline(args)
+    deadline, delay_ms = deadline_of(args)
     items = [
         NewItem(
             v,
@@ -245,7 +226,7 @@ def ack(args: argparse.Namespace) -> int:
 
 def requeue(args: argparse.Namespace) -> int:
     def action(dq: Client) -> int:
-        deadline, delay_ms = _deadline(args)
+        deadline, delay_ms = deadline_of(args)
         deadline = dq.requeue(
             args.queue, args.id, args.receipt, deadline=deadline, delay_ms=delay_ms
         )

@@ -12,7 +12,8 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from dq.cli._format import When, parse_when, when
+from dq.cli._deadline import add_deadline_flags, deadline_of
+from dq.cli._format import when
 from dq.cli._remote import add_common, emit_json, run_remote
 
 if TYPE_CHECKING:
@@ -33,14 +34,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("reschedule", help=help_, description=help_)
     p.add_argument("queue")
     p.add_argument("--key", required=True, help="the key the item was enqueued with")
-    when_ = p.add_mutually_exclusive_group()
-    when_.add_argument("--delay-ms", type=int, help="due this many ms from now")
-    when_.add_argument(
-        "--deadline",
-        type=parse_when,
-        metavar="TIME",
-        help="due at TIME: ISO 8601, relative (+90s, +5m, +2h, +1d) or ms since the epoch",
-    )
+    add_deadline_flags(p)
     p.add_argument("--value", help="its new value (text)")
     add_common(p)
     p.set_defaults(func=reschedule)
@@ -59,10 +53,7 @@ def cancel(args: argparse.Namespace) -> int:
 
 
 def reschedule(args: argparse.Namespace) -> int:
-    given: When | None = args.deadline
-    deadline, delay_ms = (None, args.delay_ms) if given is None else (given.deadline, None)
-    if given is not None:
-        delay_ms = given.delay_ms
+    deadline, delay_ms = deadline_of(args)
     if deadline is None and delay_ms is None and args.value is None:
         print("dq reschedule: give --delay-ms or --deadline, and/or --value", file=sys.stderr)
         return 2
