@@ -1,5 +1,7 @@
 """Helpers shared by the routers: JSON responses, error docs, a single item's answer,
-engine calls in a worker thread.
+engine calls in a worker thread, and the parameters several routes take (an item's id
+in the path; a peek's ``values`` and ``encoding``), described once so that the OpenAPI
+document says the same of each wherever it appears.
 
 Invariant: every route documents the error statuses it can answer (``ERRORS``), so
 the OpenAPI document is a complete contract (schemathesis checks it).
@@ -11,18 +13,27 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from fastapi import Response
+from fastapi import Path, Query, Response
 
 from dq.server.answers import outcome_dict
 from dq.server.dependencies import Service
 from dq.server.errors import error_response, item_status
-from dq.server.schemas import ErrorBody
+from dq.server.schemas import Encoding, ErrorBody
+from dq.storage.codec import MAX_ID
 from dq.storage.errors import StorageError
 from dq.storage.types import ItemOutcome
 
-__all__ = ["ERRORS", "in_thread", "json_response", "single_outcome"]
+__all__ = [
+    "ERRORS",
+    "EncodingQuery",
+    "ItemIdPath",
+    "ValueQuery",
+    "in_thread",
+    "json_response",
+    "single_outcome",
+]
 
 _perf = time.perf_counter
 T = TypeVar("T")
@@ -44,6 +55,14 @@ _DESCRIPTIONS = {
 ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": text} for status, text in _DESCRIPTIONS.items()
 }
+
+
+#: an item's id in a route's path
+ItemIdPath = Annotated[int, Path(ge=0, le=MAX_ID, description="item id")]
+#: a peek's ``values``: whether the item's value comes with it (default: it does)
+ValueQuery = Annotated[bool, Query(description="include the value")]
+#: ``encoding=base64`` answers values in base64 even where they are UTF-8 text
+EncodingQuery = Annotated[Encoding | None, Query(description="force base64 values")]
 
 
 def json_response(content: object, status: int = 200) -> Response:

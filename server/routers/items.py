@@ -19,16 +19,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from functools import partial
-from typing import Annotated
 
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import APIRouter, Request, Response
 from starlette.types import Receive
 
 from dq.server.answers import enqueued_json, results_json
 from dq.server.calls import Metered, dequeued, metered, metered_durable, queue_exists
 from dq.server.dependencies import QueuePath, Service, service_of
 from dq.server.errors import ApiError
-from dq.server.routers._common import ERRORS, single_outcome
+from dq.server.routers._common import ERRORS, ItemIdPath, single_outcome
 from dq.server.schemas import (
     DequeueRequest,
     DequeueResponse,
@@ -48,15 +47,12 @@ from dq.server.schemas import (
     to_new_items,
     to_releases,
 )
-from dq.storage.codec import MAX_ID
 from dq.storage.errors import StorageError
 from dq.storage.types import Extend, Fail, ItemOutcome, Release, Requeue
 
 __all__ = ["disconnected", "router"]
 
 router = APIRouter(prefix="/v1/queues/{queue}", tags=["items"], responses=ERRORS)
-
-ItemIdPath = Annotated[int, Path(ge=0, le=MAX_ID, description="item id")]
 _JSON = "application/json"
 
 

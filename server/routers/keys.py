@@ -14,14 +14,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Request, Response
 
 from dq.server.dependencies import QueuePath, service_of
 from dq.server.errors import ApiError
-from dq.server.routers._common import ERRORS, in_thread, json_response
+from dq.server.routers._common import (
+    ERRORS,
+    EncodingQuery,
+    ValueQuery,
+    in_thread,
+    json_response,
+)
 from dq.server.routers.operate import item_json
 from dq.server.schemas import (
-    Encoding,
     KeyCancelled,
     KeyedItemOut,
     KeyMoved,
@@ -46,8 +51,8 @@ async def peek_key(
     queue: QueuePath,
     key: KeyPath,
     request: Request,
-    values: Annotated[bool, Query(description="include the value")] = True,
-    encoding: Annotated[Encoding | None, Query(description="force base64 values")] = None,
+    values: ValueQuery = True,
+    encoding: EncodingQuery = None,
 ) -> Response:
     service = service_of(request)
     item = await in_thread(service, "key_get", lambda: service.ops.peek_key(queue, key, values), 1)

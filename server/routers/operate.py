@@ -11,11 +11,18 @@ from __future__ import annotations
 import os
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 
 from dq.server.dependencies import QueuePath, service_of
 from dq.server.errors import ApiError
-from dq.server.routers._common import ERRORS, in_thread, json_response
+from dq.server.routers._common import (
+    ERRORS,
+    EncodingQuery,
+    ItemIdPath,
+    ValueQuery,
+    in_thread,
+    json_response,
+)
 from dq.server.routers.queues import queue_info
 from dq.server.schemas import (
     BackupRequest,
@@ -31,7 +38,6 @@ from dq.server.schemas import (
     RedriveResponse,
     encode_value,
 )
-from dq.storage.codec import MAX_ID
 from dq.storage.types import BrowsedItem
 
 __all__ = ["MAX_PREVIEW_BYTES", "item_json", "router", "value_preview"]
@@ -41,7 +47,6 @@ __all__ = ["MAX_PREVIEW_BYTES", "item_json", "router", "value_preview"]
 MAX_PREVIEW_BYTES = 4096
 
 router = APIRouter(tags=["operate"], responses=ERRORS)
-ItemIdPath = Annotated[int, Path(ge=0, le=MAX_ID, description="item id")]
 
 
 def value_preview(value: bytes, limit: int) -> tuple[bytes, bool]:
@@ -131,7 +136,7 @@ async def browse(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="items per page")] = 100,
     values: Annotated[bool, Query(description="include each item's value")] = False,
-    encoding: Annotated[Encoding | None, Query(description="force base64 values")] = None,
+    encoding: EncodingQuery = None,
     value_bytes: Annotated[
         int | None,
         Query(
@@ -161,8 +166,8 @@ async def peek(
     queue: QueuePath,
     item_id: ItemIdPath,
     request: Request,
-    values: Annotated[bool, Query(description="include the value")] = True,
-    encoding: Annotated[Encoding | None, Query(description="force base64 values")] = None,
+    values: ValueQuery = True,
+    encoding: EncodingQuery = None,
 ) -> Response:
     service = service_of(request)
     item = await in_thread(service, "peek", lambda: service.engine.peek(queue, item_id, values))

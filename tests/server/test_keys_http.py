@@ -128,6 +128,27 @@ def test_reschedule_and_replace_by_key_and_the_409_of_a_leased_item(
     assert r.status_code == 422
 
 
+def test_a_peek_by_key_takes_values_and_encoding_as_a_peek_by_id(
+    server: LiveServer, queue: str
+) -> None:
+    done = enqueue(server, queue, value="text", delay_ms=600_000, key="k")
+    by_id = f"/v1/queues/{queue}/items/{done['id']}"
+    by_key = f"/v1/queues/{queue}/keys/k"
+    for params, value in (
+        ({}, ("text", "utf-8")),
+        ({"encoding": "base64"}, ("dGV4dA==", "base64")),
+        ({"values": "false"}, None),
+    ):
+        item = ok(call(server, "GET", by_key, params=params))
+        assert item == {**ok(call(server, "GET", by_id, params=params)), "key": "k"}
+        shown = (item["value"], item["encoding"]) if "value" in item else None
+        assert shown == value, params
+    for params in ({"encoding": "utf-16"}, {"values": "maybe"}):
+        for path in (by_id, by_key):
+            r = call(server, "GET", path, params=params)
+            assert r.status_code == 422 and r.json()["error"] == "validation_error", r.text
+
+
 def test_cancels_and_replaces_by_key_survive_sigkill(tmp_path: Path) -> None:
     data = tmp_path / "data"
     q = "reminders"
