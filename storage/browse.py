@@ -258,10 +258,12 @@ def _with_held(
     with_values: bool,
 ) -> BrowsePage:
     """A page merged from the walk's ``items`` (which stopped at ``stop``, None: at the
-    end) and the held items after ``after`` (due, behind the cursor), in key order."""
+    end) and the held items after ``after`` (due, behind the cursor), in key order.
+    One held item more than the page holds is read: then the page is cut and ends
+    where it stopped, so the next page goes on with the held items left."""
     held: list[tuple[bytes, BrowsedItem]] = []
     for key, group in q.deliveries.index.held_after(after):
-        if (stop is not None and key >= stop) or len(held) >= limit:
+        if (stop is not None and key >= stop) or len(held) > limit:
             break
         held.append((key, _held_item(q, key, group, with_values)))
     if not held:

@@ -247,6 +247,25 @@ def test_browse_peek_and_stats_show_held_items_as_due(
     ]
 
 
+def test_browse_page_by_page_shows_every_held_item(open_engine: Callable[..., Engine]) -> None:
+    """More held items than a page holds, and nothing after the cursor: each page ends
+    where it stopped, and the next goes on from there."""
+    e = open_engine()
+    e.put_queue("q", QueueConfig(group_limit=1))
+    put(e, ("a1", "a"), ("a2", "a"), ("a3", "a"), ("a4", "a"))
+    assert values(take(e)) == ["a1"]
+    for limit in (1, 2, 3):
+        seen, after = [], None
+        for _ in range(10):
+            page = e.browse("q", after=after, limit=limit)
+            assert len(page.items) <= limit
+            seen += [(i.id, i.state) for i in page.items]
+            if page.next is None:
+                break
+            after = page.next
+        assert seen == [(1, "leased"), (2, "due"), (3, "due"), (4, "due")], limit
+
+
 def test_delete_and_purge_remove_held_items(open_engine: Callable[..., Engine]) -> None:
     e = open_engine()
     e.put_queue("q", QueueConfig(group_limit=1))
