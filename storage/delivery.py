@@ -113,10 +113,18 @@ class DeliveryIndex:
             self.rate = config.rate_limit
             self.buckets = None if self.rate is None else Buckets(self.rate, now)
         self.has_rules = config.has_rules
+        # the groups waiting for their turn keep their places (a change of config is no
+        # turn of theirs); the others join after them
+        groups = self.groups
+        waiting = [g for g in self._ring if groups.get(g.name) is g]
         self._heap, self._ring, self._timers = [], deque(), []
-        for g in self.groups.values():
+        for g in groups.values():
             g.queued = False
-            self._offer(g, now)
+        offered: set[int] = set()
+        for g in (*waiting, *groups.values()):
+            if id(g) not in offered:
+                offered.add(id(g))
+                self._offer(g, now)
 
     # ------------------------------------------------------------------ slots
 

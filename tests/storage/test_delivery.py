@@ -187,6 +187,19 @@ def test_fair_with_a_group_limit_skips_full_groups(open_engine: Callable[..., En
     assert values(take(e)) == ["b1"]
 
 
+def test_fair_turns_survive_a_change_of_config(open_engine: Callable[..., Engine]) -> None:
+    """A group waiting for its turn keeps its place when the config changes: the group
+    just served does not go again before it (a restart starts the turns afresh)."""
+    e = open_engine()
+    e.put_queue("q", QueueConfig(fair=True))
+    put(e, ("a0", "a"), ("a1", "a"), ("b0", "b"), ("b1", "b"))
+    assert values(take(e, 1)) == ["a0"]  # a served: b's turn next
+    e.put_queue("q", QueueConfig(fair=True, default_lease_ms=5000))
+    assert values(take(e, 1)) == ["b0"]
+    e.put_queue("q", QueueConfig(fair=True, leased_limit=10))
+    assert values(take(e)) == ["a1", "b1"]
+
+
 # ------------------------------------------------------------------ rate_limit
 
 
