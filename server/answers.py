@@ -29,6 +29,10 @@ _REPLACED_JSON = '{"id":%d,"deadline":%d,"duplicate":false,"replaced":true}'
 
 def enqueued_json(done: Sequence[Enqueued]) -> bytes:
     """``EnqueueResponse``; ``replaced`` is said only when true."""
+    if len(done) == 1:  # a single item's answer, without the list's own call
+        e = done[0]
+        one = _REPLACED_JSON if e.replaced else _DUPLICATE_JSON if e.duplicate else _ENQUEUED_JSON
+        return ('{"items":[' + one % (e.id, e.deadline) + "]}").encode()
     fresh, again = _ENQUEUED_JSON, _DUPLICATE_JSON
     parts = [
         (_REPLACED_JSON if e.replaced else again if e.duplicate else fresh) % (e.id, e.deadline)

@@ -53,8 +53,13 @@ class Completions:
         ready = self._ready
 
         def arrived(f: Future[Any]) -> None:  # the thread that resolved it
-            if threading.get_ident() == self._loop_thread:
-                self._run(f, callback)
+            if threading.get_ident() == self._loop_thread:  # ``_run``, without its call
+                try:
+                    callback(f)
+                except Exception as exc:
+                    self._loop.call_exception_handler(
+                        {"message": "durable completion callback failed", "exception": exc}
+                    )
                 return
             ready.append((f, callback))
             if not self._scheduled:

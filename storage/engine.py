@@ -462,22 +462,31 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
 
     def _prepare(
         self, items: Sequence[NewItem], now: int
-    ) -> tuple[list[tuple[int, bytes]], list[str | None] | None, list[bool] | None]:
+    ) -> tuple[
+        list[tuple[int, bytes]],
+        list[str | None] | None,
+        list[bool] | None,
+        list[str | None] | None,
+    ]:
         """The batch's (deadline, value) pairs, its idempotency keys (None when no item
-        has one) and which keyed items replace a pending item of their key (None: none
-        does), all validated: the size of the batch, then each item's value and
-        deadline in order, then the keys — so bad input is refused before anything is
-        written, and the first error found is the same whichever way the batch is sent.
+        has one), which keyed items replace a pending item of their key (None: none
+        does) and each item's group (None when no item has one), all validated: the
+        size of the batch, then each item's value and deadline in order, then the
+        keys, then the groups — so bad input is refused before anything is written,
+        and the first error found is the same whichever way the batch is sent.
         (``on_duplicate`` says what a repeated key does: an item without a key has
-        none to repeat, and its ``on_duplicate`` changes nothing.)"""
-        self._check_batch(len(items))
-        limit = self.config.max_value_bytes
+        none to repeat, and its ``on_duplicate`` changes nothing.) An item with
+        neither key nor group costs no call beyond the pass over the batch."""
+        config = self.config
+        if len(items) > config.max_batch:
+            check_batch(len(items), config.max_batch)  # raises, in the rule's words
+        limit = config.max_value_bytes
         # an item without deadline or delay is due now: ``resolve_deadline``'s answer,
         # without a call per item when the clock reads a valid deadline
         now_ok = type(now) is int and 0 <= now <= MAX_DEADLINE
         out: list[tuple[int, bytes]] = []
         append = out.append
-        keyed = False
+        keyed = grouped = False
         for i, item in enumerate(items):
             value = item.value
             if not isinstance(value, bytes | bytearray | memoryview):
@@ -493,8 +502,10 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
                 append((resolve_deadline(deadline, delay_ms, now), bytes(value)))
             if not keyed and getattr(item, "key", None) is not None:
                 keyed = True
+            if not grouped and getattr(item, "group", None) is not None:
+                grouped = True
         if not keyed:
-            return out, None, None
+            return out, None, None, _groups(items) if grouped else None
         replace: list[bool] | None = None
         for n, item in enumerate(items):
             if item.key is not None:
@@ -509,7 +520,7 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
                     if replace is None:
                         replace = [False] * len(items)
                     replace[n] = True
-        return out, [i.key for i in items], replace
+        return out, [i.key for i in items], replace, _groups(items) if grouped else None
 
     # ------------------------------------------------------------------ operations
 
@@ -528,11 +539,13 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
         ``meta``: item metadata entries the batch's log record also carries (a
         schedule's progress, ``storage/schedules.py``)."""
         now = self.now()
-        prepared, keys, replace = self._prepare(items, now)
+        prepared, keys, replace, groups = self._prepare(items, now)
         if not prepared:
             return resolved([])
-        groups = _groups(items)
-        return self._queue_for_write(name).enqueue(
+        q = self._queues.get(name) if self.writable else None
+        if q is None:  # a follower's refusal, or a queue made by its first write
+            q = self._queue_for_write(name)
+        return q.enqueue(
             prepared,
             keys=keys,
             now=now,
@@ -560,15 +573,20 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
         limit = self.config.max_batch
         if type(count) is not int or not 1 <= count <= limit:
             count_range(limit).check(count)  # raises, in the rule's words
-        self._check_writable()
-        return self._queue(name).dequeue(count, lease_ms)
+        if not self.writable:
+            self._check_writable()
+        q = self._queues.get(name)
+        return (q if q is not None else self._queue(name)).dequeue(count, lease_ms)
 
     def release_nowait(
         self, name: str, items: Sequence[Release], inline: InlineCommits | None = None
     ) -> Future[list[ItemOutcome]]:
-        self._check_batch(len(items))
-        self._check_writable()
-        return self._queue(name).release(items, inline)
+        if len(items) > self.config.max_batch:
+            self._check_batch(len(items))
+        if not self.writable:
+            self._check_writable()
+        q = self._queues.get(name)
+        return (q if q is not None else self._queue(name)).release(items, inline)
 
     def release(self, name: str, items: Sequence[Release]) -> list[ItemOutcome]:
         return self.release_nowait(name, items).result(self.config.wait_timeout_s)

@@ -131,7 +131,8 @@ class FileJobs:
 
     def stalled(self) -> bool:
         """Writes wait: the log is twice over its limit while segment files are written."""
-        return self.fill() > 2 * self.host.config.memseg_bytes
+        limit = 2 * self.host.config.memseg_bytes  # ``fill`` without its call: every write asks
+        return self.commit.wal.size > limit or self.files.memseg.bytes > limit
 
     # ------------------------------------------------------------------ rotation
 

@@ -8,6 +8,7 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from dq.storage.errors import EngineUnavailable
+from dq.storage.write_future import WriteFuture
 
 __all__ = ["Answer", "after_all", "answer", "settle"]
 
@@ -34,9 +35,13 @@ Answer = tuple["Future[Any]", Any, BaseException | None]
 
 
 def answer(answers: list[Answer]) -> None:
-    """Settle each (future, result, error); call with no queue lock held (callbacks run)."""
+    """Settle each (future, result, error); call with no queue lock held (callbacks run).
+    A write's own future (``WriteFuture``, nearly every one) settles in one call."""
     for fut, result, error in answers:
-        settle(fut, result, error)
+        if isinstance(fut, WriteFuture):
+            fut.settle(result, error)
+        else:
+            settle(fut, result, error)
 
 
 def after_all(futures: list[Future[Any]], answer: Any) -> Future[Any]:

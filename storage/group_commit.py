@@ -228,11 +228,24 @@ class GroupCommit:
         return None
 
     def synced(self, wal: WalWriter, seq: int) -> list[PendingBatch]:
-        """``wal`` is synced up to ``seq``: the batches now ready to publish."""
-        for batch in self.waiting:
+        """``wal`` is synced up to ``seq``: the batches now ready to publish (``ready``'s
+        rule, taken in the same pass that marks them: a round's one call for this)."""
+        commit = self.host.commit_lsn
+        waiting = self.waiting
+        n = 0
+        ready = True
+        for batch in waiting:
             if batch.wal is wal and batch.seq <= seq:
                 batch.synced = True
-        return self.ready()
+            if ready:
+                if batch.synced and batch.lsn <= commit:
+                    n += 1
+                else:
+                    ready = False
+        if not n:
+            return []
+        self.waiting = waiting[n:]
+        return waiting[:n]
 
     def ready(self) -> list[PendingBatch]:
         """Take, in append order, every waiting batch that is synced and committed

@@ -92,7 +92,7 @@ from dq.storage.errors import (
 )
 from dq.storage.failing import Failing
 from dq.storage.file_jobs import FileJobs
-from dq.storage.futures import Answer, answer, settle
+from dq.storage.futures import Answer, answer
 from dq.storage.group_commit import GroupCommit, PendingBatch
 from dq.storage.health import Health
 from dq.storage.item_notes import Carried, Carrying, carry, retry_deadline
@@ -130,7 +130,7 @@ from dq.storage.types import (
     Release,
     Requeue,
 )
-from dq.storage.validation import check_lease_ms, resolve_deadline
+from dq.storage.validation import MAX_LEASE_MS, check_lease_ms, resolve_deadline
 from dq.storage.wal import WalWriter, split_meta
 from dq.storage.write_future import resolved
 
@@ -198,6 +198,9 @@ class Queue:
         self.health = Health(name, directory)
         #: called whenever entries are published (``Engine.watch``)
         self.watchers: list[Callable[[], None]] = []
+        #: a publication told the watchers during the current sync round (``sync_round``
+        #: then does not tell them again)
+        self.woke = False
         # operator features (storage/queue_state.py, itemmeta.py, rates.py, state_counts.py)
         self.state = QueueState()
         self.meta = ItemMeta()
@@ -340,7 +343,8 @@ class Queue:
         calling thread's own group commits (``_submit``)."""
         if now is None:
             now = self.engine.now()
-        st = encode_stats(*stats) if stats is not None else encode_stats(now, 0, 0)
+        # encode_stats(now, 0, 0) written out for a new item's stats
+        st = encode_stats(*stats) if stats is not None else (now << 80).to_bytes(16, "big")
         with self.lock:
             health = self.health
             if health.failed is not None or health.closed:
@@ -680,7 +684,9 @@ class Queue:
     ) -> Future[list[ItemOutcome]]:
         now = self.engine.now()
         with self.lock:
-            self.check_open()
+            health = self.health
+            if health.failed is not None or health.closed:
+                self.check_open()
             taken, outcomes = self.deliveries.end(items, self.commit.next_id, now)
             if not taken:
                 return resolved(outcomes)
@@ -968,9 +974,12 @@ class Queue:
         delivered ``max_deliveries`` times go to the dead-letter queue instead."""
         now = self.engine.now()
         lease_ms = self.config.default_lease_ms if lease_ms is None else lease_ms
-        check_lease_ms(lease_ms)
+        if type(lease_ms) is not int or not 1 <= lease_ms <= MAX_LEASE_MS:
+            check_lease_ms(lease_ms)  # raises, in the rule's words
         with self.lock:
-            self.check_open()
+            health = self.health
+            if health.failed is not None or health.closed:
+                self.check_open()
             self.requeue_expired(now)
             if self.state.paused:
                 return []  # a paused queue hands out nothing; lease expiry still runs
@@ -986,7 +995,8 @@ class Queue:
             )
             if out:
                 self.rates.add("dequeue", len(out), now)
-                self._annotate(out)
+                if self.meta.errors.notes:
+                    self._annotate(out)
             why: dict[int, tuple[Reason, ...]] = {}  # a dead letter keeps its reasons
             for entry in dead:
                 reasons = self.item_reasons(key_id(entry[0]))
@@ -1143,7 +1153,7 @@ class Queue:
                 assert self.health.failed is not None
                 raise self.health.failed from exc
             self._publish(batch)
-            settle(batch.future, batch.result)
+            batch.future.settle(batch.result)
             if mode == "interval" and self.engine.syncer is not None:
                 self.engine.syncer.mark_dirty(self)
         jobs = self.jobs
@@ -1179,7 +1189,8 @@ class Queue:
         freed = batch.restore is not None and self.deliveries.ended(
             batch.restore, self.engine.now()
         )
-        if batch.wakes or freed:
+        if (batch.wakes or freed) and self.watchers:
+            self.woke = True
             self.notify()
 
     def _slots_freed(self, taken: list[tuple[int, Lease]], now: int) -> None:
@@ -1198,8 +1209,15 @@ class Queue:
         return done
 
     def _complete(self, wal: WalWriter, seq: int) -> list[Answer]:
-        """``wal`` is synced up to ``seq``: publish what is now ready; return the answers."""
-        return self._published(self.commit.synced(wal, seq))
+        """``wal`` is synced up to ``seq``: publish what is now ready, in order; return
+        the answers (settle them outside the lock). ``_published``'s loop, written out:
+        a sync round of one write runs it once per write."""
+        publish = self._publish
+        done: list[Answer] = []
+        for batch in self.commit.synced(wal, seq):
+            publish(batch)
+            done.append((batch.future, batch.result, None))
+        return done
 
     def notify(self) -> None:
         """Tell the watchers (``Engine.watch``) that entries were published."""
@@ -1225,19 +1243,24 @@ class Queue:
         error = commit.write_round(wal, data)
         took = time.perf_counter() - started
         with self.lock:
+            self.woke = False
             if error is not None:
                 answers = self.failing.fail(error, "syncing the log")
+                published = any(e is None for _f, _r, e in answers)
             elif self.engine.config.fsync == "always":
                 answers = self._complete(wal, seq)
+                published = bool(answers)
                 if self.files.rotate_requested and not health.closed and health.failed is None:
                     refused, rotation = self.jobs.begin_rotation()
                     answers += refused
                     if rotation is not None:
-                        answers += self._complete(rotation.old, rotation.old.appended_seq)
+                        done = self._complete(rotation.old, rotation.old.appended_seq)
+                        published = published or bool(done)
+                        answers += done
                         self.jobs.end_rotation(rotation)
             else:
-                answers = []
-            if any(e is None for _f, _r, e in answers):
+                answers, published = [], False
+            if published and not self.woke and self.watchers:  # a publication wakes once
                 self.notify()
         answer(answers)
         return took

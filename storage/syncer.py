@@ -94,7 +94,11 @@ class Syncer:
     def __init__(self, mode: str, interval_ms: int) -> None:
         self.mode = mode
         self.interval = interval_ms / 1000.0
-        self._cond = threading.Condition()
+        #: the condition's lock (an ``RLock``, as a ``Condition``'s own, so its waits and
+        #: notifies stay compiled calls), taken as itself where it only guards state:
+        #: entering a ``Condition`` is a Python call, entering its lock a C one
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._dirty: dict[SyncTarget, None] = {}
         self._stopping = False
         self._inline: list[InlineCommits] = []
@@ -135,7 +139,7 @@ class Syncer:
 
     def mark_dirty(self, target: SyncTarget) -> None:
         """Have this thread write and sync ``target`` at its next round."""
-        with self._cond:
+        with self._lock:
             if target not in self._dirty:
                 self._dirty[target] = None
                 if self.mode == "always":
@@ -149,17 +153,26 @@ class Syncer:
         thread ran, in at most ``LEAD_PASSES`` passes; what is given after those goes to
         the syncer thread. A queue is given only after its record was appended, and the
         leader looks again under the lock before it stops, so no write is left behind."""
-        with self._cond:
+        with self._lock:
             for target in targets:
                 self._led[target] = None
             if self._leading:
                 return 0
             self._leading = True
+            batch = list(self._led)  # the first pass's, taken under the same hold
+            self._led.clear()
         rounds = 0
         passes = 0
         try:
             while True:
-                with self._cond:
+                passes += 1
+                for target in batch:
+                    rounds += 1
+                    try:
+                        self.observe(target.sync_round())
+                    except Exception:  # the target has failed its waiters; serve the others
+                        log.exception("sync round failed")
+                with self._lock:
                     batch = list(self._led)
                     self._led.clear()
                     if not batch or passes == LEAD_PASSES:
@@ -168,15 +181,8 @@ class Syncer:
                             self._dirty.update(dict.fromkeys(batch))
                             self._cond.notify()
                         return rounds
-                passes += 1
-                for target in batch:
-                    rounds += 1
-                    try:
-                        self.observe(target.sync_round())
-                    except Exception:  # the target has failed its waiters; serve the others
-                        log.exception("sync round failed")
         except BaseException:  # leave what is left to this thread
-            with self._cond:
+            with self._lock:
                 self._leading = False
                 self._dirty.update(self._led)
                 self._led.clear()
@@ -185,7 +191,7 @@ class Syncer:
 
     def _run(self) -> None:
         while True:
-            with self._cond:
+            with self._lock:
                 if self.mode == "always":
                     while not self._dirty and not self._stopping:
                         self._cond.wait()
@@ -201,7 +207,7 @@ class Syncer:
                 except Exception:  # the target has failed its waiters; keep serving others
                     log.exception("sync round failed")
             if stopping:
-                with self._cond:
+                with self._lock:
                     if not self._dirty:
                         return
 

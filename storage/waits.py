@@ -141,6 +141,12 @@ class Waits:
         """The long-poll of a thread that may block (a ring session): it sleeps on
         ``woken``, which its owner also sets when ``stop`` is set, so that a stop ends
         the wait at once; a stopped wait leases nothing more."""
+        if wait_ms <= 0:  # no wait: the poll's one look (``Poll.lease``), without a poll
+            try:
+                items = self.engine.dequeue(queue, count, lease_ms)
+            except QueueNotFound:
+                return leased([], False, self._draining)
+            return leased(items, True, self._draining)
         poll = self.poll(queue, count, lease_ms, wait_ms)
         if poll.lease() or wait_ms <= 0 or self._draining:
             return poll.result()

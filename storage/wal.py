@@ -318,7 +318,9 @@ class WalWriter:
         if not data:
             self.sync()
             return
-        end = self._grow(len(data))
+        end = self.offset + len(data)
+        if self.prealloc and end > self.allocated:
+            self._grow(len(data))
         failed = fileio.pwrite_and_sync(self._fd, data, self.offset, self.path)
         self.offset = end
         self.allocated = max(self.allocated, end)

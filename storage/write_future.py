@@ -41,16 +41,19 @@ _guard = threading.Lock()
 
 
 class WriteFuture(Future[T]):
-    """A ``concurrent.futures.Future`` without a ``Condition`` of its own."""
+    """A ``concurrent.futures.Future`` without a ``Condition`` of its own.
 
-    __slots__ = ("_callbacks", "_error", "_event", "_phase", "_value")
+    A new future's state is the class's defaults (pending, no value, no waiters): every
+    write makes one, and ``object.__init__`` (the base's would build the Condition) is a
+    C call where an ``__init__`` of our own was a Python one."""
 
-    def __init__(self) -> None:  # the base's __init__ would build the Condition
-        self._phase = _PENDING
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self._callbacks: list[Callable[[Future[T]], object]] | None = None
-        self._event: threading.Event | None = None
+    _phase: int = _PENDING
+    _value: Any = None
+    _error: BaseException | None = None
+    _callbacks: list[Callable[[Future[T]], object]] | None = None
+    _event: threading.Event | None = None
+
+    __init__ = object.__init__
 
     def __repr__(self) -> str:
         state = ("pending", "finished", "cancelled")[self._phase]
@@ -153,6 +156,32 @@ class WriteFuture(Future[T]):
             event = self._event
         self._finish(callbacks, event)
         return True
+
+    def settle(self, result: Any, error: BaseException | None = None) -> None:
+        """Resolve with ``result`` (or ``error``) unless already done — its caller gave
+        up and cancelled it — in one call: a sync round settles every write's future
+        this way (``storage/futures.py``), where ``done`` then ``set_result`` and its
+        steps were four calls a write."""
+        if self._phase != _PENDING:
+            return
+        with _guard:
+            if self._phase != _PENDING:
+                return
+            if error is None:
+                self._value = result
+            else:
+                self._error = error
+            self._phase = _FINISHED
+            callbacks, self._callbacks = self._callbacks, None
+            event = self._event
+        if event is not None:
+            event.set()
+        if callbacks is not None:
+            for fn in callbacks:
+                try:
+                    fn(self)
+                except Exception:  # as the standard Future does: one bad callback is logged
+                    log.exception("exception calling callback for %r", self)
 
     def _finish(
         self, callbacks: list[Callable[[Future[T]], object]] | None, event: threading.Event | None

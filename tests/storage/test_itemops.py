@@ -109,3 +109,20 @@ def test_a_drain_ends_every_wait_and_later_ones_at_once(ops: ItemOps) -> None:
     t0 = time.monotonic()
     assert list(ops.lease_waiting("quiet", 1, None, 60_000, woken, stop)) == []
     assert time.monotonic() - t0 < 0.2
+
+
+def test_a_blocking_dequeue_without_a_wait_answers_as_a_long_poll_does(ops: ItemOps) -> None:
+    """A ring FIND with no wait (``lease_waiting`` with ``wait_ms`` 0) leases at once and
+    says what a long-poll's answer says beside its items: whether the queue exists, and
+    once the server drains, that it does."""
+    woken, stop = threading.Event(), threading.Event()
+    got = ops.lease_waiting("nobody-made-it", 1, None, 0, woken, stop)
+    assert (list(got), got.queue_exists, got.draining) == ([], False, False)
+    ops.start_enqueue("made", [NewItem(b"a"), NewItem(b"b")]).result(5)
+    got = ops.lease_waiting("made", 1, None, 0, woken, stop)
+    assert ([d.value for d in got], got.queue_exists, got.draining) == ([b"a"], True, False)
+    ops.waits.drain()
+    got = ops.lease_waiting("made", 1, None, 0, woken, stop)
+    assert ([d.value for d in got], got.queue_exists, got.draining) == ([b"b"], True, True)
+    got = ops.lease_waiting("nobody-made-it", 1, None, 0, woken, stop)
+    assert (list(got), got.queue_exists, got.draining) == ([], False, True)

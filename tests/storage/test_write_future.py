@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from dq.storage import Engine, EngineConfig
-from dq.storage.futures import settle
+from dq.storage.futures import answer, settle
 from dq.storage.types import NewItem, Release
 from dq.storage.write_future import WriteFuture, resolved
 
@@ -171,3 +171,58 @@ def test_engine_writes_answer_write_futures(tmp_path: Any) -> None:
         assert rel.result(timeout=30)[0].error is None and got.id == done.id
         stale = eng.release_nowait("q", [Release(got.id, got.receipt)])
         assert stale.done() and stale.result()[0].error is not None
+
+
+def test_answer_settles_write_futures_in_one_step_as_settle_does(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sync round's ``answer``: a cancelled future stays cancelled and the others of
+    the round are answered, a blocked waiter wakes, callbacks run once in order (a
+    failing one logged), and a standard ``Future`` is settled too."""
+    cancelled: WriteFuture[int] = WriteFuture()
+    cancelled.cancel()
+    ok: WriteFuture[int] = WriteFuture()
+    failed: WriteFuture[int] = WriteFuture()
+    plain: Future[int] = Future()
+    ran: list[tuple[str, Any]] = []
+
+    def bad(_f: Future[int]) -> None:
+        raise RuntimeError("boom")
+
+    ok.add_done_callback(bad)
+    ok.add_done_callback(lambda f: ran.append(("ok", f.result())))
+    failed.add_done_callback(lambda f: ran.append(("failed", type(f.exception()))))
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(ok.result(timeout=30)))
+    waiter.start()
+    with caplog.at_level(logging.ERROR):
+        answer(
+            [(cancelled, 1, None), (ok, 2, None), (failed, None, OSError("x")), (plain, 4, None)]
+        )
+    waiter.join(timeout=30)
+    assert cancelled.cancelled() and got == [2]
+    assert ran == [("ok", 2), ("failed", OSError)]
+    assert "exception calling callback" in caplog.text
+    assert plain.result(timeout=0) == 4
+    answer([(ok, 9, None), (failed, 9, None)])  # already done: nothing changes
+    assert ok.result() == 2 and isinstance(failed.exception(), OSError)
+    assert ran == [("ok", 2), ("failed", OSError)]
+
+
+def test_a_sync_round_tells_the_watchers_once_for_a_write(tmp_path: Any) -> None:
+    """One publication wakes one long-poll (``storage/waits.py``): a sync round that
+    publishes one enqueue, or one release, tells the queue's watchers once."""
+    with Engine.open(tmp_path / "d", EngineConfig(fsync="always", compaction="inline")) as eng:
+        eng.enqueue("q", [NewItem(b"x")])
+        q = eng.queue("q")
+        told: list[int] = []
+        eng.watch("q", lambda: told.append(1))
+        assert eng.syncer is not None
+        eng.syncer.stop()  # the rounds are run here, by hand
+        fut = eng.enqueue_nowait("q", [NewItem(b"y")])
+        q.sync_round()
+        assert fut.result(timeout=0) and len(told) == 1
+        (got,) = eng.dequeue("q")
+        rel = eng.release_nowait("q", [Release(got.id, got.receipt)])
+        q.sync_round()
+        assert rel.result(timeout=0)[0].error is None and len(told) == 2
