@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-__all__ = ["LiveServer", "browse_all", "free_port", "live_server"]
+__all__ = ["LiveServer", "browse_all", "call", "free_port", "live_server", "ok"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -123,6 +123,18 @@ def live_server(data_dir: Path, **options: object) -> Iterator[LiveServer]:
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.terminate(timeout=15)
         server.kill()
+
+
+def call(server: LiveServer, method: str, path: str, **kw: Any) -> httpx.Response:
+    """One request to ``server`` as curl would send it (``path`` from the root, ``kw``
+    as httpx takes them: ``json=``, ``params=``), with a timeout."""
+    return httpx.request(method, server.url + path, timeout=30, **kw)
+
+
+def ok(r: httpx.Response) -> Any:
+    """The JSON body of an answer that must be 200 (else the test fails showing it)."""
+    assert r.status_code == 200, r.text
+    return r.json()
 
 
 def browse_all(url: str, queue: str, **params: object) -> list[dict[str, Any]]:

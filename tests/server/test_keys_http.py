@@ -8,21 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.server.live import LiveServer, live_server
+from tests.server.live import LiveServer, call, live_server, ok
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
-
-
-def call(server: LiveServer, method: str, path: str, **kw: Any) -> httpx.Response:
-    return httpx.request(method, server.url + path, timeout=30, **kw)
-
-
-def ok(r: httpx.Response) -> Any:
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def enqueue(server: LiveServer, queue: str, **item: Any) -> dict[str, Any]:

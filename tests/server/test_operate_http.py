@@ -9,11 +9,7 @@ from typing import Any
 
 import httpx
 
-from tests.server.live import LiveServer, live_server
-
-
-def call(server: LiveServer, method: str, path: str, **kw: Any) -> httpx.Response:
-    return httpx.request(method, server.url + path, timeout=30, **kw)
+from tests.server.live import LiveServer, call, live_server
 
 
 def enqueue(server: LiveServer, queue: str, *items: dict[str, Any]) -> list[dict[str, Any]]:
