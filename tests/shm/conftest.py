@@ -7,6 +7,7 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,10 +21,11 @@ WAIT_S = 10.0
 
 @contextlib.contextmanager
 def serving(
-    data: Path, fsync: FsyncMode = "never", queues: tuple[str, ...] = ()
+    data: Path, fsync: FsyncMode = "never", queues: tuple[str, ...] = (), **config: Any
 ) -> Iterator[tuple[Engine, ShmServer]]:
-    """An engine on ``data`` with ``queues`` made, and its ring server, both closed after."""
-    engine = Engine.open(data, EngineConfig(fsync=fsync))
+    """An engine on ``data`` (``config``: more of its ``EngineConfig``) with ``queues``
+    made, and its ring server, both closed after."""
+    engine = Engine.open(data, EngineConfig(fsync=fsync, **config))
     for queue in queues:
         engine.put_queue(queue, QueueConfig())
     server = ShmServer(engine, data).start()

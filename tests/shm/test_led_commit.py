@@ -19,11 +19,10 @@ from dq.shm import command_codec as codec
 from dq.shm.attach import attach
 from dq.shm.command_ring import ClientRing, Op, Status
 from dq.shm.server import ShmServer
-from dq.storage import Engine, EngineConfig, QueueConfig, fileio
+from dq.storage import Engine, fileio
 from dq.storage.syncer import LEAD_PASSES, Syncer
+from tests.shm.conftest import WAIT_S, serving
 from tests.storage.faults import OneShot, file_kind
-
-WAIT_S = 10.0
 
 
 class Where:
@@ -42,14 +41,8 @@ class Where:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[Engine, ShmServer]]:
     data = tmp_path / "data"
-    engine = Engine.open(data, EngineConfig(fsync="always", auto_merge=False, compaction="inline"))
-    engine.put_queue("jobs", QueueConfig())
-    server = ShmServer(engine, data).start()
-    try:
-        yield engine, server
-    finally:
-        server.close()
-        engine.close()
+    with serving(data, "always", ("jobs",), auto_merge=False, compaction="inline") as pair:
+        yield pair
 
 
 def put(ring: ClientRing, value: bytes) -> tuple[int, bytes]:
