@@ -12,74 +12,67 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from dq.client import QueueConfig
 
 __all__ = ["add_setting_flags", "describe", "settings_from"]
 
-
-def _limit(text: str) -> int | None:
-    """A limit: a whole number, or ``none``."""
-    if text.lower() == "none":
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number or 'none': {text!r}") from None
+T = TypeVar("T")
 
 
-def _rate(text: str) -> float | None:
-    """Deliveries a second, or ``none``."""
-    if text.lower() == "none":
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number or 'none': {text!r}") from None
+def _or_none(number: Callable[[str], T]) -> Callable[[str], T | None]:
+    """How a limit's flag reads its text: a number as ``number`` reads it, or ``none``
+    (no limit)."""
+
+    def read(text: str) -> T | None:
+        if text.lower() == "none":
+            return None
+        try:
+            return number(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number or 'none': {text!r}") from None
+
+    return read
+
+
+def _add_limit(
+    p: Any, flag: str, help_: str, number: Callable[[str], object] = int, metavar: str = "N|none"
+) -> None:
+    """A limit's flag: a number or ``none``; not given, it leaves no attribute (``none``
+    is a value: no limit)."""
+    p.add_argument(
+        flag, type=_or_none(number), default=argparse.SUPPRESS, metavar=metavar, help=help_
+    )
 
 
 def add_setting_flags(p: argparse.ArgumentParser, *, create: bool) -> None:
     """The flags of a queue's settings; with ``create`` the plain ones have defaults."""
     keep = "" if create else " (default: keep)"
     p.add_argument("--lease-ms", type=int, help="default lease (ms)" + keep)
-    # a limit not given leaves no attribute (``none`` is a value: no limit)
-    p.add_argument(
-        "--max-deliveries",
-        type=_limit,
-        default=argparse.SUPPRESS,
-        metavar="N|none",
-        help="dead-letter an item after this many deliveries" + keep,
-    )
+    _add_limit(p, "--max-deliveries", "dead-letter an item after this many deliveries" + keep)
     p.add_argument("--dead-letter-queue", help="where dead letters go (default QUEUE.dlq)")
     p.add_argument("--dedup-window-ms", type=int, help="remember keys this long (0: off)" + keep)
     rules = p.add_argument_group("delivery rules (docs/delivery.md)")
-    rules.add_argument(
+    _add_limit(
+        rules,
         "--group-limit",
-        type=_limit,
-        default=argparse.SUPPRESS,
-        metavar="N|none",
-        help="at most N items of one group leased at once (1: each group in order)",
+        "at most N items of one group leased at once (1: each group in order)",
     )
-    rules.add_argument(
-        "--leased-limit",
-        type=_limit,
-        default=argparse.SUPPRESS,
-        metavar="N|none",
-        help="at most N items leased at once",
-    )
+    _add_limit(rules, "--leased-limit", "at most N items leased at once")
     rules.add_argument(
         "--fair",
         action=argparse.BooleanOptionalAction,
         help="serve the groups that have due items in turn",
     )
-    rules.add_argument(
+    _add_limit(
+        rules,
         "--rate-limit",
-        type=_rate,
-        default=argparse.SUPPRESS,
-        metavar="PER_SECOND|none",
-        help="at most this many deliveries a second (a token bucket)",
+        "at most this many deliveries a second (a token bucket)",
+        float,
+        "PER_SECOND|none",
     )
     rules.add_argument(
         "--burst", type=int, help="tokens the bucket holds (default: a second's worth)"
