@@ -22,11 +22,14 @@ from dq.storage.errors import StorageError
 from dq.storage.leases import Lease, Leases
 from dq.storage.types import DeadEntry, Delivery, Extend, ItemOutcome, ItemStats, Release
 from dq.storage.validation import check_lease_ms
-from dq.storage.view import MergedView
+from dq.storage.view import MergedView, Stretch
 
 __all__ = ["Deliveries"]
 
 log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever part logs
+
+#: entries of an in-memory segment read as one stretch, beyond two a delivery asked for
+STRETCH = 16
 
 #: (stats, value) of a pending entry by its key, wherever it lives (``SegmentSet.lookup``)
 Lookup = Callable[[bytes, object | None], tuple[bytes, bytes] | None]
@@ -181,6 +184,12 @@ class Deliveries:
                 continue
             if index.indexed >= MAX_HELD:
                 break
+            run = None if returning else view.run(after, limit, barrier, STRETCH + 2 * count)
+            if run is not None:
+                after = self._take_stretch(
+                    view, run, count, expires, now, max_deliveries, out, dead
+                )
+                continue
             after, hit = view.next_live(after, limit, barrier)
             if hit is None:
                 if index.passed(after, now):
@@ -217,6 +226,40 @@ class Deliveries:
             )
         self.cursor = after
         return out, dead
+
+    def _take_stretch(
+        self,
+        view: MergedView,
+        run: Stretch,
+        count: int,
+        expires: int,
+        now: int,
+        max_deliveries: int | None,
+        out: list[Delivery],
+        dead: list[DeadEntry],
+    ) -> bytes:
+        """``_take_ruled``'s rounds along a stretch of one source that no other
+        interleaves (``MergedView.run``): entries that may not go now are held, the
+        others handed out, until ``count`` or the stretch's end — or the queue may hand
+        out no more, or the index is full, which the caller's next round sees. Neither
+        a hold nor a hand-out makes a held item eligible, so the rounds need not ask
+        the index for one. The cursor's new position."""
+        index = self.index
+        keys, groups, source, end = run.keys, run.groups, run.source, run.end
+        hold_run, hand_out, entry = index.hold_run, self._hand_out, run.entry
+        i = run.pos
+        while True:
+            i = hold_run(keys, groups, i, end, now)
+            if i == end or index.indexed >= MAX_HELD:
+                break
+            stats, value = entry(i)
+            group = None if groups is None else groups[i]
+            hand_out(keys[i], stats, value, source, group, expires, now, max_deliveries, out, dead)
+            i += 1
+            if i == end or len(out) >= count or not index.queue_open(now):
+                break
+        view.step_to(run, i)
+        return keys[i - 1]
 
     def _read_ahead(
         self,

@@ -210,6 +210,24 @@ class DeliveryIndex:
         if first:
             self._offer(g, now)
 
+    def hold_run(
+        self, keys: list[bytes], groups: list[str | None] | None, i: int, end: int, now: int
+    ) -> int:
+        """The cursor passes ``keys[i:end]`` (the entries of ``groups[i:end]``, or of no
+        group), holding each that may not be handed out now (``admits``, ``hold``): the
+        position of the first that may, or where it stopped (``end``, or the index
+        became full)."""
+        admits, hold = self.admits, self.hold
+        while i < end:
+            group = None if groups is None else groups[i]
+            if admits(group, now):
+                return i
+            hold(group, keys[i], now)
+            i += 1
+            if self.indexed >= MAX_HELD:
+                break
+        return i
+
     def returning(self, keys: dict[bytes, str]) -> None:
         """Items whose lease ran out were written back under ``keys`` (new key ->
         group): each goes before its group's other held items once the cursor reaches

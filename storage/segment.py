@@ -312,9 +312,10 @@ def decode_footer(footer: bytes, path: str, offset: int = 0) -> SegmentInfo:
 
 
 class Block:
-    """One decoded block: its entries' keys and where each entry starts in ``raw``."""
+    """One decoded block: its entries' keys, where each entry starts in ``raw``, and
+    the positions of its tombstones (``tombs``: a stretch without one is all pending)."""
 
-    __slots__ = ("groups", "keys", "offsets", "raw")
+    __slots__ = ("groups", "keys", "offsets", "raw", "tombs")
 
     def __init__(self, raw: bytes, where: str, base: int) -> None:
         self.raw = raw
@@ -322,11 +323,15 @@ class Block:
         self.groups: list[str | None] | None = None
         keys: list[bytes] = []
         offsets: list[int] = []
+        tombs: list[int] = []
         for key, _stats, _value, off in iter_entries_keys(raw, where, base):
+            if key[15] & 0b11 == TOMBSTONE:
+                tombs.append(len(keys))
             keys.append(key)
             offsets.append(off)
         self.keys = keys
         self.offsets = offsets
+        self.tombs = tombs
 
     def entry(self, i: int) -> tuple[bytes, bytes, bytes]:
         """(key, stats, value) of the pending entry at position ``i``."""
@@ -566,6 +571,18 @@ class SegmentCursor:
         self.pos += 1
         if self.pos < len(block.keys):
             self.key = block.keys[self.pos]
+            return
+        self.block_no += 1
+        self.pos = 0
+        self._load(b"")
+
+    def seek(self, pos: int) -> None:
+        """Step forward to position ``pos`` of the current block (its end: the next
+        block's first entry)."""
+        block = self.block
+        assert block is not None and self.pos <= pos <= len(block.keys)
+        if pos < len(block.keys):
+            self.pos, self.key = pos, block.keys[pos]
             return
         self.block_no += 1
         self.pos = 0

@@ -12,16 +12,53 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from bisect import bisect_left, bisect_right
 
 from dq.storage.codec import TOMBSTONE, decode_stats, tombstone_of
 from dq.storage.memseg import MemSegment
 from dq.storage.segment import SegmentCursor, SegmentReader
 
-__all__ = ["Hit", "MergedView"]
+__all__ = ["Hit", "MergedView", "Stretch"]
 
 Source = SegmentCursor | MemSegment
 #: (key, stats, value, where the entry lives, its item's group) of one live pending entry
 Hit = tuple[bytes, bytes, bytes, object, str | None]
+
+
+class Stretch:
+    """Entries ``keys[pos:end]`` of one source that the view yields one after another
+    (``MergedView.run``), their groups (``groups[i]``; None: no group for any), where
+    they live, and the segment file's cursor that ``MergedView.step_to`` moves."""
+
+    __slots__ = ("cursor", "end", "groups", "keys", "pos", "source")
+
+    def __init__(
+        self,
+        keys: list[bytes],
+        groups: list[str | None] | None,
+        pos: int,
+        source: SegmentReader | MemSegment,
+        cursor: SegmentCursor | None,
+    ) -> None:
+        self.keys = keys
+        self.groups = groups
+        self.pos = pos
+        self.end = pos
+        self.source = source
+        self.cursor = cursor
+
+    def entry(self, i: int) -> tuple[bytes, bytes]:
+        """(stats, value) of the entry at ``i``."""
+        cur = self.cursor
+        if cur is not None:
+            assert cur.block is not None
+            _k, stats, value = cur.block.entry(i)
+            return stats, value
+        source = self.source
+        assert isinstance(source, MemSegment)
+        found = source.entries[self.keys[i]]
+        assert found is not None
+        return found
 
 
 class MergedView:
@@ -69,6 +106,95 @@ class MergedView:
                 heapq.heappop(self._heap)
             else:
                 heapq.heapreplace(self._heap, (src.key, next(self._tiebreak), src))
+
+    def run(self, after: bytes, limit: bytes, barrier: bytes | None, size: int) -> Stretch | None:
+        """The entries after ``after`` that ``next_live`` would yield one by one from a
+        single source, as one ``Stretch`` (at most ``size`` entries of an in-memory
+        segment; of a segment file, the rest of its cursor's block); None when the next
+        entry starts no such stretch (ask ``next_live``). Every entry in it is live:
+        pending, in no other source, cancelled by no tombstone. So it ends before a
+        tombstone of its source and the entry ahead of it; before the last entry of a
+        block or of ``size`` (that entry's tombstone may come next); where another
+        source's next key could be a copy of an entry or its tombstone; and up to
+        ``limit``, short of ``barrier``."""
+        heap = self._heap
+        while heap and heap[0][0] <= after:
+            self.advance(heap[0][2])
+        mem: MemSegment | None = None
+        first: bytes | None = None  # the smallest next key of the in-memory segments
+        second: bytes | None = None  # the next smallest, of another one
+        for m in self.memsegs:
+            k = m.next_after(after)
+            if k is None:
+                continue
+            if first is None or k < first:
+                if first is not None and (second is None or first < second):
+                    second = first
+                first, mem = k, m
+            elif second is None or k < second:
+                second = k
+        if heap and (first is None or heap[0][0] < first):
+            cur = heap[0][2]
+            block = cur.block
+            assert block is not None
+            keys = block.keys
+            pos = cur.pos
+            end = len(keys) - 1
+            other = first
+            for h in heap[1:3]:
+                if other is None or h[0] < other:
+                    other = h[0]
+            tombs = block.tombs
+            if tombs:
+                t = bisect_left(tombs, pos)
+                if t < len(tombs):
+                    end = min(end, tombs[t] - 1)
+            if end <= pos:
+                return None
+            stretch = Stretch(keys, block.groups, pos, cur.reader, cur)
+        elif mem is not None and first is not None and (not heap or first < heap[0][0]):
+            other = heap[0][0] if heap else None
+            if second is not None and (other is None or second < other):
+                other = second
+            keys = list(itertools.islice(mem.keys.irange(after, other, (False, False)), size))
+            end = len(keys) - 1 if len(keys) == size else len(keys)
+            if mem.tombstone_count:
+                for t, k in enumerate(keys):
+                    if k[15] & 0b11 == TOMBSTONE:
+                        end = min(end, t - 1)
+                        break
+            pos = 0
+            if end <= pos:
+                return None
+            groups = mem.groups
+            stretch = Stretch(
+                keys, [groups.get(k) for k in keys[:end]] if groups else None, 0, mem, None
+            )
+        else:
+            return None
+        end = bisect_right(keys, limit, pos, end)
+        if barrier is not None:
+            end = bisect_left(keys, barrier, pos, end)
+        if other is not None:
+            end = bisect_left(keys, other, pos, end)
+            if end > pos and tombstone_of(keys[end - 1]) >= other:
+                end -= 1
+        if end <= pos:
+            return None
+        stretch.end = end
+        return stretch
+
+    def step_to(self, stretch: Stretch, pos: int) -> None:
+        """The entries of ``stretch`` (which ``run`` returned: nothing has read the
+        view since) before ``pos`` are passed: move its source on."""
+        cur = stretch.cursor
+        if cur is None:  # an in-memory segment is bisected from the cursor
+            return
+        cur.seek(pos)
+        if cur.key is None:
+            heapq.heappop(self._heap)
+        else:
+            heapq.heapreplace(self._heap, (cur.key, next(self._tiebreak), cur))
 
     def skip_key(self, key: bytes) -> None:
         """Advance every segment cursor sitting exactly on ``key`` (duplicate tombstones)."""
