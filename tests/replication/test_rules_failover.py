@@ -41,6 +41,7 @@ from tests.replication.test_node_e2e import (
     leader_other_than,
     started_cluster,
 )
+from tests.server.overlaps import most_at_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -145,23 +146,6 @@ class Consumers:
                         self.held.append(Held(node, start, end, item.id, item.group, ok))
                         if ok:
                             self.released.add(item.id)
-
-
-def _most_at_once(held: list[Held]) -> tuple[dict[str | None, int], int]:
-    """The most deliveries open at one instant, per group and in all."""
-    events = sorted(
-        [(h.start, 1, h.group) for h in held] + [(h.end, -1, h.group) for h in held],
-        key=lambda e: (e[0], e[1]),  # an end before a start at the same instant
-    )
-    per: dict[str | None, int] = {}
-    top: dict[str | None, int] = {}
-    now = most = 0
-    for _t, step, g in events:
-        per[g] = per.get(g, 0) + step
-        top[g] = max(top.get(g, 0), per[g])
-        now += step
-        most = max(most, now)
-    return top, most
 
 
 def _config_on(url: str) -> QueueConfig | None:
@@ -280,7 +264,7 @@ def test_limits_hold_through_a_frozen_and_a_killed_leader(group: Cluster) -> Non
         else:
             outside.append(h)
     assert not outside, f"deliveries by a member outside its term as leader: {outside}"
-    per_group, most = _most_at_once([h for term in by_term for h in term])
+    per_group, most = most_at_once((h.start, h.end, h.group) for term in by_term for h in term)
     assert max(per_group.values()) == 1 and most <= 3, (per_group, most)
     assert all(by_term), "each leader delivered"
     # the kept item came again first of its group at the second leader

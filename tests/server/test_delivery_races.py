@@ -24,6 +24,7 @@ import pytest
 
 from dq.client import Client, NewItem, QueueConfig, RateLimit
 from tests.server.live import LiveServer, live_server
+from tests.server.overlaps import most_at_once
 
 pytestmark = pytest.mark.integration  # live dq serve processes, over HTTP and the ring
 
@@ -31,23 +32,6 @@ ENV = {"DQ_SHM": "1", "DQ_EXPIRE_INTERVAL_MS": "20", "DQ_MAX_WAIT_MS": "5000"}
 
 #: (held from, held to, group, item id), times in seconds since the epoch
 Interval = tuple[float, float, str, int]
-
-
-def _overlaps(intervals: list[Interval]) -> tuple[dict[str, int], int]:
-    """The most intervals open at one instant, per group and in all."""
-    events = sorted(
-        [(a, 1, g) for a, _b, g, _i in intervals] + [(b, -1, g) for _a, b, g, _i in intervals],
-        key=lambda e: (e[0], e[1]),  # an end before a start at the same instant
-    )
-    per: dict[str, int] = {}
-    top: dict[str, int] = {}
-    now = most = 0
-    for _t, step, g in events:
-        per[g] = per.get(g, 0) + step
-        top[g] = max(top.get(g, 0), per[g])
-        now += step
-        most = max(most, now)
-    return top, most
 
 
 def _race(
@@ -125,7 +109,7 @@ def test_many_consumers_never_exceed_the_limits(tmp_path: Path, seed: int) -> No
         urls = [server.url] * 4 + [f"shm://{server.data_dir}"] * 4
         intervals, released = _race(urls, "race", group_of, 300, seed)
         assert released == set(group_of)
-        most_per_group, most = _overlaps(intervals)
+        most_per_group, most = most_at_once((a, b, g) for a, b, g, _i in intervals)
         assert most <= 6 and max(most_per_group.values()) <= 2, (most, most_per_group)
         assert most >= 3  # the consumers did run side by side
         assert dq.queue("race").stats.leased == 0
@@ -141,7 +125,7 @@ def test_leases_running_out_free_their_slots_and_never_overfill(tmp_path: Path) 
         urls = [server.url] * 3 + [f"shm://{server.data_dir}"] * 3
         intervals, released = _race(urls, "lapse", group_of, 60, 7, lapse=0.3, lease_ms=300)
         assert released == set(group_of)
-        most_per_group, _most = _overlaps(intervals)
+        most_per_group, _most = most_at_once((a, b, g) for a, b, g, _i in intervals)
         assert max(most_per_group.values()) == 1, most_per_group
         assert len(intervals) > 60  # leases did run out and their items came back
         # each group's items were first delivered in their order (FIFO per group)
@@ -182,7 +166,7 @@ def test_after_a_sigkill_nothing_is_leased_and_the_limits_hold(tmp_path: Path) -
             after, released = _race(urls, "crash", group_of, len(left), 4)
             assert released == left
             for intervals in (before, after):
-                most_per_group, most = _overlaps(intervals)
+                most_per_group, most = most_at_once((a, b, g) for a, b, g, _i in intervals)
                 assert most <= 3 and max(most_per_group.values(), default=0) <= 1
     finally:
         server.kill()
