@@ -1,4 +1,5 @@
-"""What the counted benchmarks (``bench/hot_split.py``, ``bench/ring_split.py``) share.
+"""What the counted benchmarks (``bench/hot_split.py``, ``bench/ring_split.py``, and in
+part ``bench/http_split.py``) share.
 
 Both say where one operation's work goes by counting it instead of timing it, so their
 figures hold on a loaded machine: Python calls by module (a profiler in a child run of

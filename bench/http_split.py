@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import counted
+
 BODY = json.dumps({"items": [{"value": "v" * 256}]}).encode()
 _JSON = {"content-type": "application/json"}
 #: the server's threads that wake on a timer, whatever the requests: left out
@@ -51,7 +53,6 @@ _TICKING = frozenset(
 def child_serve() -> int:
     """``dq serve`` (its arguments after ``--``); with ``$DQ_HTTP_SPLIT`` set, with a call
     counter: SIGUSR1 writes the counts so far to that file as JSON."""
-    ours = re.compile(r"/(storage|server|shm|client|cli|pipeline)/([^/]+)\.py$")
     counts: collections.Counter[str] = collections.Counter()
     by_function = bool(os.environ.get("DQ_HTTP_SPLIT_FUNCTIONS"))
     skip: dict[int, bool] = {}
@@ -64,12 +65,7 @@ def child_serve() -> int:
             skip[me] = threading.current_thread().name in _TICKING
         if skip[me]:
             return
-        path = frame.f_code.co_filename
-        m = ours.search(path)
-        if m is None or "-packages/" in path:
-            where = "(standard library and dependencies)"
-        else:
-            where = f"{m.group(1)}/{m.group(2)}.py"
+        where = counted.module_of(frame.f_code.co_filename)
         if by_function:
             where += " " + frame.f_code.co_qualname
         counts[where] += 1
@@ -237,10 +233,7 @@ def main() -> int:
     for part, title in (("enqueue", "durable single enqueue"), ("dequeue", "dequeue + release")):
         c = calls[part]
         print(f"\n## {title}, per operation (two requests for dequeue + release)")
-        print(f"Python calls: {sum(c.values()):.1f}")
-        for k, v in sorted(c.items(), key=lambda kv: -kv[1]):
-            if v >= 0.5:
-                print(f"  {k}: {v:.1f}")
+        counted.print_calls(c)
         if args.no_valgrind:
             continue
         whole = per_op(part)
