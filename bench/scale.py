@@ -1,10 +1,13 @@
 """Scale benchmark: 10,000,000 items of 256 bytes through one queue, with merging.
 
-    python -m bench.scale [--items N] [--plot docs/scale.png]
+    python -m bench.scale [--items N] [--groups G [--group-limit L]] [--plot docs/scale.png]
 
 Enqueue N items (half due now, half spread over the next hour), consume and release
 the due half, move the engine's clock an hour on, consume and release the rest, and
-let merging settle. Prints peak RSS (server and compaction worker), disk bytes and
+let merging settle. With ``--groups G`` the items are spread round robin over G groups
+and the queue has ``group_limit`` L (1 unless told): the delivery index then holds the
+groups with a lease or a held-back item and up to ``MAX_HELD`` held keys, and the peak
+RSS includes them (``docs/delivery.md``: memory). Prints peak RSS (server and compaction worker), disk bytes and
 segment count over time, dequeue+release items/s at a 100,000-item and at the full
 backlog, open time with the full backlog, write amplification (bytes the processes
 wrote to disk / bytes enqueued) and disk use at the end; draws RSS, disk and segment
@@ -24,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from dq.storage import Engine, EngineConfig, NewItem, Release
+from dq.storage import Engine, EngineConfig, NewItem, QueueConfig, Release
 
 VALUE_SIZE = 256
 POOL = os.urandom(1 << 20)
@@ -94,15 +97,20 @@ def io_written() -> int:
     return total
 
 
-def items(n: int, rng: random.Random, now: int) -> list[NewItem]:
+def items(
+    n: int, rng: random.Random, now: int, names: list[str] | None, first: int
+) -> list[NewItem]:
+    """``n`` items, half due now; the ``first``-th item onwards of the run, round robin
+    over the group ``names`` if any."""
     out = []
-    for _ in range(n):
+    for i in range(first, first + n):
         off = rng.randrange(0, len(POOL) - VALUE_SIZE)
         value = POOL[off : off + VALUE_SIZE]
+        group = None if names is None else names[i % len(names)]
         if rng.random() < 0.5:
-            out.append(NewItem(value))
+            out.append(NewItem(value, group=group))
         else:
-            out.append(NewItem(value, deadline=now + rng.randrange(1, 3_600_000)))
+            out.append(NewItem(value, deadline=now + rng.randrange(1, 3_600_000), group=group))
     return out
 
 
@@ -118,9 +126,19 @@ def consume(engine: Engine, limit: int | None = None) -> tuple[int, float]:
     return done, time.perf_counter() - t0
 
 
-def fill(engine: Engine, clock: ShiftableClock, n: int, rng: random.Random) -> None:
+def fill(
+    engine: Engine,
+    clock: ShiftableClock,
+    n: int,
+    rng: random.Random,
+    names: list[str] | None,
+    group_limit: int,
+) -> None:
+    if names is not None:
+        engine.put_queue("scale", QueueConfig(group_limit=group_limit))
     for start in range(0, n, 1000):
-        engine.enqueue("scale", items(min(1000, n - start), rng, clock()), timeout=600)
+        batch = items(min(1000, n - start), rng, clock(), names, start)
+        engine.enqueue("scale", batch, timeout=600)
 
 
 def main() -> None:
@@ -129,7 +147,12 @@ def main() -> None:
     ap.add_argument("--measure", type=int, default=50_000, help="items timed for dequeue+release")
     ap.add_argument("--plot", default="docs/scale.png")
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--groups", type=int, default=0, help="spread the items over this many groups")
+    ap.add_argument(
+        "--group-limit", type=int, default=1, help="the queue's group_limit with --groups"
+    )
     args = ap.parse_args()
+    names = [f"g{i}" for i in range(args.groups)] if args.groups else None
     root = Path(args.dir or tempfile.mkdtemp(prefix="dq-scale-"))
     rng = random.Random(7)
     clock = ShiftableClock()
@@ -137,13 +160,15 @@ def main() -> None:
     print(
         f"# bench/scale.py {time.strftime('%Y-%m-%d %H:%M')}: {args.items:,} items, data in {root}"
     )
+    if names is not None:
+        print(f"# over {args.groups:,} groups, group_limit {args.group_limit}")
 
     # dequeue+release at a 100,000-item backlog (same mix), a separate directory
     small_rates = []
     for attempt in range(3):  # median of three: one short window is at the mercy of the machine
         small = root / f"small-{attempt}"
         with Engine.open(small, cfg, clock=clock) as e:
-            fill(e, clock, 100_000, rng)
+            fill(e, clock, 100_000, rng, names, args.group_limit)
             n, dt = consume(e, args.measure)
             small_rates.append(n / dt)
         shutil.rmtree(small)
@@ -160,7 +185,7 @@ def main() -> None:
     engine = Engine.open(data, cfg, clock=clock)
     ref[0] = engine
     t0 = time.perf_counter()
-    fill(engine, clock, args.items, rng)
+    fill(engine, clock, args.items, rng, names, args.group_limit)
     print(f"enqueued {args.items:,} in {time.perf_counter() - t0:.0f} s")
     engine.compactor.wait_idle(600)
     written_engine = io_written() - written0  # before the close, while the worker lives
