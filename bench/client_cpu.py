@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,22 +31,16 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from bench.ports import free_port
 from dq.client import AsyncClient, Client
 
 REPO = Path(__file__).resolve().parents[1]
 VALUE = b"v" * 256
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextlib.contextmanager
 def _server(data_dir: Path) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DQ_")}
     cmd = [
         sys.executable, "-m", "dq.cli.main", "serve", "--data-dir", str(data_dir),

@@ -36,6 +36,8 @@ from typing import Any
 
 import uvloop
 
+from bench.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 VALUE = "v" * 256
 
@@ -251,13 +253,6 @@ async def wakeup(port: int, samples: int) -> dict[str, float]:
 
 
 # --------------------------------------------------------------------------- servers
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _wait_up(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
@@ -563,7 +558,7 @@ def main() -> int:
     args = parser.parse_args()
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="dq-bench-http-")
     nosync_dir = tempfile.mkdtemp(prefix="dq-bench-http-nosync-")
-    dq_port, nosync_port, bare_port = _free_port(), _free_port(), _free_port()
+    dq_port, nosync_port, bare_port = free_port(), free_port(), free_port()
     procs = [
         _start_dq(data_dir, dq_port),
         _start_dq(nosync_dir, nosync_port, "never"),

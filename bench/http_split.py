@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import counted
+from bench.ports import free_port
 
 BODY = json.dumps({"items": [{"value": "v" * 256}]}).encode()
 _JSON = {"content-type": "application/json"}
@@ -85,14 +86,6 @@ def child_serve() -> int:
     return dq_main(sys.argv[sys.argv.index("--") + 1 :])
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _post(conn: http.client.HTTPConnection, path: str, body: bytes) -> Any:
     conn.request("POST", path, body, _JSON)
     r = conn.getresponse()
@@ -117,7 +110,7 @@ class _Server:
 
     def __init__(self, tree: list[str], prefix: list[str], counting: bool) -> None:
         self.data = tempfile.mkdtemp(prefix="dq-http-split-")
-        self.port = _free_port()
+        self.port = free_port()
         self.out = Path(self.data + "-calls.json")
         serve = ["serve", "--data-dir", self.data, "--port", str(self.port)]
         serve += ["--fsync", "always", "--log-level", "warning"]

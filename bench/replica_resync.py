@@ -37,6 +37,7 @@ from typing import Any
 
 import uvicorn
 
+from bench.ports import free_port
 from dq.server.app import create_app
 from dq.server.replication.follower import Follower
 from dq.server.replication.leader import Replicator
@@ -117,15 +118,6 @@ class _Server:
         self.thread.join(30)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _du(path: str) -> int:
     total = 0
     for root, _dirs, files in os.walk(path):
@@ -148,7 +140,7 @@ def _measure(mb: int, runs: int, queues: int, base: str) -> dict[str, Any]:
     lead_dir = os.path.join(base, f"leader-{mb}")
     engine = Engine.open(lead_dir, EngineConfig(fsync="always"))
     _fill(engine, mb, queues)
-    settings = Settings(data_dir=lead_dir, fsync="always", shm=False, port=_free_port())
+    settings = Settings(data_dir=lead_dir, fsync="always", shm=False, port=free_port())
     server = _Server(settings, engine)
     server.start()
     rep = Replicator(

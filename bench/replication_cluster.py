@@ -14,22 +14,16 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.ports import free_port
+
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def get_json(url: str, path: str, timeout: float = 2.0) -> Any:

@@ -42,7 +42,6 @@ import os
 import random
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,16 +53,11 @@ from typing import Any
 
 import httpx
 
+from bench.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 _TICK = os.sysconf("SC_CLK_TCK")
 _BOUNDS = re.compile(r'^dq_schedule_lateness_seconds_bucket\{le="([^"]+)"\} (\S+)$', re.M)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def cpu_seconds(pid: int) -> float:

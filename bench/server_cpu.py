@@ -46,13 +46,14 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.ports import free_port
 
 VALUE = "v" * 256
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -92,13 +93,6 @@ class Split:
             time.sleep(0.01)
         table: dict[str, list[float]] = json.loads(self.path.read_text())
         return table
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _post(conn: http.client.HTTPConnection, path: str, body: bytes) -> Any:

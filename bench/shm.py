@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,15 +35,10 @@ from typing import Any
 
 import httpx
 
+from bench.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 VALUE = b"v" * 256
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager

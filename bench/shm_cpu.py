@@ -25,12 +25,13 @@ import atexit
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench.ports import free_port
 
 PACKAGES = ("storage", "server", "shm", "client", "cli", "pipeline")
 VALUE = b"v" * 256
@@ -48,12 +49,6 @@ def _tree_path(tree: str) -> str:
         if (Path(tree) / name).is_dir():
             (pkg / name).symlink_to(Path(tree).resolve() / name)
     return root
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _threads(pid: int) -> dict[str, int]:
@@ -111,7 +106,7 @@ def main() -> None:
         env["PYTHONPATH"] = _tree_path(args.tree)
     dq = str(Path(sys.executable).with_name("dq"))
     cmd = [dq, "serve", "--data-dir", f"{data}/data", "--host", "127.0.0.1"]
-    cmd += ["--port", str(_free_port()), "--fsync", args.fsync]
+    cmd += ["--port", str(free_port()), "--fsync", args.fsync]
     server = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         sock, end = Path(data, "data", "dq.sock"), time.monotonic() + 30

@@ -20,7 +20,6 @@ import mmap
 import multiprocessing as mp
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.ports import free_port  # noqa: E402
 from dq.shm.broadcast_ring import BroadcastReader, BroadcastWriter, init_ring, ring_size  # noqa: E402
 from dq.shm.subscriber import submitter  # noqa: E402
 from dq.shm.telemetry import MSG_WORDS, TelemetryPublisher, encode  # noqa: E402
@@ -41,13 +41,6 @@ from dq.shm.telemetry_ring import init_ring as init_telemetry  # noqa: E402
 from dq.shm.telemetry_ring import ring_size as telemetry_size  # noqa: E402
 
 CTX = mp.get_context("fork")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager

@@ -26,7 +26,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,14 +37,9 @@ from typing import Any
 
 import httpx
 
+from bench.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager

@@ -39,18 +39,12 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+from bench.ports import free_port
 from dq.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
 VALUE = "v" * 256
 BATCH = 10
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _start(data_dir: str, port: int, fsync: str) -> subprocess.Popen[bytes]:
@@ -253,7 +247,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     data = tempfile.mkdtemp(prefix="dq-bench-sqs-")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = _start(data, port, args.fsync)
     try:
