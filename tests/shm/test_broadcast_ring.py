@@ -6,12 +6,10 @@ import itertools
 import mmap
 import multiprocessing as mp
 import os
-import re
 import signal
 import struct
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -29,15 +27,9 @@ from dq.shm.broadcast_ring import (
     ring_size,
 )
 from dq.shm.errors import ProtocolError, RingClosed
+from tests.shm.doc_examples import doc_example
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "shm.md"
 CTX = mp.get_context("fork")
-
-
-def doc_example(name: str) -> bytes:
-    match = re.search(rf"<!-- example:{name} -->\n```\n(.*?)```", DOC.read_text(), re.S)
-    assert match is not None, name
-    return bytes.fromhex(match.group(1).replace("\n", " "))
 
 
 def make(size: int = 4096) -> mmap.mmap:

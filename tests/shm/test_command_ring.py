@@ -6,9 +6,7 @@ decoded and answers what the test says (``tests/shm/ring_session.py``)."""
 from __future__ import annotations
 
 import dataclasses
-import re
 import struct
-from pathlib import Path
 
 import pytest
 
@@ -18,17 +16,8 @@ from dq.shm.command_ring import FLAG_GROUPS, RESPONSE_BODY_MAX, SLOT_SIZE, Op, S
 from dq.shm.errors import MalformedSlot, ProtocolError, RingTimeout, ValueTooLargeForRing
 from dq.storage.types import Delivery, Enqueued, ItemOutcome, ItemStats
 from dq.storage.waits import Leased, leased
+from tests.shm.doc_examples import doc_example
 from tests.shm.ring_session import WAIT_S, Served
-
-DOC = Path(__file__).resolve().parents[2] / "docs" / "shm.md"
-
-
-def doc_example(name: str) -> bytes:
-    text = DOC.read_text()
-    match = re.search(rf"<!-- example:{name} -->\n```\n(.*?)```", text, re.S)
-    assert match is not None, name
-    return bytes.fromhex(match.group(1).replace("\n", " "))
-
 
 DOC_DELIVERY = Delivery(
     1,

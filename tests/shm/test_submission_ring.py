@@ -5,7 +5,6 @@ from __future__ import annotations
 import mmap
 import multiprocessing as mp
 import os
-import re
 import struct
 import time
 from collections.abc import Iterator
@@ -43,15 +42,9 @@ from dq.storage import Engine, EngineConfig
 from dq.storage.errors import WriteStall
 from dq.storage.types import NewItem
 from tests.server.live import live_server
+from tests.shm.doc_examples import doc_example
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "shm.md"
 CTX = mp.get_context("fork")
-
-
-def doc_example(name: str) -> bytes:
-    match = re.search(rf"<!-- example:{name} -->\n```\n(.*?)```", DOC.read_text(), re.S)
-    assert match is not None, name
-    return bytes.fromhex(match.group(1).replace("\n", " "))
 
 
 def make(capacity: int = 8, payload: int = 256) -> mmap.mmap:

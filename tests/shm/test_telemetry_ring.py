@@ -5,12 +5,10 @@ from __future__ import annotations
 import mmap
 import multiprocessing as mp
 import os
-import re
 import signal
 import struct
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -25,15 +23,9 @@ from dq.shm.telemetry_ring import (
     init_ring,
     ring_size,
 )
+from tests.shm.doc_examples import doc_example
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "shm.md"
 CTX = mp.get_context("fork")
-
-
-def doc_example(name: str) -> bytes:
-    match = re.search(rf"<!-- example:{name} -->\n```\n(.*?)```", DOC.read_text(), re.S)
-    assert match is not None, name
-    return bytes.fromhex(match.group(1).replace("\n", " "))
 
 
 def make(qmax: int = 5, msg: int = 3, **kw: float) -> TelemetryRing:
