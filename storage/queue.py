@@ -432,6 +432,25 @@ class Queue:
         first = commit.next_id
         n = len(prepared)
         commit.next_id += n
+        if n == 1 and keyed is None and groups is None and origin is None and reasons is None:
+            # one item with nothing but its value and deadline (a single enqueue, the
+            # common case): the steps below, without their lists and joins
+            ((deadline, value),) = prepared
+            key = ((deadline << 66) | (first << 2)).to_bytes(16, "big")  # encode_key
+            if key <= self.deliveries.cursor:  # placed after the cursor
+                deadline, key = self.deliveries.place(deadline, first)
+            self.rates.add("enqueue", 1, now)
+            batch = PendingBatch(
+                self.files.memseg,
+                [Enqueued(first, deadline)],
+                keyed=[(key, value)],
+                stats=st,
+                token=commit.hold(key),
+                wakes=True,
+            )
+            return self._submit(
+                batch, PENDING_HEADER.pack(key, st, len(value)) + value, extra_meta, inline
+            )
         pack = PENDING_HEADER.pack
         parts: list[bytes] = []
         pairs: list[tuple[bytes, bytes]] = []

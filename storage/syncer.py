@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable
 from typing import Protocol
 
@@ -73,12 +74,8 @@ class FsyncStats:
         with self._lock:
             self.count += 1
             self.total_seconds += seconds
-            for i, bound in enumerate(self.BOUNDS):
-                if seconds <= bound:
-                    self.bucket_counts[i] += 1
-                    break
-            else:
-                self.bucket_counts[-1] += 1
+            # the first bucket whose bound is not below it (past the last: the +Inf one)
+            self.bucket_counts[bisect_left(self.BOUNDS, seconds)] += 1
 
     def snapshot(self) -> tuple[int, float, list[tuple[float, int]]]:
         """(count, sum, cumulative buckets as (upper bound, count)), Prometheus style."""

@@ -20,7 +20,7 @@ import pytest
 
 from dq.storage import Engine, EngineConfig, NewItem, fileio
 from dq.storage.errors import EngineUnavailable
-from dq.storage.syncer import SLOW_COMMIT_S, InlineCommits
+from dq.storage.syncer import SLOW_COMMIT_S, FsyncStats, InlineCommits
 from tests.storage.faults import AckCheck
 
 pytestmark = pytest.mark.timeout(60)
@@ -225,3 +225,26 @@ def test_inline_commits_need_fsync_always(tmp_path: Path) -> None:
         assert e.syncer is not None
         with pytest.raises(RuntimeError, match="fsync=always"):
             e.syncer.commit_inline(lambda fn: None)
+
+
+def test_the_fsync_histogram_counts_each_sync_in_the_first_bucket_it_fits() -> None:
+    """``FsyncStats``: a latency on a bucket's bound is counted in that bucket (``le``,
+    as Prometheus reads it), one past the last bound in the +Inf bucket."""
+    stats = FsyncStats()
+    for seconds in (0.0, 0.0005, 0.00051, 0.001, 0.3, 1.0, 7.0):
+        stats.observe(seconds)
+    count, total, buckets = stats.snapshot()
+    assert count == 7 and total == pytest.approx(8.30201)
+    assert dict(buckets) == {
+        0.0005: 2,
+        0.001: 4,
+        0.002: 4,
+        0.005: 4,
+        0.01: 4,
+        0.025: 4,
+        0.05: 4,
+        0.1: 4,
+        0.25: 4,
+        1.0: 6,
+        float("inf"): 7,
+    }
