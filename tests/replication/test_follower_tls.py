@@ -3,8 +3,6 @@ set (a private CA, or a self-signed certificate), else the system's CAs."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Iterator
 from concurrent.futures import Future
 from pathlib import Path
@@ -17,30 +15,15 @@ from dq.server.settings import Settings
 from dq.storage import Engine, EngineConfig
 from dq.storage.replication import KIND_CONTROL, Frame
 from tests.replication.fake_leader import FakeLeader
+from tests.server.certificate import NEEDS_OPENSSL, self_signed
 
 # integration: a fake leader served over HTTPS
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        shutil.which("openssl") is None, reason="needs the openssl command for a certificate"
-    ),
-]
+pytestmark = [pytest.mark.integration, NEEDS_OPENSSL]
 
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    base: Path = tmp_path_factory.mktemp("dq-tls")
-    cert, key = base / "cert.pem", base / "key.pem"
-    subprocess.run(
-        [
-            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-            "-keyout", str(key), "-out", str(cert),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )  # fmt: skip
+    cert, key = self_signed(tmp_path_factory.mktemp("dq-tls"))
     return str(cert), str(key)
 
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -18,32 +16,16 @@ import httpx
 import pytest
 
 from dq.client import AsyncClient, Client, TransportError
+from tests.server.certificate import NEEDS_OPENSSL, self_signed
 from tests.server.live import LiveServer, live_server
 
 # integration: a live dq serve over HTTPS
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        shutil.which("openssl") is None, reason="needs the openssl command for a certificate"
-    ),
-]
+pytestmark = [pytest.mark.integration, NEEDS_OPENSSL]
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    base: Path = tmp_path_factory.mktemp("dq-certs")
-    cert, key = base / "cert.pem", base / "key.pem"
-    subprocess.run(
-        [
-            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-            "-keyout", str(key), "-out", str(cert),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )  # fmt: skip
-    return cert, key
+    return self_signed(tmp_path_factory.mktemp("dq-certs"))
 
 
 @pytest.fixture(scope="module")
