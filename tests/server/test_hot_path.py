@@ -28,6 +28,7 @@ from dq.shm import command_codec as codec
 from dq.shm.attach import attach
 from dq.shm.command_ring import FLAG_NO_QUEUE, ClientRing, Op, Response, Status
 from tests.server.live import LiveServer, live_server
+from tests.server.masked import mask
 from tests.server.threaded import threaded_server
 
 pytestmark = pytest.mark.integration  # live dq serve processes
@@ -40,15 +41,6 @@ ENV = {
     "DQ_MAX_BODY_BYTES": "4096",
     "DQ_EXPIRE_INTERVAL_MS": "60000",
 }
-_DATE = re.compile(rb"^date: [^\r]*\r\n", re.MULTILINE | re.IGNORECASE)
-_TIME = re.compile(rb"\b1\d{12}\b")
-_RECEIPT = re.compile(rb'"[0-9a-f]{8}\.([0-9a-f]+)\.([0-9a-f]+)"')
-
-
-def _mask(raw: bytes) -> bytes:
-    raw = _DATE.sub(b"date: -\r\n", raw)
-    raw = _TIME.sub(b"T" * 13, raw)
-    return _RECEIPT.sub(rb'"RRRRRRRR.\1.\2"', raw)
 
 
 class Raw:
@@ -186,7 +178,7 @@ def test_fast_path_and_framework_answer_the_same_bytes(
         for _ in range(2):  # the second time, the fast path has read every head before
             conn = Raw(server.port)
             try:
-                got += [_mask(r) for r in _script(conn)]  # it ends closing the connection
+                got += [mask(r) for r in _script(conn)]  # it ends closing the connection
             finally:
                 conn.close()
             conn = Raw(server.port)
@@ -195,7 +187,7 @@ def test_fast_path_and_framework_answer_the_same_bytes(
                     f"DELETE /v1/queues/hot HTTP/1.1\r\nhost: x\r\n"
                     f"authorization: Bearer {TOKEN}\r\n\r\n".encode()
                 )
-                got.append(_mask(conn._response()))
+                got.append(mask(conn._response()))
             finally:
                 conn.close()
         answers.append(got)
@@ -414,7 +406,7 @@ def test_a_followers_refusals_are_the_same_bytes(
         server.engine.set_role(False, leader)
         conn = Raw(server.port)
         try:
-            answers.append([_mask(r) for r in _follower_script(conn)])
+            answers.append([mask(r) for r in _follower_script(conn)])
         finally:
             conn.close()
             server.engine.set_role(True)

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tests.server.masked import mask
 from tests.server.threaded import ThreadedServer, threaded_server
 
 pytestmark = pytest.mark.integration  # in-process servers on 127.0.0.1
@@ -41,15 +42,6 @@ SETTINGS: dict[str, Any] = {
     "shm": False,
     "fsync": "always",
 }
-_DATE = re.compile(rb"^date: [^\r]*\r\n", re.MULTILINE | re.IGNORECASE)
-_TIME = re.compile(rb"\b1\d{12}\b")
-_RECEIPT = re.compile(rb'"[0-9a-f]{8}\.([0-9a-f]+)\.([0-9a-f]+)"')
-
-
-def _mask(raw: bytes) -> bytes:
-    raw = _DATE.sub(b"date: -\r\n", raw)
-    raw = _TIME.sub(b"T" * 13, raw)
-    return _RECEIPT.sub(rb'"RRRRRRRR.\1.\2"', raw)
 
 
 @pytest.fixture(scope="module")
@@ -142,13 +134,13 @@ class Conn:
                 while len(rest) < length and self._more():
                     rest = self.buf.partition(b"\r\n\r\n")[2]
                 self.buf = rest[length:]
-                return _mask(head + b"\r\n\r\n" + rest[:length])
+                return mask(head + b"\r\n\r\n" + rest[:length])
         except TimeoutError:
             pass
         finally:
             self.sock.settimeout(10)
         out, self.buf = self.buf, b""
-        return _mask(out)
+        return mask(out)
 
     def closed(self, wait: float = 0.5) -> bool:
         """Whether the server closes the connection within ``wait`` seconds."""
