@@ -103,8 +103,8 @@ class Deliveries:
                 dead.append((key, stats, value, group))
                 continue
             cnt += 1
+            group = took(group, now)  # the index's string of the name, shared
             receipt = leases.add(item_id, key, (enq, req, cnt), expires, source, now, group)
-            took(group, now)
             out.append(
                 Delivery(
                     item_id,
@@ -310,8 +310,8 @@ class Deliveries:
         cnt += 1
         k = int.from_bytes(key, "big")
         item_id = (k >> 2) & MAX_ID
+        group = self.index.took(group, now)  # the index's string of the name, shared
         receipt = self.leases.add(item_id, key, (enq, req, cnt), expires, source, now, group)
-        self.index.took(group, now)
         out.append(
             Delivery(
                 item_id,

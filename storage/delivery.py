@@ -128,8 +128,10 @@ class DeliveryIndex:
 
     # ------------------------------------------------------------------ slots
 
-    def took(self, group: str | None, now: int) -> None:
-        """A lease of an item of ``group`` began: it takes a slot and a token."""
+    def took(self, group: str | None, now: int) -> str | None:
+        """A lease of an item of ``group`` began: it takes a slot and a token. The
+        group's name as the index keeps it, for the lease to share (a name read from a
+        segment file is a new string for each entry)."""
         g = self.groups.get(group)
         if g is None:
             g = self.groups[group] = Group(group)
@@ -137,6 +139,7 @@ class DeliveryIndex:
         self.taken += 1
         if self.buckets is not None:
             self.buckets.take(group, now)
+        return g.name
 
     def ended(self, leases: Iterable[tuple[int, Lease]], now: int) -> bool:
         """The ends of ``leases`` are durable: their slots are free. True when that may

@@ -2,10 +2,13 @@
 (live leases) and the due items of it that dequeue's cursor has passed but not handed
 out — held back by a rule, or waiting for the group's turn.
 
-The held items are keys only (16 bytes each, ``docs/format.md``), packed in one
-``bytearray`` in the order the cursor passed them, which is key order: a held item's
-value and stats stay where its entry lives (an in-memory segment or a segment file) and
-are read when it is handed out. ``front`` holds the items that came back after their
+The held items are keys only (16 bytes each, ``docs/format.md``), packed in the order the
+cursor passed them, which is key order: a held item's value and stats stay where its
+entry lives (an in-memory segment or a segment file) and are read when it is handed
+out. Most groups hold none or one (a group with a lease and its next item), so ``keys``
+is the empty ``bytes`` until the first, that key's own ``bytes`` while it is the only
+one, and a ``bytearray`` from the second on: a group costs no buffer of its own until
+it holds two. ``front`` holds the items that came back after their
 lease ran out (``docs/delivery.md``): they go before the group's other held items.
 
 Invariant: ``keys[head:]`` is sorted and every key in it is a live pending entry at or
@@ -36,7 +39,7 @@ class Group:
         self.name = name
         #: live leases of the group's items, and ends of leases not yet durable
         self.leased = 0
-        self.keys = bytearray()
+        self.keys: bytes | bytearray = b""
         #: where the first held key starts in ``keys``
         self.head = 0
         #: keys of items back from an expired lease, delivered before ``keys``
@@ -86,16 +89,34 @@ class Group:
                 self.front = None
             return key
         start = self.head
-        key = bytes(self.keys[start : start + KEY])
+        keys = self.keys
+        key = bytes(keys[start : start + KEY])
         start += KEY
-        if start >= _COMPACT and 2 * start >= len(self.keys):
-            del self.keys[:start]
+        if start == len(keys):  # none left: the buffer goes
+            self.keys = b""
+            start = 0
+        elif start >= _COMPACT and 2 * start >= len(keys):
+            assert isinstance(keys, bytearray)
+            del keys[:start]
             start = 0
         self.head = start
         return key
 
     def append(self, key: bytes) -> None:
-        self.keys += key
+        keys = self.keys
+        if not keys:
+            self.keys = bytes(key)  # the key's own object (``bytes`` of bytes is itself)
+        elif isinstance(keys, bytearray):
+            keys += key
+        else:
+            self._mutable().extend(key)
+
+    def _mutable(self) -> bytearray:
+        """``keys`` as a ``bytearray``, to change in place."""
+        keys = self.keys
+        if not isinstance(keys, bytearray):
+            keys = self.keys = bytearray(keys)
+        return keys
 
     def arrive(self, key: bytes) -> None:
         """An item back from an expired lease reached the cursor: it goes first."""
@@ -136,7 +157,10 @@ class Group:
         at = self._find(key)
         if at < 0:
             return 0
-        del self.keys[at : at + KEY]
+        del self._mutable()[at : at + KEY]
+        if self.head == len(self.keys):
+            self.keys = b""
+            self.head = 0
         return HELD
 
     def put_back(self, key: bytes, where: int) -> None:
@@ -154,7 +178,7 @@ class Group:
             else:
                 hi = mid
         at = self.head + lo * KEY
-        keys[at:at] = key
+        self._mutable()[at:at] = key
 
     def keys_after(self, after: bytes) -> list[bytes]:
         """Every held key above ``after``, in key order (operator reads)."""

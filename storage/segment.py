@@ -29,7 +29,6 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from sys import intern
 
 import zstandard
 
@@ -135,6 +134,10 @@ def encode_column(groups: list[str | None]) -> bytes:
 
 
 def decode_column(raw: bytes, count: int, where: str, offset: int) -> list[str | None]:
+    """A block's groups, a string for each entry, not interned: a block is read and let
+    go, and what keeps a group's name (a lease, the delivery index) takes the one the
+    index holds (``DeliveryIndex.took``), so the interpreter's table of interned strings
+    does not grow by every group a segment file names."""
     out: list[str | None] = []
     pos, end = 0, len(raw)
     while pos < end:
@@ -145,7 +148,7 @@ def decode_column(raw: bytes, count: int, where: str, offset: int) -> list[str |
             continue
         if pos + n > end:
             break
-        out.append(intern(raw[pos : pos + n].decode("ascii", "replace")))
+        out.append(raw[pos : pos + n].decode("ascii", "replace"))
         pos += n
     if pos != end or len(out) != count:
         raise CorruptionError(

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from dq.storage import Engine, NewItem
+from dq.storage import Engine, NewItem, QueueConfig
 from dq.storage.errors import InvalidGroup
 from tests.storage.conftest import FakeClock
 
@@ -64,3 +64,30 @@ def test_bad_groups_are_refused_whole(open_engine: Callable[..., Engine], bad: o
         e.enqueue("q", [NewItem(b"fine"), NewItem(b"bad", group=bad)])  # type: ignore[arg-type]
     assert refused.value.context.get("index") == 1
     assert e.list_queues() == [] or e.queue("q").stats().pending == 0
+
+
+def test_a_lease_of_an_item_read_from_a_file_shares_its_groups_name(
+    open_engine: Callable[..., Engine],
+) -> None:
+    """A segment file's group column is read as a new string for each entry; a lease
+    keeps the one string of its group's name that the delivery index holds, so a
+    group's leases and held items cost its name once (``docs/delivery.md``: memory)."""
+    e = open_engine()
+    e.put_queue("q", QueueConfig(group_limit=2))
+    e.enqueue("q", [NewItem(b"%d" % n, group="tenant-" + "x" * 40) for n in range(3)])
+    e.freeze("q")
+    got = e.dequeue("q", 3, 60_000)
+    assert len(got) == 2  # the third is held
+    q = e.queue("q")
+    (g,) = q.deliveries.index.groups.values()
+    assert g.leased == 2 and g.held == 1
+    leases = [q.deliveries.leases.get(d.id) for d in got]
+    assert all(lease is not None and lease.group is g.name for lease in leases)
+    assert all(d.group is g.name for d in got)
+    e.enqueue("plain", [NewItem(b"%d" % n, group="tenant-" + "y" * 40) for n in range(2)])
+    e.freeze("plain")  # no rule: dequeue's plain walk counts the leases all the same
+    got = e.dequeue("plain", 2, 60_000)
+    p = e.queue("plain")
+    (g,) = p.deliveries.index.groups.values()
+    assert [p.deliveries.leases.get(d.id).group for d in got] == [g.name, g.name]
+    assert all(p.deliveries.leases.get(d.id).group is g.name for d in got)

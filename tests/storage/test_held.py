@@ -47,3 +47,23 @@ def test_removal_and_put_back_keep_key_order() -> None:
     g.put_back(k(20), FRONT)
     assert g.keys_after(k(1)) == [k(3), k(5), k(7), k(20)]
     assert [g.pop_head() for _ in range(5)] == [k(20), k(1), k(3), k(5), k(7)]
+
+
+def test_a_group_keeps_no_buffer_until_it_holds_two_keys() -> None:
+    """Most groups hold none or one key (a lease and its group's next item): the one key
+    is kept as its own object, a buffer comes with the second and goes when the group
+    has handed out all it held."""
+    g = Group("a")
+    assert g.keys == b"" and g.held == 0
+    one = k(1)
+    g.append(one)
+    assert g.keys is one and g.held == 1 and g.head_key() == one and g.holds(one)
+    g.append(k(2))
+    assert isinstance(g.keys, bytearray) and g.held == 2
+    assert [g.pop_head(), g.pop_head()] == [one, k(2)]
+    assert g.keys == b"" and g.head == 0 and g.idle
+    g.append(k(3))
+    assert g.remove(k(3)) == HELD and g.keys == b"" and g.head == 0 and g.held == 0
+    g.append(k(5))
+    g.put_back(k(4), HELD)  # a one-key group takes a key back in order
+    assert [g.pop_head(), g.pop_head()] == [k(4), k(5)] and g.held == 0
