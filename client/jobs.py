@@ -382,13 +382,13 @@ class _MissingQueue:
             )
 
 
-class Consumer:
-    """Pulls items from one queue through a ``Client`` (see the module docstring)."""
+class _ConsumerState:
+    """Shared by ``Consumer`` and ``AsyncConsumer``: the settings, the counts, and the
+    finished jobs whose release waits for the next dequeue (or ``flush``). Each makes
+    its calls around this its own way, blocking or awaited."""
 
-    def __init__(self, client: Client, queue: str, *, lease_ms: int = 30_000, count: int = 1,
-                 wait_ms: int = 20_000, backoff: Backoff | None = None,
-                 max_extend_ms: int | None = None) -> None:  # fmt: skip
-        self.client = client
+    def __init__(self, queue: str, lease_ms: int, count: int, wait_ms: int,
+                 backoff: Backoff | None, max_extend_ms: int | None) -> None:  # fmt: skip
         self.queue = queue
         self.lease_ms = lease_ms
         self.max_extend_ms = max_extend_ms
@@ -399,6 +399,29 @@ class Consumer:
         self.stats = ConsumerStats()
         self._settled: list[Release] = []  # released by the next dequeue (or ``flush``)
         self._missing = _MissingQueue()
+
+    def _waiting(self) -> list[Release]:
+        """The finished jobs' releases, taken out of the list: a call that fails to
+        release them puts them back (``self._settled[:0] = done``) to try again."""
+        done, self._settled[:] = list(self._settled), []
+        return done
+
+    def _taken(self, got: Dequeued) -> list[Item]:
+        """What a dequeue answered: the releases it carried counted, a queue that does
+        not exist yet said once."""
+        self._missing.note(self.queue, got)
+        self.stats.count_releases(got.released)
+        return got
+
+
+class Consumer(_ConsumerState):
+    """Pulls items from one queue through a ``Client`` (see the module docstring)."""
+
+    def __init__(self, client: Client, queue: str, *, lease_ms: int = 30_000, count: int = 1,
+                 wait_ms: int = 20_000, backoff: Backoff | None = None,
+                 max_extend_ms: int | None = None) -> None:  # fmt: skip
+        self.client = client
+        super().__init__(queue, lease_ms, count, wait_ms, backoff, max_extend_ms)
 
     def jobs(
         self, *, stop: threading.Event | None = None, max_items: int | None = None
@@ -439,7 +462,7 @@ class Consumer:
             self._flush_quietly()
 
     def _take(self, count: int) -> list[Item]:
-        done, self._settled[:] = list(self._settled), []
+        done = self._waiting()
         try:
             items = self.client.dequeue(
                 self.queue, count, self.lease_ms, self.wait_ms, release=done
@@ -447,13 +470,11 @@ class Consumer:
         except ClientError:
             self._settled[:0] = done  # they may not have been released: try again
             raise
-        self._missing.note(self.queue, items)
-        self.stats.count_releases(items.released)
-        return items
+        return self._taken(items)
 
     def flush(self) -> None:
         """Release the finished jobs whose release is still waiting for a dequeue."""
-        done, self._settled[:] = list(self._settled), []
+        done = self._waiting()
         if done:
             self.stats.count_releases(self.client.release_many(self.queue, done))
 
@@ -467,7 +488,7 @@ class Consumer:
         """Before the next job of a batch: release the finished ones. While the server
         is away they keep waiting (for the next job or the next dequeue), as ``_take``
         keeps them."""
-        done, self._settled[:] = list(self._settled), []
+        done = self._waiting()
         try:
             self.stats.count_releases(self.client.release_many(self.queue, done))
         except _OUTAGE as exc:
@@ -590,23 +611,14 @@ class AsyncJob(_JobState):
         return True
 
 
-class AsyncConsumer:
+class AsyncConsumer(_ConsumerState):
     """Pulls items from one queue through an ``AsyncClient``."""
 
     def __init__(self, client: AsyncClient, queue: str, *, lease_ms: int = 30_000, count: int = 1,
                  wait_ms: int = 20_000, backoff: Backoff | None = None,
                  max_extend_ms: int | None = None) -> None:  # fmt: skip
         self.client = client
-        self.queue = queue
-        self.lease_ms = lease_ms
-        self.max_extend_ms = max_extend_ms
-        self.count = count
-        self.wait_ms = wait_ms
-        #: None: a failed job is failed, the queue's retry policy decides when it is back
-        self.backoff = backoff
-        self.stats = ConsumerStats()
-        self._settled: list[Release] = []  # released by the next dequeue (or ``flush``)
-        self._missing = _MissingQueue()
+        super().__init__(queue, lease_ms, count, wait_ms, backoff, max_extend_ms)
 
     async def jobs(self, *, stop: asyncio.Event | None = None,
                    max_items: int | None = None) -> AsyncIterator[AsyncJob]:  # fmt: skip
@@ -646,7 +658,7 @@ class AsyncConsumer:
         await self._flush_quietly()
 
     async def _take(self, count: int) -> list[Item]:
-        done, self._settled[:] = list(self._settled), []
+        done = self._waiting()
         try:
             items = await self.client.dequeue(
                 self.queue, count, self.lease_ms, self.wait_ms, release=done
@@ -654,13 +666,11 @@ class AsyncConsumer:
         except ClientError:
             self._settled[:0] = done  # they may not have been released: try again
             raise
-        self._missing.note(self.queue, items)
-        self.stats.count_releases(items.released)
-        return items
+        return self._taken(items)
 
     async def flush(self) -> None:
         """Release the finished jobs whose release is still waiting for a dequeue."""
-        done, self._settled[:] = list(self._settled), []
+        done = self._waiting()
         if done:
             self.stats.count_releases(await self.client.release_many(self.queue, done))
 
@@ -672,7 +682,7 @@ class AsyncConsumer:
 
     async def _release_waiting(self) -> None:
         """``Consumer._release_waiting``'s twin."""
-        done, self._settled[:] = list(self._settled), []
+        done = self._waiting()
         try:
             self.stats.count_releases(await self.client.release_many(self.queue, done))
         except _OUTAGE as exc:
