@@ -1,8 +1,8 @@
-"""Shared fixtures for engine tests: a fake clock and an engine factory that cleans up."""
+"""Shared fixtures for engine tests: a fake clock and engine factories that clean up."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -44,3 +44,14 @@ def open_engine(tmp_path: Path, clock: FakeClock) -> Iterator:
     yield factory
     for e in engines:
         e.close()
+
+
+@pytest.fixture
+def engines(tmp_path: Path, open_engine: Callable[..., Engine]) -> Callable[..., Engine]:
+    """The engines of a replica group in one process: ``engines(name, **overrides)`` opens
+    one on its own data directory ``name``, with ``fsync always``; closed after."""
+
+    def factory(name: str, **overrides: object) -> Engine:
+        return open_engine(**{"path": tmp_path / name, "fsync": "always", **overrides})
+
+    return factory

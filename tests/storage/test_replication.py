@@ -8,7 +8,6 @@ The network side (pulls, acknowledgements, etcd) is tested in ``tests/replicatio
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,33 +29,7 @@ from dq.storage.replication import (
     decode_frames,
     encode_frame,
 )
-
-
-class ListSink:
-    """A replicator that keeps every shipped frame in a list (the tests play follower)."""
-
-    def __init__(self, commit_timeout_s: float = 10.0) -> None:
-        self.commit_timeout_s = commit_timeout_s
-        self.admitting = True
-        self.frames: list[Frame] = []
-        self.failures: list[str] = []
-        self._lock = threading.Lock()
-
-    def ship(self, queue: str, kind: int, payload: bytes) -> int:
-        with self._lock:
-            lsn = len(self.frames) + 1
-            self.frames.append(Frame(lsn, queue, kind, payload))
-            return lsn
-
-    def admits_writes(self) -> bool:
-        return self.admitting
-
-    def local_failure(self, queue: str, error: BaseException) -> None:
-        self.failures.append(queue)
-
-    @property
-    def last(self) -> int:
-        return len(self.frames)
+from tests.storage.shipping import AutoCommit, ListSink
 
 
 def _engine(path: Path, clock: Any, **overrides: Any) -> Engine:
@@ -64,38 +37,6 @@ def _engine(path: Path, clock: Any, **overrides: Any) -> Engine:
         **{"fsync": "always", "compaction": "inline", "auto_merge": False, **overrides}
     )
     return Engine.open(path, cfg, clock=clock)
-
-
-@pytest.fixture
-def engines(tmp_path: Path, clock: Any):
-    opened: list[Engine] = []
-
-    def factory(name: str, **overrides: Any) -> Engine:
-        e = _engine(tmp_path / name, clock, **overrides)
-        opened.append(e)
-        return e
-
-    yield factory
-    for e in opened:
-        e.close()
-
-
-class AutoCommit:
-    """Commits every shipped frame at once from a thread (a follower that always acks)."""
-
-    def __init__(self, engine: Engine, sink: ListSink) -> None:
-        self.engine, self.sink = engine, sink
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        while not self.stop.wait(0.002):
-            self.engine.commit(self.sink.last)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=5)
 
 
 def _items(engine: Engine, name: str) -> list[tuple[int, int, bytes]]:

@@ -25,45 +25,8 @@ import pytest
 
 from dq.storage import Engine, EngineConfig, NewItem, QueueConfig, Release, fileio
 from dq.storage.errors import ReplicationTimeout, StorageError
-from dq.storage.replication import KIND_CONTROL, Frame
-
-
-class ListSink:
-    """A replicator that keeps every shipped frame (the test plays the followers)."""
-
-    def __init__(self, commit_timeout_s: float = 10.0) -> None:
-        self.commit_timeout_s = commit_timeout_s
-        self.admitting = True
-        self.frames: list[Frame] = []
-        self.failures: list[str] = []
-        self._lock = threading.Lock()
-
-    def ship(self, queue: str, kind: int, payload: bytes) -> int:
-        with self._lock:
-            lsn = len(self.frames) + 1
-            self.frames.append(Frame(lsn, queue, kind, payload))
-            return lsn
-
-    def admits_writes(self) -> bool:
-        return self.admitting
-
-    def local_failure(self, queue: str, error: BaseException) -> None:
-        self.failures.append(queue)
-
-
-@pytest.fixture
-def engines(tmp_path: Path, clock: Any):
-    opened: list[Engine] = []
-
-    def factory(name: str) -> Engine:
-        cfg = EngineConfig(fsync="always", compaction="inline", auto_merge=False)
-        e = Engine.open(tmp_path / name, cfg, clock=clock)
-        opened.append(e)
-        return e
-
-    yield factory
-    for e in opened:
-        e.close()
+from dq.storage.replication import KIND_CONTROL
+from tests.storage.shipping import ListSink
 
 
 def _wait_for(pred: Any, timeout: float = 5.0) -> None:

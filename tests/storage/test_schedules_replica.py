@@ -18,7 +18,8 @@ from dq.storage.scheduler import Scheduler
 from dq.storage.schedules import ScheduleSpec
 from tests.storage.conftest import FakeClock
 from tests.storage.schedule_helpers import T0, Q, deadlines, items_of, run, settle
-from tests.storage.test_replication import AutoCommit, ListSink, _engine
+from tests.storage.shipping import AutoCommit, ListSink
+from tests.storage.test_replication import _engine
 
 
 @pytest.fixture
