@@ -22,7 +22,6 @@ import http.client
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from bench.ports import free_port
+from bench.servers import free_port, stop
 from dq.client import AsyncClient, Client
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,12 +62,7 @@ def _server(data_dir: Path) -> Iterator[str]:
                 time.sleep(0.05)
         yield url
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop(proc)
 
 
 def _per_call_us(n: int, call: Callable[[], object]) -> float:

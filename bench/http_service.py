@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -36,7 +35,7 @@ from typing import Any
 
 import uvloop
 
-from bench.ports import free_port
+from bench.servers import free_port, stop
 
 REPO = Path(__file__).resolve().parents[1]
 VALUE = "v" * 256
@@ -266,16 +265,6 @@ def _wait_up(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> N
         except OSError:
             time.sleep(0.05)
     raise RuntimeError("server did not come up")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def _start_dq(data_dir: str, port: int, fsync: str = "always") -> subprocess.Popen[bytes]:
@@ -570,7 +559,7 @@ def main() -> int:
         )
     finally:
         for proc in procs:
-            _stop(proc)
+            stop(proc)
         shutil.rmtree(nosync_dir, ignore_errors=True)
         if args.data_dir is None:
             shutil.rmtree(data_dir, ignore_errors=True)

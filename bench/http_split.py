@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import counted
-from bench.ports import free_port
+from bench.servers import free_port
 
 BODY = json.dumps({"items": [{"value": "v" * 256}]}).encode()
 _JSON = {"content-type": "application/json"}

@@ -37,7 +37,7 @@ from typing import Any
 
 import uvicorn
 
-from bench.ports import free_port
+from bench.servers import free_port
 from dq.server.app import create_app
 from dq.server.replication.follower import Follower
 from dq.server.replication.leader import Replicator

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.ports import free_port
+from bench.servers import free_port
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 HOST = "127.0.0.1"

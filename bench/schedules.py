@@ -53,7 +53,7 @@ from typing import Any
 
 import httpx
 
-from bench.ports import free_port
+from bench.servers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 _TICK = os.sysconf("SC_CLK_TCK")

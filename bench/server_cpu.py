@@ -53,7 +53,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.ports import free_port
+from bench.servers import free_port
 
 VALUE = "v" * 256
 _TICK = os.sysconf("SC_CLK_TCK")

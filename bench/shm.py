@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -35,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from bench.ports import free_port
+from bench.servers import free_port, stop
 
 REPO = Path(__file__).resolve().parents[1]
 VALUE = b"v" * 256
@@ -66,12 +65,7 @@ def dq_server(data_dir: Path, fsync: str) -> Iterator[tuple[str, int]]:
             time.sleep(0.05)
         yield url, proc.pid
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop(proc)
 
 
 # ---- worker processes -----------------------------------------------------------------------

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.ports import free_port
+from bench.servers import free_port
 
 PACKAGES = ("storage", "server", "shm", "client", "cli", "pipeline")
 VALUE = b"v" * 256

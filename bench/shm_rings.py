@@ -19,7 +19,6 @@ import contextlib
 import mmap
 import multiprocessing as mp
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.ports import free_port  # noqa: E402
+from bench.servers import free_port, stop  # noqa: E402
 from dq.shm.broadcast_ring import BroadcastReader, BroadcastWriter, init_ring, ring_size  # noqa: E402
 from dq.shm.subscriber import submitter  # noqa: E402
 from dq.shm.telemetry import MSG_WORDS, TelemetryPublisher, encode  # noqa: E402
@@ -60,12 +59,7 @@ def dq_server(data_dir: Path, fsync: str) -> Iterator[None]:
             time.sleep(0.05)
         yield
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop(proc)
 
 
 # ---- submission ring vs command ring ---------------------------------------------------

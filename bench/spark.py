@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from bench.ports import free_port
+from bench.servers import free_port, stop
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,12 +62,7 @@ def dq_server(data_dir: Path, fsync: str) -> Iterator[str]:
             time.sleep(0.1)
         yield url
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop(proc)
         log.close()
 
 

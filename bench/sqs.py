@@ -25,7 +25,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -39,7 +38,7 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
-from bench.ports import free_port
+from bench.servers import free_port, stop
 from dq.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,16 +62,6 @@ def _start(data_dir: str, port: int, fsync: str) -> subprocess.Popen[bytes]:
             time.sleep(0.05)
     proc.kill()
     raise RuntimeError("server did not come up")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def _sqs(url: str) -> Any:
@@ -272,7 +261,7 @@ def main() -> int:
             load_after="{:.2f} {:.2f} {:.2f}".format(*os.getloadavg()),
         )
     finally:
-        _stop(proc)
+        stop(proc)
         shutil.rmtree(data, ignore_errors=True)
     print(json.dumps(result, indent=1) if args.json else _report(result))
     return 0
