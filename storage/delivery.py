@@ -192,7 +192,7 @@ class DeliveryIndex:
         has a token."""
         g = self.groups.get(group)
         if g is not None:
-            if g.returning or g.front or g.head < len(g.keys):
+            if g.returning or g.front or g.keys:
                 return False
             if not self.under_limit(g):
                 return False
@@ -207,7 +207,7 @@ class DeliveryIndex:
         g = self.groups.get(group)
         if g is None:
             g = self.groups[group] = Group(group)
-        first = g.held == 0
+        first = not g.keys and not g.front
         g.append(key)
         self.indexed += 1
         if first:

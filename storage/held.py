@@ -13,7 +13,8 @@ lease ran out (``docs/delivery.md``): they go before the group's other held item
 
 Invariant: ``keys[head:]`` is sorted and every key in it is a live pending entry at or
 below the queue's cursor that no lease holds; so is every key in ``front``, which is
-sorted too. A group with no lease, no held item and no item on its way back
+sorted too. ``keys`` is empty (and ``head`` 0) exactly when it holds no key, so a plain
+truth test says whether the group holds any. A group with no lease, no held item and no item on its way back
 (``returning``) is dropped by the index: an idle group costs nothing.
 """
 
@@ -61,7 +62,7 @@ class Group:
     @property
     def idle(self) -> bool:
         """Nothing to remember: no lease, no held item, nothing on its way back."""
-        return not self.leased and not self.returning and self.held == 0
+        return not self.leased and not self.returning and not self.keys and not self.front
 
     def head_key(self) -> bytes | None:
         """The key this group hands out next, if it may hand one out in order: the
