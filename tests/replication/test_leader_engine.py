@@ -21,23 +21,9 @@ from dq.storage import Engine, EngineConfig
 from dq.storage.errors import ReplicationStalled
 from dq.storage.replication import KIND_CONTROL, KIND_RECORD, ReplicationTimeout, decode_frames
 from dq.storage.types import NewItem, Release
+from tests.replication.members import Members
 
 T = TypeVar("T")
-
-
-class Members:
-    """A coordinator that always agrees, recording the order of its calls."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-
-    async def add_member(self, node: str) -> bool:
-        self.calls.append(("add", node))
-        return True
-
-    async def remove_member(self, node: str) -> bool:
-        self.calls.append(("remove", node))
-        return True
 
 
 @pytest.fixture

@@ -19,24 +19,12 @@ from dq.server.settings import Settings
 from dq.storage import Engine, EngineConfig
 from dq.storage.types import NewItem
 from tests.replication.inproc import InProcessServer, in_process_server
+from tests.replication.members import Members
 
 pytestmark = pytest.mark.integration  # an in-process leader served over HTTP
 
 TOKEN = "tok"
 EPOCH = 11
-
-
-class Members:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-
-    async def add_member(self, node: str) -> bool:
-        self.calls.append(("add", node))
-        return True
-
-    async def remove_member(self, node: str) -> bool:
-        self.calls.append(("remove", node))
-        return True
 
 
 class Node:

@@ -28,6 +28,7 @@ from dq.storage import Engine, EngineConfig
 from dq.storage.replication import decode_frames
 from dq.storage.types import NewItem
 from tests.replication.inproc import InProcessServer, in_process_server
+from tests.replication.members import Members
 
 pytestmark = pytest.mark.integration  # an in-process leader served over HTTP
 
@@ -45,14 +46,6 @@ class Node:
 
     def describe(self) -> dict[str, Any]:
         return {"node": "n1", "role": self.role, "epoch": EPOCH, "leader": self.leader}
-
-
-class Members:
-    async def add_member(self, node: str) -> bool:
-        return True
-
-    async def remove_member(self, node: str) -> bool:
-        return True
 
 
 @dataclass
