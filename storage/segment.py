@@ -316,9 +316,11 @@ def decode_footer(footer: bytes, path: str, offset: int = 0) -> SegmentInfo:
 
 class Block:
     """One decoded block: its entries' keys, where each entry starts in ``raw``, and
-    the positions of its tombstones (``tombs``: a stretch without one is all pending)."""
+    where the merge must read an entry with the one before it (``breaks``: a tombstone,
+    or a key again — a merge writes a key as often as its pendings outnumber its
+    tombstones): between two breaks every entry is pending, its key's only copy here."""
 
-    __slots__ = ("groups", "keys", "offsets", "raw", "tombs")
+    __slots__ = ("breaks", "groups", "keys", "offsets", "raw")
 
     def __init__(self, raw: bytes, where: str, base: int) -> None:
         self.raw = raw
@@ -326,15 +328,17 @@ class Block:
         self.groups: list[str | None] | None = None
         keys: list[bytes] = []
         offsets: list[int] = []
-        tombs: list[int] = []
+        breaks: list[int] = []
+        last = b""
         for key, _stats, _value, off in iter_entries_keys(raw, where, base):
-            if key[15] & 0b11 == TOMBSTONE:
-                tombs.append(len(keys))
+            if key[15] & 0b11 == TOMBSTONE or key == last:
+                breaks.append(len(keys))
             keys.append(key)
             offsets.append(off)
+            last = key
         self.keys = keys
         self.offsets = offsets
-        self.tombs = tombs
+        self.breaks = breaks
 
     def entry(self, i: int) -> tuple[bytes, bytes, bytes]:
         """(key, stats, value) of the pending entry at position ``i``."""

@@ -112,8 +112,9 @@ class MergedView:
         single source, as one ``Stretch`` (at most ``size`` entries of an in-memory
         segment; of a segment file, the rest of its cursor's block); None when the next
         entry starts no such stretch (ask ``next_live``). Every entry in it is live:
-        pending, in no other source, cancelled by no tombstone. So it ends before a
-        tombstone of its source and the entry ahead of it; before the last entry of a
+        pending, its key's only copy, cancelled by no tombstone. So it ends before a
+        tombstone or a second copy in its source and the entry ahead of it (a block's
+        ``breaks``); before the last entry of a
         block or of ``size`` (that entry's tombstone may come next); where another
         source's next key could be a copy of an entry or its tombstone; and up to
         ``limit``, short of ``barrier``."""
@@ -144,11 +145,11 @@ class MergedView:
             for h in heap[1:3]:
                 if other is None or h[0] < other:
                     other = h[0]
-            tombs = block.tombs
-            if tombs:
-                t = bisect_left(tombs, pos)
-                if t < len(tombs):
-                    end = min(end, tombs[t] - 1)
+            breaks = block.breaks
+            if breaks:
+                t = bisect_left(breaks, pos)
+                if t < len(breaks):
+                    end = min(end, breaks[t] - 1)
             if end <= pos:
                 return None
             stretch = Stretch(keys, block.groups, pos, cur.reader, cur)

@@ -145,10 +145,10 @@ def _sources(
     rnd: random.Random, root: str, n: int
 ) -> tuple[list[str], list[MemSegment], dict[bytes, tuple[bytes, bytes]], set[int]]:
     """``n`` items spread over two segment files of small blocks and two in-memory
-    segments: some with a second copy in another source (the same key from an earlier
-    server lifetime), some cancelled by a tombstone in their own source or another one,
-    all due. The files' paths, the in-memory segments, (stats, value) by key, and the
-    ids of the live items."""
+    segments: some with a second copy (the same key from an earlier server lifetime) in
+    another source or in the same file (a merge writes it twice), some cancelled by a
+    tombstone in their own source or another one, all due. The files' paths, the
+    in-memory segments, (stats, value) by key, and the ids of the live items."""
     files: list[list[tuple[bytes, bytes, str | None]]] = [[], []]
     mems = [MemSegment(1), MemSegment(2)]
     found: dict[bytes, tuple[bytes, bytes]] = {}
@@ -169,8 +169,9 @@ def _sources(
         put(where, key, stats, value, group)
         found[key] = (stats, value)
         copies = 1
-        if rnd.random() < 0.15:
-            put((where + rnd.randrange(1, 4)) % 4, key, stats, value, group)
+        if rnd.random() < 0.15:  # in another source, or a second copy in a merged file
+            again = where if where < 2 and rnd.random() < 0.5 else (where + rnd.randrange(1, 4)) % 4
+            put(again, key, stats, value, group)
             copies = 2
         if rnd.random() < 0.3:  # cancelled (a copy outnumbers its one tombstone)
             put(rnd.choice([where, rnd.randrange(4)]), tombstone_of(key), None, b"", None)
