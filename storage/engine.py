@@ -49,7 +49,7 @@ from dq.storage.errors import (
     WriteStall,
 )
 from dq.storage.events import Event
-from dq.storage.itemmeta import check_group, check_key
+from dq.storage.itemmeta import check_group, check_key, intern_group
 from dq.storage.keyops import KeyOps
 from dq.storage.merge_policy import MergePolicy, MergeSource
 from dq.storage.moved import MovedItems
@@ -734,7 +734,7 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
                     [(now, value)],
                     stats=(enq, now, cnt),
                     origin=source.name,
-                    groups=None if group is None else [group],
+                    groups=None if group is None else [intern_group(group)],
                     reasons=None if why is None else [why],
                 )
             except StorageError as exc:  # a passing refusal (a stall): try again shortly

@@ -29,6 +29,7 @@ import struct
 import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from sys import intern
 
 import zstandard
 
@@ -135,9 +136,10 @@ def encode_column(groups: list[str | None]) -> bytes:
 
 def decode_column(raw: bytes, count: int, where: str, offset: int) -> list[str | None]:
     """A block's groups, a string for each entry, not interned: a block is read and let
-    go, and what keeps a group's name (a lease, the delivery index) takes the one the
-    index holds (``DeliveryIndex.took``), so the interpreter's table of interned strings
-    does not grow by every group a segment file names."""
+    go, and what keeps a group's name takes the one the delivery index holds (a lease,
+    ``DeliveryIndex.took``) or interns it (an entry written again: a move, a redrive, a
+    dead letter), so the interpreter's table of interned strings does not grow by every
+    group a dequeue reads from a file."""
     out: list[str | None] = []
     pos, end = 0, len(raw)
     while pos < end:
@@ -526,7 +528,8 @@ class SegmentReader:
         i = bisect.bisect_left(block.keys, key)
         if i < len(block.keys) and block.keys[i] == key:
             _k, stats, value = block.entry(i)
-            return stats, value, block.group(i)
+            group = block.group(i)  # interned: a move or a redrive keeps it in memory
+            return stats, value, None if group is None else intern(group)
         return None
 
     def scan(self) -> Iterator[tuple[bytes, bytes]]:

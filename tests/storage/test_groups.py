@@ -4,6 +4,7 @@ groups, a reopened log — and a bad group is refused before anything is written
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -91,3 +92,27 @@ def test_a_lease_of_an_item_read_from_a_file_shares_its_groups_name(
     (g,) = p.deliveries.index.groups.values()
     assert [p.deliveries.leases.get(d.id).group for d in got] == [g.name, g.name]
     assert all(p.deliveries.leases.get(d.id).group is g.name for d in got)
+
+
+def test_an_item_written_again_from_a_file_keeps_its_groups_one_string(
+    open_engine: Callable[..., Engine], clock: FakeClock
+) -> None:
+    """A group read from a segment file is a new string; an item written again from
+    there — dead-lettered, redriven — keeps the one interned string of its group in
+    memory, as an enqueued item does."""
+    e = open_engine()
+    e.put_queue("q", QueueConfig(max_deliveries=1, dead_letter_queue="dlq"))
+    name = "-".join(["tenant", "z" * 30])  # made at run time, as a request's text is
+    e.enqueue("q", [NewItem(b"x", group=name)])
+    e.dequeue("q", 1, 1000)
+    clock.advance(2000)
+    e.queue("q").expire_leases()
+    e.freeze("q")
+    assert e.dequeue("q", 1, 1000) == []  # delivered once already: a dead letter
+    (dead,) = e.queue("dlq").files.memseg.groups.values()
+    assert dead == name and dead is sys.intern(name)
+    e.freeze("dlq")
+    assert e.redrive("dlq").moved == 1
+    (back,) = e.queue("q").files.memseg.groups.values()
+    assert back is sys.intern(name)
+    assert [d.group for d in e.dequeue("q", 1, 1000)] == [name]
