@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from dq.storage.codec import MAX_DEADLINE, MAX_ID, decode_stats, encode_key, key_deadline, key_id
-from dq.storage.delivery import MAX_HELD, READ_BUDGET, DeliveryIndex
+from dq.storage.delivery import MAX_HELD, READ_BUDGET, WINDOW, DeliveryIndex
 from dq.storage.errors import StorageError
 from dq.storage.leases import Lease, Leases
 from dq.storage.types import DeadEntry, Delivery, Extend, ItemOutcome, ItemStats, Release
@@ -272,9 +272,22 @@ class Deliveries:
     ) -> tuple[bytes, int]:
         """With ``fair``: read due entries into the index (up to its window and
         ``budget`` entries), so that their groups take turns. The new cursor position
-        and the budget left."""
+        and the budget left. While no item is on its way back from an expired lease,
+        a stretch of one source (``MergedView.run``) is held whole."""
         index = self.index
+        returning = index.returning_keys
+        hold = index.hold
         while budget > 0 and not index.full:
+            room = min(budget, WINDOW - index.indexed)
+            run = None if returning else view.run(after, limit, barrier, room + 1)
+            if run is not None:
+                keys, groups, stop = run.keys, run.groups, min(run.end, run.pos + room)
+                for i in range(run.pos, stop):
+                    hold(None if groups is None else groups[i], keys[i], now)
+                view.step_to(run, stop)
+                after = keys[stop - 1]
+                budget -= stop - run.pos
+                continue
             after, hit = view.next_live(after, limit, barrier)
             if hit is None:
                 index.passed(after, now)

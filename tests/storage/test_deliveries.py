@@ -196,12 +196,14 @@ def _walk(
     barrier: bytes | None,
     seed: int,
     leased_limit: int | None,
+    fair: bool,
 ) -> tuple[list[tuple[list[tuple[int, bytes, str | None]], bytes]], int]:
-    """Dequeues of ``counts`` items with ``group_limit`` 1 (and ``leased_limit``),
-    leases ended at random in between, then until every item is out: each one's
-    deliveries and cursor."""
+    """Dequeues of ``counts`` items with ``group_limit`` 1 (and ``leased_limit``, and
+    ``fair``), leases ended at random in between, then until every item is out: each
+    one's deliveries and cursor."""
     d = Deliveries()
-    d.index.configure(QueueConfig(group_limit=1, leased_limit=leased_limit), NOW)
+    config = QueueConfig(group_limit=1, leased_limit=leased_limit, fair=fair)
+    d.index.configure(config, NOW)
     rnd = random.Random(seed)
     steps = []
     receipts: dict[int, str] = {}
@@ -230,15 +232,16 @@ def _walk(
     n=st.integers(1, 60),
     counts=st.lists(st.integers(1, 6)),
     leased_limit=st.sampled_from([None, 2, 5]),
+    fair=st.booleans(),
 )
 def test_under_rules_take_passes_stretches_of_one_source_as_the_merge_does_entry_by_entry(
-    seed: int, n: int, counts: list[int], leased_limit: int | None
+    seed: int, n: int, counts: list[int], leased_limit: int | None, fair: bool
 ) -> None:
     """With ``group_limit`` 1, dequeue reads runs of one source's entries as a stretch
     (``MergedView.run``): it hands out and holds exactly what reading the merge entry by
     entry hands out and holds, across block ends, copies of a key, tombstones in any
-    source, a barrier and a ``leased_limit``, with leases ending between dequeues; every
-    live item once."""
+    source, a barrier, a ``leased_limit`` and ``fair`` (which reads stretches into the
+    index whole), with leases ending between dequeues; every live item once."""
     rnd = random.Random(seed)
     with tempfile.TemporaryDirectory() as root:
         target = segment.BLOCK_TARGET
@@ -259,7 +262,7 @@ def test_under_rules_take_passes_stretches_of_one_source_as_the_merge_does_entry
                 view.memsegs = list(mems)
                 if not stretches:  # the merge read entry by entry (``next_live``) only
                     view.run = lambda *_args: None  # type: ignore[method-assign]
-                walks.append(_walk(view, found, n, counts, barrier, seed, leased_limit))
+                walks.append(_walk(view, found, n, counts, barrier, seed, leased_limit, fair))
         finally:
             deliveries.STRETCH = stretch
         assert walks[0] == walks[1]
