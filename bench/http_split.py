@@ -5,7 +5,9 @@ so the figures hold on a loaded machine: Python calls by module and instructions
 Run from the repository root:  .venv/bin/python -m bench.http_split [--ops 300] [--tree PATH]
 
 The workload is fixed: ``dq serve --fsync always`` (the fast path on, the event loop
-committing its own writes, as in service) driven by one ``http.client`` keep-alive
+committing its own writes, as in service; without the ring's threads, and with the lease
+expiry and the history sampler once an hour, so that the timers' work, which grows with
+the run's length, is not counted as the requests') driven by one ``http.client`` keep-alive
 connection from this process: ``--ops`` single enqueues of 256-byte items
 (``POST /v1/queues/q/items``), then as many ``POST .../dequeue {"count": 1}`` each
 followed by ``POST .../release`` of what it got. Per operation it prints:
@@ -45,6 +47,15 @@ from bench.servers import free_port
 
 BODY = json.dumps({"items": [{"value": "v" * 256}]}).encode()
 _JSON = {"content-type": "application/json"}
+#: Work the server does on a timer, whatever the requests, which a run under callgrind
+#: (tens of times slower) would count per request: the ring's threads (``--no-shm``: the
+#: HTTP path alone), the lease expiry and the history sampler (once an hour).
+_QUIET = {
+    "DQ_SHM": "0",
+    "DQ_EXPIRE_INTERVAL_MS": "3600000",
+    "DQ_HISTORY_INTERVAL_MS": "3600000",
+    "DQ_HISTORY_RETENTION_S": "3600",
+}
 #: the server's threads that wake on a timer, whatever the requests: left out
 _TICKING = frozenset(
     {"dq-telemetry", "dq-submission-drain", "dq-broadcast", "dq-maintenance", "dq-shm-control"}
@@ -116,6 +127,7 @@ class _Server:
         serve += ["--fsync", "always", "--log-level", "warning"]
         cmd = [sys.executable, "-m", "bench.http_split", *tree, "--child", "serve", "--"]
         env = dict(os.environ, PYTHONHASHSEED="0", DQ_HTTP_SPLIT=str(self.out) if counting else "")
+        env.update(_QUIET)
         self.proc = subprocess.Popen([*prefix, *cmd, *serve], env=env)
         give_up = time.monotonic() + 600
         while True:
