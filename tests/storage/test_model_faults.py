@@ -99,6 +99,7 @@ class EngineVsModelUnderFaults(EngineVsModel):
         self.stale.append((item.id, item.receipt))
         item.receipt = None
         item.deadline = expected
+        self.moved(Q, item)
         item.requeue_time = now
         item.durable_count = item.count
 
