@@ -6,11 +6,14 @@ requeues, fails under the queue's retry policy, extends, stale receipts, clock m
 lease expiry, cancels by key, freezes, merges of any contiguous segment range, pause and resume,
 purge, delete by id, redrive of dead letters, browsing, a schedule's ticks (every
 5 s, ``catch_up: all``, into a queue keeping no idempotency keys: each tick once, across
-reopens and power losses), close-and-reopen, and the delivery rules ``group_limit``
-and ``leased_limit`` set and dropped between steps (the model: a count of leases per
-group; each dequeue hands out, one at a time, the smallest key among the due items
-first in their group's order whose group and queue are under their limits — an item
-back from an expired lease first in its group); after every step the engine and the
+reopens and power losses), close-and-reopen, and the delivery rules ``group_limit``,
+``leased_limit``, ``fair`` and ``rate_limit`` set, changed and dropped between steps
+(the model: a count of leases per group, and token buckets counted exactly on the test's
+clock, ``rules_model.py``; each dequeue hands out, one at a time, the smallest key among
+the due items first in their group's order whose group and queue are under their limits
+and have a token — an item back from an expired lease first in its group; with ``fair``
+it may hand out any of those firsts, but no group twice while another that may deliver
+waits, and it stops short only when none may go); after every step the engine and the
 model must agree on what was delivered (with the last error of each delivery), on
 what a browse shows (with each item's reasons), on what a key names, and on the counts.
 
@@ -48,6 +51,7 @@ from dq.storage import (
     Fail,
     NewItem,
     QueueConfig,
+    RateLimit,
     Release,
     Requeue,
     RetryPolicy,
@@ -59,11 +63,20 @@ from dq.storage.scheduler import Scheduler
 from dq.storage.schedules import ScheduleSpec
 from tests.storage.conftest import FakeClock
 from tests.storage.held_sync import gated_syncs
+from tests.storage.rules_model import TokenModel, Turns
 
 Q = "jobs"
 DLQ = "jobs.dead"
 #: the retry policy of Q (DLQ has none: a failed item there is due again at once)
 RETRY_DELAYS = (100, 1500)
+#: rate limits of Q: a token each 128 ms or 1,024 ms (powers of two per millisecond, so
+#: the engine's float buckets count exactly what the model's fractions do)
+RATES = (
+    RateLimit(per_second=7.8125, burst=1),
+    RateLimit(per_second=7.8125, burst=2, per_group=True),
+    RateLimit(per_second=0.9765625, burst=3),
+    RateLimit(per_second=0.9765625, burst=1, per_group=True),
+)
 
 
 @dataclass
@@ -125,6 +138,9 @@ class EngineVsModel(RuleBasedStateMachine):
         self.scheduler = Scheduler(self.engine)
         self.group_limit: int | None = None
         self.leased_limit: int | None = None
+        self.fair = False
+        self.rate: TokenModel | None = None
+        self.turns = Turns()
 
     def open_engine(self) -> Engine:
         return Engine.open(self.dir, self.config, clock=self.clock)
@@ -162,6 +178,9 @@ class EngineVsModel(RuleBasedStateMachine):
                 item.receipt = None
                 item.count = item.durable_count
                 item.returning = False  # nothing is leased, so no group waits
+        if self.rate is not None:  # buckets are not durable: all full again
+            self.rate = TokenModel(self.rate.rate)
+        self.turns.forget(every=True)  # nor are the turns: they start again
         assert self.engine.stats(Q).paused == self.paused
 
     # -------------------------------------------------------------- model helpers
@@ -267,8 +286,15 @@ class EngineVsModel(RuleBasedStateMachine):
         self.expire(queue)
         now = self.clock.now
         expected, moved = self.expected_dequeue(queue, count)
+        dead_before = self.engine.queue(queue).dead_lettered
         got = self.engine.dequeue(queue, count, lease)
+        if self.in_turn(queue):
+            expected, moved = self.fair_dequeue(queue, count, got, dead_before)
         self.dequeued(queue, got, expected, moved, now, lease)
+
+    def in_turn(self, queue: str) -> bool:
+        """A dequeue of ``queue`` serves its groups in turn (``fair``)."""
+        return queue == Q and self.fair and not self.paused
 
     def expected_dequeue(
         self, queue: str, count: int, barrier: bytes | None = None
@@ -276,24 +302,82 @@ class EngineVsModel(RuleBasedStateMachine):
         """What a dequeue of ``count`` hands out, and the items it moves to the
         dead-letter queue instead; it stops at ``barrier``, the first key of a write
         still being synced (``docs/storage.md``)."""
-        if queue == Q and self.paused:
-            return [], []
+        if (queue == Q and self.paused) or self.in_turn(queue):
+            return [], []  # with ``fair``: checked once delivered (``fair_dequeue``)
         now = self.clock.now
         qcfg = self.engine.get_queue(queue)
         expected: list[Item] = []
         moved: list[Item] = []
-        rules = queue == Q
         while len(expected) < count:
-            item = self.next_deliverable(queue, now, expected, rules, moved)
-            if item is None:
+            heads = self.heads(queue, now, expected, moved, barrier)
+            if not heads:
                 break
-            if barrier is not None and encode_key(item.deadline, item.id) >= barrier:
-                break
+            item = min(heads.values(), key=_order)
             if qcfg.max_deliveries is not None and item.count >= qcfg.max_deliveries:
                 moved.append(item)
             else:
                 expected.append(item)
         return expected, moved
+
+    def fair_dequeue(
+        self,
+        queue: str,
+        count: int,
+        got: list[Delivery],
+        dead_before: int,
+        barrier: bytes | None = None,
+        read: bytes | None = None,
+        deleted: Item | None = None,
+    ) -> tuple[list[Item], list[Item]]:
+        """Check a dequeue under ``fair`` once it is made: each delivery is the first
+        item of its group that may deliver now, no group is served twice while another
+        that may deliver waits (``Turns``), and it stopped short of ``count`` only when
+        nothing more could go. The order among groups is the engine's to choose; what
+        it delivered and the items it moved to the dead-letter queue (in the order it
+        moved them), for ``dequeued``. While a write is synced: ``barrier`` is its first
+        key, ``read`` the cursor when the dequeue began, and ``deleted`` the item the
+        write deletes (it is no longer held back by then)."""
+        now = self.clock.now
+        moved = self.fair_moved(queue, dead_before)
+        exempt = {i.group for i in moved}  # their dead-letter moves were turns too
+        gone = moved if deleted is None else [*moved, deleted]
+        by_id = self.model[queue]
+        taking: list[Item] = []
+        for d in got:
+            item = by_id.get(d.id)
+            assert item is not None, f"delivered item {d.id}, which the model does not hold"
+            heads = self.heads(queue, now, taking, gone, barrier, read)
+            assert heads.get(item.group) is item, (
+                f"delivered {item} while its group's first that may go is {heads.get(item.group)}"
+            )
+            self.turns.served(item.group, set(heads), exempt)
+            taking.append(item)
+        if len(got) < count:
+            left = self.heads(queue, now, taking, gone, barrier, read)
+            assert not left, f"stopped at {len(got)} of {count} while these may go: {left}"
+        for group in exempt:
+            self.turns.forget(group)
+        return taking, moved
+
+    def fair_moved(self, queue: str, dead_before: int) -> list[Item]:
+        """The items a dequeue just moved to the dead-letter queue (their moves'
+        writes waited for), in the order of their new ids there."""
+        n = self.engine.queue(queue).dead_lettered - dead_before
+        if not n:
+            return []
+        limit = self.engine.get_queue(queue).max_deliveries
+        assert limit is not None
+        doomed = [i for i in self.model[queue].values() if i.receipt is None and i.count >= limit]
+        give_up = time.monotonic() + 10
+        while True:
+            found = [(m, i) for i in doomed if (m := self.engine.moved.lookup(queue, i.id))]
+            if len(found) >= n or time.monotonic() > give_up:
+                break
+            time.sleep(0.001)
+        assert len(found) == n, f"{n} items moved to the dead-letter queue, found {found}"
+        for _m, i in found:
+            assert i.deadline <= self.clock.now, f"moved {i}, not due"
+        return [i for _m, i in sorted(found, key=lambda f: f[0].id)]
 
     def dequeued(
         self,
@@ -311,6 +395,8 @@ class EngineVsModel(RuleBasedStateMachine):
         ]
         for d, item in zip(got, expected, strict=True):
             assert d.last_error == (item.errors[0] if item.errors else None), (d, item)
+            if queue == Q and self.rate is not None:
+                self.rate.take(item.group, now)
             item.count += 1
             item.receipt = d.receipt
             item.lease_expires = now + lease
@@ -340,53 +426,93 @@ class EngineVsModel(RuleBasedStateMachine):
                     errors=list(item.errors),
                 )
 
-    def next_deliverable(
-        self, queue: str, now: int, taking: list[Item], rules: bool, gone: list[Item]
-    ) -> Item | None:
-        """The model of the delivery rules: the smallest key among the due, unleased
-        items that are first in their group's order (items back from an expired lease
-        first, then key order; an item without a group is in none) whose group is under
-        ``group_limit``, while the queue is under ``leased_limit``; ``taking`` is what
-        this dequeue took already (leased from then on), ``gone`` what it moved to the
-        dead-letter queue (no longer in any group's order)."""
+    def heads(
+        self,
+        queue: str,
+        now: int,
+        taking: list[Item],
+        gone: list[Item],
+        barrier: bytes | None = None,
+        read: bytes | None = None,
+    ) -> dict[str | None, Item]:
+        """The model of the delivery rules: each group's first item in its order (items
+        back from an expired lease first, then key order; the items without a group
+        are one group, in key order), for the groups that may hand it out now — it is
+        due (and before ``barrier``, the first key of a write still being synced, unless
+        it is at or below ``read``, the cursor: read already, held back), the
+        group is under ``group_limit`` (the items without a group never reach it) and
+        has a token of a per-group ``rate_limit`` — while the queue is under
+        ``leased_limit`` and has a token of its ``rate_limit``. ``taking`` is what this
+        dequeue took already (leased from then on, its tokens taken), ``gone`` what it
+        moved to the dead-letter queue (no longer in any group's order, no token
+        taken). Without ``fair`` a dequeue hands out the smallest key among them."""
+        rules = queue == Q
         out = {i.id for i in gone}
         items = [i for i in self.model[queue].values() if i.id not in out]
         took = {i.id for i in taking}
         leased = [i for i in items if i.receipt is not None or i.id in took]
         if rules and self.leased_limit is not None and len(leased) >= self.leased_limit:
-            return None
+            return {}
+        rate = self.rate if rules else None
+        drawn: dict[object, int] = {}  # tokens this dequeue took, by bucket
+        if rate is not None:
+            for i in taking:
+                drawn[rate.bucket_of(i.group)] = drawn.get(rate.bucket_of(i.group), 0) + 1
+
+        def has_token(group: str | None) -> bool:
+            if rate is None:
+                return True
+            bucket = rate.bucket_of(group)
+            return rate.tokens(bucket, now) - drawn.get(bucket, 0) >= 1
+
+        if rate is not None and not rate.rate.per_group and not has_token(None):
+            return {}
         per_group: dict[str | None, int] = {}
         for i in leased:
             per_group[i.group] = per_group.get(i.group, 0) + 1
         heads: dict[str | None, Item] = {}  # each group's first item in its order
-        best: Item | None = None  # the first due item without a group
         for i in items:
             if i.receipt is not None or i.id in took:
-                continue
-            if i.group is None:
-                if i.deadline <= now and (
-                    best is None or (i.deadline, i.id) < (best.deadline, best.id)
-                ):
-                    best = i
                 continue
             head = heads.get(i.group)
             order = (not i.returning, i.deadline, i.id)
             if head is None or order < (not head.returning, head.deadline, head.id):
                 heads[i.group] = i
         limit = self.group_limit if rules else None
+        may: dict[str | None, Item] = {}
         for group, head in heads.items():
-            if head.deadline > now or (limit is not None and per_group.get(group, 0) >= limit):
+            if head.deadline > now:
                 continue
-            if best is None or (head.deadline, head.id) < (best.deadline, best.id):
-                best = head
-        return best
+            key = encode_key(head.deadline, head.id)
+            if barrier is not None and key >= barrier and (read is None or key > read):
+                continue
+            if group is not None and limit is not None and per_group.get(group, 0) >= limit:
+                continue
+            if rate is not None and rate.rate.per_group and not has_token(group):
+                continue
+            may[group] = head
+        return may
 
-    @initialize(group_limit=st.sampled_from([None, 1, 2]), leased_limit=st.sampled_from([None, 3]))
-    def start_rules(self, group_limit: int | None, leased_limit: int | None) -> None:
+    @initialize(
+        group_limit=st.sampled_from([None, 1, 2]),
+        leased_limit=st.sampled_from([None, 3]),
+        fair=st.booleans(),
+        rate=st.sampled_from([None, None, *RATES]),
+    )
+    def start_rules(
+        self, group_limit: int | None, leased_limit: int | None, fair: bool, rate: RateLimit | None
+    ) -> None:
         """Most runs start with delivery rules (a run has few dequeues to reach them)."""
-        self.set_rules(group_limit, leased_limit)
+        self.set_rules(group_limit, leased_limit, fair, rate)
 
-    @precondition(lambda self: self.group_limit is not None or self.leased_limit is not None)
+    @precondition(
+        lambda self: (
+            self.group_limit is not None
+            or self.leased_limit is not None
+            or self.fair
+            or self.rate is not None
+        )
+    )
     @rule(count=st.integers(1, 6), lease=st.integers(1, 3000))
     def dequeue_under_rules(self, count: int, lease: int) -> None:
         """Dequeues weigh more while rules are set: their turns are what the rules change."""
@@ -395,9 +521,18 @@ class EngineVsModel(RuleBasedStateMachine):
     @rule(
         group_limit=st.sampled_from([None, None, 1, 2]),
         leased_limit=st.sampled_from([None, None, 2, 4]),
+        fair=st.booleans(),
+        rate=st.sampled_from([None, None, None, *RATES]),
     )
-    def set_rules(self, group_limit: int | None, leased_limit: int | None) -> None:
-        """Set or drop the delivery rules while items are leased and held."""
+    def set_rules(
+        self,
+        group_limit: int | None,
+        leased_limit: int | None,
+        fair: bool = False,
+        rate: RateLimit | None = None,
+    ) -> None:
+        """Set, change or drop the delivery rules while items are leased and held. A
+        changed ``rate_limit`` starts with full buckets; the same one keeps its tokens."""
         self.engine.put_queue(
             Q,
             QueueConfig(
@@ -407,9 +542,18 @@ class EngineVsModel(RuleBasedStateMachine):
                 retry=RetryPolicy(delays_ms=RETRY_DELAYS),
                 group_limit=group_limit,
                 leased_limit=leased_limit,
+                fair=fair,
+                rate_limit=rate,
             ),
         )
         self.group_limit, self.leased_limit = group_limit, leased_limit
+        if rate is None:
+            self.rate = None
+        elif self.rate is None or self.rate.rate != rate:
+            self.rate = TokenModel(rate)
+        if fair != self.fair:
+            self.turns.forget(every=True)
+        self.fair = fair
 
     def _dlq_deadline(self, item_id: int) -> int:
         found = self.engine.peek(DLQ, item_id, with_values=False)
@@ -528,6 +672,7 @@ class EngineVsModel(RuleBasedStateMachine):
                     self.moved(Q, item)
                 else:
                     del self.model[Q][item.id]
+                    self.turns.forget(item.group)
 
             arrived = gate.wait_arrived(1, stop=fut.done)
             assert arrived or fut.done(), f"the {write} never synced its log"
@@ -539,10 +684,16 @@ class EngineVsModel(RuleBasedStateMachine):
             visible = fut.done()
             if visible:  # published already (or refused: then this raises the refusal)
                 apply(fut.result())
-            expected, moved = self.expected_dequeue(Q, count, None if visible else min(keys))
+            barrier = None if visible else min(keys)
+            expected, moved = self.expected_dequeue(Q, count, barrier)
+            dead_before = self.engine.queue(Q).dead_lettered
+            read = self.engine.queue(Q).deliveries.cursor
             got = self.engine.dequeue(Q, count, lease)
             gate.open()
             result = fut.result(10)
+        if self.in_turn(Q):  # the model as the dequeue saw it: the write not applied
+            deleted = item if write == "delete" and not visible else None
+            expected, moved = self.fair_dequeue(Q, count, got, dead_before, barrier, read, deleted)
         if not visible:
             apply(result)
         self.dequeued(Q, got, expected, moved, now, lease)
@@ -699,8 +850,10 @@ class EngineVsModel(RuleBasedStateMachine):
             return
         deadline = moved_to
         assert (got.id, got.deadline, got.replaced) == (target.id, deadline, True)
+        self.turns.forget(target.group)  # its waiting item left: a new one joins anew
         target.value, target.deadline, target.requeue_time = value, deadline, now
         target.group = group
+        self.turns.forget(group)
         self.keys[k] = (target.id, deadline, now)
 
     @rule(k=st.sampled_from(["a", "b", "c", "d", "e"]))
@@ -724,6 +877,7 @@ class EngineVsModel(RuleBasedStateMachine):
             return
         assert self.engine.cancel_key(Q, k) == item.id
         del self.model[Q][item.id]
+        self.turns.forget(item.group)  # its waiting item left: a new one joins anew
         del self.keys[k]
 
     @rule()
@@ -745,6 +899,7 @@ class EngineVsModel(RuleBasedStateMachine):
             if item.receipt is not None:
                 self.stale.append((item.id, item.receipt))
         items.clear()
+        self.turns.forget(every=True)
 
     @rule(data=st.data())
     def delete(self, data: st.DataObject) -> None:
@@ -764,6 +919,7 @@ class EngineVsModel(RuleBasedStateMachine):
         if item.receipt is not None:
             self.stale.append((item.id, item.receipt))
         del self.model[Q][item_id]
+        self.turns.forget(item.group)  # its waiting item left: a new one joins anew
 
     @rule(values=st.lists(st.binary(max_size=50), min_size=1, max_size=4))
     def enqueue_dead_letters(self, values: list[bytes]) -> None:
