@@ -8,8 +8,8 @@ or that has reasons, carries a key entry and an error entry naming the new deadl
 ``ErrorNote`` say the same from the moment the record is appended (a record refused
 before it is written gives the old ones back: ``Carrying.give_back``).
 
-``Queue`` calls these as it frames a move (``Queue._frame_moves``) and submits it
-(``Queue._write_moves``); nothing here knows the queue.
+``MoveFrames`` calls these as it frames a move (``storage/move_frames.py``) and
+``Queue`` as it submits it (``Queue._write_moves``); nothing here knows the queue.
 """
 
 from __future__ import annotations

@@ -47,6 +47,9 @@ What spans parts is given the parts it coordinates (and never calls the queue):
 - ``jobs``, ``FileJobs`` (``file_jobs.py``): rotating the log, freezing closed logs,
   merging segment files: when each runs, installing what the compaction worker wrote,
   trying again what failed.
+- ``frames``, ``MoveFrames`` (``move_frames.py``): the records that move items to new
+  keys — a requeue, a fail, a lease run out, a pending item moved by its key — each
+  item's new entry, the tombstone of the one it leaves, and what it carries.
 
 ``Queue`` composes them: every public method is one operation, and the steps that are
 its own are publishing a batch (``_publish``), the sync round (``sync_round``, which
@@ -62,7 +65,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dq.storage import fileio
@@ -70,7 +72,6 @@ from dq.storage.codec import (
     MAX_ID,
     PENDING_HEADER,
     TOMBSTONE,
-    decode_stats,
     encode_key,
     encode_stats,
     iter_entries,
@@ -95,7 +96,7 @@ from dq.storage.file_jobs import FileJobs
 from dq.storage.futures import Answer, answer
 from dq.storage.group_commit import GroupCommit, PendingBatch
 from dq.storage.health import Health
-from dq.storage.item_notes import Carried, Carrying, carry, retry_deadline
+from dq.storage.item_notes import Carried, Carrying, retry_deadline
 from dq.storage.itemmeta import (
     ItemMeta,
     Remembered,
@@ -107,6 +108,7 @@ from dq.storage.itemmeta import (
 from dq.storage.key_moves import KeyState, Rekey
 from dq.storage.leases import Lease
 from dq.storage.merge_policy import MergeSource, SegmentDesc
+from dq.storage.move_frames import MoveFrames, Moves
 from dq.storage.queue_config import CONFIG_FILE, load_config, save_config
 from dq.storage.queue_state import STATE_FILE, QueueState, load_state, save_state
 from dq.storage.rates import Rates
@@ -140,20 +142,6 @@ if TYPE_CHECKING:
 __all__ = ["Queue", "QueueHost"]
 
 log = logging.getLogger("dq.storage.queue")  # one logger for a queue, whichever part logs
-
-
-@dataclass(slots=True)
-class Moves:
-    """A record moving leased items to new deadlines: its entries, the pending entries
-    and tombstones to publish, and the groups, keys and reasons written again with them."""
-
-    payload: bytes
-    pend: list[tuple[bytes, bytes, bytes]]
-    tombs: list[bytes]
-    meta: bytes
-    groups: dict[bytes, str]
-    #: what each moved item carries besides its group (``storage/item_notes.py``)
-    carried: list[Carried]
 
 
 class QueueHost(Protocol):
@@ -211,6 +199,10 @@ class Queue:
         self.lease_expired = 0
         #: calls later (a failed freeze tried again), cancelled when the queue closes
         self.timers = Timers(self.lock)
+        #: framing the records that move items (requeue, fail, lease expiry, by key)
+        self.frames = MoveFrames(
+            name, directory, self.commit, self.files, self.deliveries, self.meta
+        )
         #: refusing writes: a batch rolled back, the queue failed after an I/O error
         self.failing = Failing(name, engine, self.commit, self.deliveries, self.health)
         #: rotating, freezing, merging (handed the queue only to give it to the syncer
@@ -311,6 +303,7 @@ class Queue:
         self.files.load(rec)
         self.meta = meta
         self.jobs.meta = meta  # a freeze's install lets go of what its log's sidecar holds
+        self.frames.meta = meta
         commit.next_id = max(rec.next_id, commit.next_id)  # ids of refused batches stay unused
         self.deliveries.reset()
         self.health.loaded = True
@@ -486,7 +479,7 @@ class Queue:
             if keyed.rekeys:
                 entries = []
                 grouped = {} if grouped is None else grouped
-                moves = self._frame_rekeys(
+                moves = self.frames.rekeys(
                     keyed.rekeys, now, parts, entries, meta, grouped, rekeyed, carried
                 )
                 for r, moved in zip(keyed.rekeys, moves, strict=True):
@@ -538,7 +531,7 @@ class Queue:
         lease = self.deliveries.leases.get(entry.id)
         if lease is not None:
             return KeyState("leased", lease.key, lease=lease)
-        flying = self._in_flight(pkey)
+        flying = self.frames.in_flight(pkey)
         if flying is not None:
             return flying
         deliveries = self.deliveries
@@ -550,86 +543,6 @@ class Queue:
         if net > 0 and newest is not None:
             return KeyState("pending", pkey, newest[0], newest[1])
         return KeyState("gone", pkey)
-
-    def _in_flight(self, pkey: bytes) -> KeyState | None:
-        """The entry ``pkey`` as a write waiting to be durable leaves it — written
-        (pending), or cancelled — or None if no such write touches it."""
-        tomb = tombstone_of(pkey)
-        found: KeyState | None = None
-        for batch in self.commit.waiting:  # in append order: the last one says
-            if batch.keyed is not None:
-                for key, value in batch.keyed:
-                    if key == pkey:
-                        found = KeyState("pending", pkey, batch.stats, value)
-            if batch.entries is not None:
-                for key, entry_stats, entry_value in batch.entries:
-                    if key == pkey and entry_stats is not None and entry_value is not None:
-                        found = KeyState("pending", pkey, entry_stats, entry_value)
-                    elif key == tomb:
-                        found = KeyState("gone", pkey)
-        return found
-
-    def _fresh_key(self, deadline: int, item_id: int, moving: bytes | None) -> tuple[int, bytes]:
-        """The key a moved item's new entry takes: (deadline, id) placed after the cursor,
-        and 1 ms later while it is a key this log already holds — the item's own earlier
-        entry there, pending or cancelled, a move by key ahead of the cursor may come back
-        to. One log holds a key once (its in-memory segment keeps one entry a key, a
-        freeze one entry a key), so a second would be lost. ``moving``: the pending key
-        of an item moved by key, whose own writes may still be on their way to disk,
-        and which its new entry must not be either."""
-        deadline, key = self.deliveries.place(deadline, item_id)
-        entries = self.files.memseg.entries
-        while (
-            key in entries
-            or tombstone_of(key) in entries
-            or key == moving
-            or (moving is not None and self._in_flight(key) is not None)
-        ):
-            deadline += 1
-            key = encode_key(deadline, item_id)
-        return deadline, key
-
-    def _frame_rekeys(
-        self,
-        rekeys: Sequence[Rekey],
-        now: int,
-        parts: list[bytes],
-        entries: list[tuple[bytes, bytes | None, bytes | None]],
-        meta: list[bytes],
-        groups: dict[bytes, str],
-        rekeyed: list[tuple[Remembered, int, int]],
-        carried: list[Carried],
-    ) -> list[Enqueued]:
-        """Frame the moves of pending items by key (under the lock): each item's new
-        entry — same id, the new deadline (placed after the cursor, and 1 ms later if it
-        would be the very key it leaves) and value, its delivery count kept — the
-        tombstone of the entry it leaves (kept in memory: it is ahead of the cursor),
-        the key entry naming it there, written now (its window starts again), and its
-        reasons. Notes in ``rekeyed`` what each key said before."""
-        pack = PENDING_HEADER.pack
-        out: list[Enqueued] = []
-        for r in rekeys:
-            entry, old = r.entry, r.state.pkey
-            item_id = entry.id
-            deadline, key = self._fresh_key(r.deadline, item_id, old)
-            enq, _req, cnt = decode_stats(r.state.stats)
-            st = encode_stats(enq, now, cnt)
-            tomb = tombstone_of(old)
-            parts += (pack(key, st, len(r.value)), r.value, tomb)
-            entries += ((key, st, r.value), (tomb, None, None))
-            meta.append(encode_key_entry(item_id, deadline, now, r.key.encode()))
-            if r.group is not None:
-                meta.append(encode_group_entry(item_id, r.group))
-                groups[key] = r.group
-            reasons = self.item_reasons(item_id)
-            if reasons is not None:
-                meta.append(encode_error_entry(item_id, deadline, reasons))
-                carried.append(Carried(item_id, deadline, None, reasons))
-            rekeyed.append((entry, entry.deadline, entry.time))
-            entry.deadline, entry.time = deadline, now
-            self.meta.remember(r.key, entry)  # its window starts again now
-            out.append(Enqueued(item_id, deadline, replaced=True))
-        return out
 
     def _rekeyed(
         self,
@@ -665,7 +578,7 @@ class Queue:
         groups: dict[bytes, str] = {}
         rekeyed: list[tuple[Remembered, int, int]] = []
         carried: list[Carried] = []
-        [done] = self._frame_rekeys([r], now, parts, entries, meta, groups, rekeyed, carried)
+        [done] = self.frames.rekeys([r], now, parts, entries, meta, groups, rekeyed, carried)
         token = self.commit.hold(min(k for k, _s, _v in entries))
         batch = PendingBatch(
             self.files.memseg, done, entries=entries, token=token, wakes=True, groups=groups or None
@@ -739,7 +652,7 @@ class Queue:
                 taken.append((r.id, lease))
                 moves.append((r.id, lease, deadline, None))
             moved: list[ItemOutcome] = []
-            built = self._frame_moves(moves, now, moved)
+            built = self.frames.moves(moves, now, moved)
             for o in moved:
                 results[o.id] = o
             outcomes = [
@@ -779,7 +692,7 @@ class Queue:
                 reason = Reason(f.error, now, lease.dequeue_count)
                 moves.append((f.id, lease, retry_deadline(self.config, lease, now), reason))
             moved: list[ItemOutcome] = []
-            built = self._frame_moves(moves, now, moved)
+            built = self.frames.moves(moves, now, moved)
             for o in moved:
                 results[o.id] = o
             outcomes = [
@@ -826,7 +739,7 @@ class Queue:
             )
             for i, lease in expired
         ]
-        built = self._frame_moves(moves, now, moved)
+        built = self.frames.moves(moves, now, moved)
         if built is not None:
             try:
                 self._write_moves(built, moved, expired)
@@ -843,46 +756,6 @@ class Queue:
             self._slots_freed(expired, now)
         return len(expired)
 
-    def _frame_moves(
-        self,
-        moves: Sequence[tuple[int, Lease, int, Reason | None]],
-        now: int,
-        outcomes: list[ItemOutcome],
-    ) -> Moves | None:
-        """Frame a record moving leased items to new deadlines (pending + tombstone),
-        with what each item carries: its group, written again with its new entry, its
-        key and its reasons with ``reason`` (if any) added (``storage/item_notes.py``)."""
-        parts: list[bytes] = []
-        pend: list[tuple[bytes, bytes, bytes]] = []
-        tombs: list[bytes] = []
-        meta: list[bytes] = []
-        groups: dict[bytes, str] = {}
-        carried: list[Carried] = []
-        pack = PENDING_HEADER.pack
-        lookup, fresh = self.files.lookup, self._fresh_key
-        for item_id, lease, deadline, reason in moves:
-            found = lookup(lease.key, lease.source)
-            if found is None:
-                log.error("queue %s: value of item %d not found; left pending", self.name, item_id)
-                continue
-            deadline, key = fresh(deadline, item_id, None)
-            st = encode_stats(lease.enqueue_time, now, lease.dequeue_count)
-            value = found[1]
-            parts.append(pack(key, st, len(value)))
-            parts.append(value)
-            tomb = tombstone_of(lease.key)
-            parts.append(tomb)
-            pend.append((key, st, value))
-            tombs.append(tomb)
-            if lease.group is not None:
-                meta.append(encode_group_entry(item_id, lease.group))
-                groups[key] = lease.group
-            carry(self.meta, self.item_reasons, item_id, deadline, reason, meta, carried)
-            outcomes.append(ItemOutcome(item_id, deadline=deadline))
-        if not parts:
-            return None
-        return Moves(b"".join(parts), pend, tombs, b"".join(meta), groups, carried)
-
     def _write_moves(
         self,
         built: Moves,
@@ -890,7 +763,7 @@ class Queue:
         restore: list[tuple[int, Lease]],
         inline: InlineCommits | None = None,
     ) -> Future[Any]:
-        """Submit a record of moves (``_frame_moves``); a refusal gives back ``restore``,
+        """Submit a record of moves (``MoveFrames.moves``); a refusal gives back ``restore``,
         and what memory said of the items' keys and reasons."""
         pend, tombs = built.pend, built.tombs
         token = self.commit.hold(min(k for k, _, _ in pend))
