@@ -515,15 +515,17 @@ class Operations:
         number forgotten.
 
         An item is gone when the entry its note names is behind the dequeue cursor and
-        not leased (released), or ahead of it and cancelled (deleted, purged, redriven,
-        or released before a restart: one block per segment file holding its key). An
-        entry of a write in flight (at or past the barrier) is left for a later round."""
+        neither leased nor held back by the delivery rules (released), or ahead of it
+        and cancelled (deleted, purged, redriven, or released before a restart: one
+        block per segment file holding its key). An entry of a write in flight (at or
+        past the barrier) is left for a later round."""
         with q.lock:
             if q.closed or q.failed is not None or not q.health.loaded:
                 return 0
             errors = q.meta.errors
             cursor = q.deliveries.cursor
             barrier = q.commit.barrier()
+            index = q.deliveries.index
             gone = 0
             for item_id in errors.next_to_check():
                 note = errors.notes[item_id]
@@ -532,6 +534,12 @@ class Operations:
                     continue
                 if barrier is not None and pkey >= barrier:
                     continue
+                if (
+                    pkey <= cursor
+                    and index.indexed
+                    and index.holds(pkey, q.files.group_of(pkey, None))
+                ):
+                    continue  # held back by the delivery rules: waiting, not gone
                 if pkey <= cursor or net_at(q, pkey) <= 0:
                     errors.forget(item_id)
                     gone += 1

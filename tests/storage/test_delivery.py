@@ -12,7 +12,7 @@ import pytest
 
 from dq.storage import Engine, NewItem, RetryPolicy
 from dq.storage.errors import OutOfRange, StorageError
-from dq.storage.types import Delivery, QueueConfig, RateLimit, Release, Requeue
+from dq.storage.types import Delivery, Fail, QueueConfig, RateLimit, Release, Requeue
 from tests.storage.conftest import FakeClock
 
 LEASE = 10_000
@@ -277,6 +277,27 @@ def test_browse_page_by_page_shows_every_held_item(open_engine: Callable[..., En
                 break
             after = page.next
         assert seen == [(1, "leased"), (2, "due"), (3, "due"), (4, "due")], limit
+
+
+def test_a_held_item_keeps_its_reasons_through_upkeep(
+    open_engine: Callable[..., Engine], clock: FakeClock
+) -> None:
+    """An item held back behind the cursor is waiting, not gone: the upkeep that
+    forgets the reasons of released items leaves its reasons be."""
+    e = open_engine()
+    e.put_queue("q", QueueConfig(fair=True))
+    put(e, ("x", "a"), ("w", "b"))
+    [x] = take(e, 1)
+    assert e.fail("q", [Fail(x.id, x.receipt, "boom")])[0].ok  # due again at once
+    clock.advance(1)  # (1 ms after the cursor)
+    assert values(take(e, 1)) == ["w"]  # b's turn; x is read ahead and held
+    q = e.queue("q")
+    assert e.stats("q").held == 0 and q.deliveries.index.indexed == 1
+    for _ in range(3):
+        e.forget_gone_reasons(q)
+    assert [r.error for r in e.peek("q", x.id).errors or ()] == ["boom"]
+    [again] = take(e, 1)
+    assert (again.id, again.last_error) == (x.id, "boom")
 
 
 def test_delete_and_purge_remove_held_items(open_engine: Callable[..., Engine]) -> None:
