@@ -27,7 +27,9 @@ Bounds: the index holds at most ``MAX_HELD`` keys (16 bytes each); once it does,
 dequeue serves only what it holds until some are handed out. With ``fair`` it reads
 ahead at most ``WINDOW`` due items, ``READ_BUDGET`` per dequeue. A group costs memory
 only while it has a lease or a held item. Nothing here is durable: after a restart
-nothing is leased, every slot is free, and the index fills again as dequeue walks.
+nothing is leased, every slot is free, and the index fills again as dequeue walks; the
+marks of items on their way back from an expired lease are read again from what is
+stored (``storage/returning.py``, ``rebuilt_returning``).
 """
 
 from __future__ import annotations
@@ -242,6 +244,22 @@ class DeliveryIndex:
             g.returning += 1
             self._returning[key] = name
             heapq.heappush(self._returning_keys, key)
+
+    def rebuilt_returning(self, keys: dict[bytes, str], now: int) -> None:
+        """The items on their way back are exactly ``keys`` (key -> group), as read from
+        what is stored (``storage/returning.py``) when the queue starts to deliver from
+        it: marks not among them are dropped (their groups go on), the others added."""
+        marks = self._returning
+        for key in [k for k in marks if k not in keys]:
+            name = marks.pop(key)
+            g = self.groups.get(name)
+            if g is not None:
+                g.returning -= 1
+                if g.idle:
+                    del self.groups[name]
+                else:
+                    self._offer(g, now)
+        self.returning({k: name for k, name in keys.items() if k not in marks})
 
     @property
     def returning_keys(self) -> dict[bytes, str]:

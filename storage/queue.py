@@ -115,6 +115,7 @@ from dq.storage.rates import Rates
 from dq.storage.reasons import LEASE_EXPIRED, Reason, encode_error_entry
 from dq.storage.recovery import recover_directory
 from dq.storage.replication import KIND_RECORD_WITH_META
+from dq.storage.returning import returning_entries
 from dq.storage.segment import SegmentReader
 from dq.storage.segment_set import SegmentSet
 from dq.storage.state_counts import StateCounter
@@ -306,6 +307,7 @@ class Queue:
         self.frames.meta = meta
         commit.next_id = max(rec.next_id, commit.next_id)  # ids of refused batches stay unused
         self.deliveries.reset()
+        self.rebuild_returning()
         self.health.loaded = True
         for path, mem in list(self.files.frozen):
             self.jobs.freeze(path, mem)
@@ -755,6 +757,25 @@ class Queue:
         else:
             self._slots_freed(expired, now)
         return len(expired)
+
+    def rebuild_returning(self) -> None:
+        """Mark again the items a lease expiry wrote back that the cursor has not reached,
+        read from what is stored (``storage/returning.py``), so each comes back ahead of
+        its group's later items after a restart and when a follower starts to lead
+        (call under the lock, or before the queue serves)."""
+        index = self.deliveries.index
+        found: dict[bytes, str] = {}
+        if self.config.group_limit is not None and self.meta.errors.notes:
+            files = self.files
+            found = returning_entries(
+                self.meta.errors.notes,
+                self.deliveries.cursor,
+                self.item_reasons,
+                files.count,
+                lambda key: files.group_of(key, None),
+            )
+        if found or index.returning_keys:
+            index.rebuilt_returning(found, self.engine.now())
 
     def _write_moves(
         self,

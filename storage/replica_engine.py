@@ -121,6 +121,13 @@ class ReplicaEngine:
         ``NotLeader(leader)`` (a follower). ``alive``: a leader's term may be over once
         it answers False; writes and dequeues are refused from then on, even before the
         role is taken away (see the module docstring)."""
+        if writable and not self.writable:
+            # the items the last leader's lease expiries wrote back come first in their
+            # groups here too (``docs/delivery.md``), before the first dequeue
+            for q in list(self._queues.values()):
+                with q.lock:
+                    if q.health.loaded:
+                        q.rebuild_returning()
         self.leader_url = leader
         self._alive = alive if writable else None
         self.writable = writable

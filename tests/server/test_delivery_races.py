@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dq.client import Client, NewItem, QueueConfig, RateLimit
+from dq.client import Client, Item, NewItem, QueueConfig, RateLimit, RetryPolicy
 from tests.server.live import LiveServer, live_server
 from tests.server.overlaps import most_at_once
 
@@ -218,3 +218,36 @@ def test_racing_consumers_never_get_more_than_the_rate_allows(tmp_path: Path) ->
                 # a token per 25 ms; the clock's whole milliseconds allow one more
                 assert j - i + 1 <= 5 + span_ms * 40 / 1000 + 1, (i, j, span_ms)
         assert dq.queue("paced").stats.rate_limited >= 1
+
+
+def test_an_expired_lease_comes_back_first_of_its_group_after_a_sigkill(tmp_path: Path) -> None:
+    """With ``group_limit`` 1 and a 2 s retry delay, a1's lease runs out and a1 is
+    written back 2 s later than a2: its group waits for it (``docs/delivery.md``, "An
+    expired lease's place"), and so it does after the server is SIGKILLed and started
+    again: a2 is not handed out before a1."""
+    server = LiveServer(tmp_path / "data", env=ENV).start()
+    try:
+        with Client(server.url) as dq:
+            dq.put_queue("order", QueueConfig(group_limit=1, retry=RetryPolicy(delays_ms=[2000])))
+            a1, a2 = dq.enqueue_many(
+                "order", [NewItem(b"a1", group="a"), NewItem(b"a2", group="a")]
+            )
+            (first,) = dq.dequeue("order", 1, lease_ms=100)
+            assert first.id == a1.id
+            give_up = time.monotonic() + 10
+            while (seen := dq.peek("order", a1.id)).last_error != "lease expired":
+                assert time.monotonic() < give_up, seen
+                time.sleep(0.02)
+            assert seen.state == "delayed" and seen.deadline > dq.peek("order", a2.id).deadline
+            server.kill()
+            server.start()
+            got: list[Item] = []
+            give_up = time.monotonic() + 15
+            while not got:  # a2 waits for a1 until its retry is due
+                assert time.monotonic() < give_up
+                got = dq.dequeue("order", 2, lease_ms=60_000, wait_ms=1000)
+            assert [i.id for i in got] == [a1.id]
+            dq.release_many("order", got)
+            assert [i.id for i in dq.dequeue("order", 2, lease_ms=60_000, wait_ms=1000)] == [a2.id]
+    finally:
+        server.kill()

@@ -14,7 +14,16 @@ from typing import Any
 
 import pytest
 
-from dq.storage import Engine, EngineConfig, Fail, NewItem, QueueConfig, Release, Requeue
+from dq.storage import (
+    Engine,
+    EngineConfig,
+    Fail,
+    NewItem,
+    QueueConfig,
+    Release,
+    Requeue,
+    RetryPolicy,
+)
 from dq.storage.errors import (
     CorruptionError,
     InvalidArgument,
@@ -421,3 +430,41 @@ def test_a_crash_between_the_renames_of_a_replacement_keeps_the_old_queues(
     again = engines("node")
     assert [v for _i, _d, v in _items(again, "jobs")] == [b"kept"]
     assert sorted(os.listdir(root)) == ["LOCK", "queues"]
+
+
+def test_a_follower_that_takes_over_delivers_an_expired_lease_first_of_its_group(
+    engines: Any, clock: Any
+) -> None:
+    """With ``group_limit`` 1 and a retry delay, the leader writes a1 back after its
+    lease ran out, later than a2: a follower that applied that record and starts to
+    lead holds a2 back for a1, as the leader would (``docs/delivery.md``, "An expired
+    lease's place"); so does the follower restarted before it leads."""
+    leader = engines("leader")
+    sink = ListSink()
+    leader.set_replication(sink)
+    auto = AutoCommit(leader, sink)
+    retry = RetryPolicy(delays_ms=(2000,))
+    try:
+        leader.put_queue("q", QueueConfig(group_limit=1, retry=retry))
+        leader.enqueue("q", [NewItem(b"a1", 0, group="a"), NewItem(b"a2", 0, group="a")])
+        [a1] = leader.dequeue("q", 1, 1000)
+        clock.advance(1500)
+        assert leader.expire_leases("q") == 1
+        deadline = time.monotonic() + 10
+        while leader.queue("q").commit.waiting:  # the expiry's record commits
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        auto.close()
+    for restarted in (False, True):
+        follower = engines("follower")
+        follower.set_role(False, "http://leader:1")
+        if not restarted:
+            follower.apply(sink.frames).result(timeout=10)
+        follower.set_role(True)
+        assert follower.dequeue("q", 2, 1000) == []  # a2 waits for a1
+        follower.close()
+    clock.advance(2000)
+    again = engines("follower")
+    got = again.dequeue("q", 2, 1000)
+    assert [(d.id, d.value) for d in got] == [(a1.id, b"a1")]
