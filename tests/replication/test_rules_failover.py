@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dq.client import Client, ClientError, NewItem, QueueConfig, RateLimit
+from dq.client import Client, ClientError, Item, NewItem, QueueConfig, RateLimit, RetryPolicy
 from tests.replication.etcd_server import EtcdServer
 from tests.replication.test_node_e2e import (
     Cluster,
@@ -285,3 +285,40 @@ def test_limits_hold_through_a_frozen_and_a_killed_leader(group: Cluster) -> Non
     with Client(third.url, timeout=10.0) as dq:
         assert dq.queue(Q).stats.leased == 0
     print(f"{len(held)} deliveries; retried calls during the failovers: {len(consumers.errors)}")
+
+
+def test_an_expired_lease_comes_back_first_of_its_group_at_the_next_leader(
+    group: Cluster,
+) -> None:
+    """With ``group_limit`` 1 and a 3 s retry delay, a1's lease runs out at the leader,
+    which writes a1 back later than a2: its group waits for it. The leader is SIGKILLed
+    and the member that takes over hands out a1 before a2, as the leader would have
+    (``docs/delivery.md``, "An expired lease's place")."""
+    view = eventually("a leader with two followers in sync", lambda: group.in_sync(3))
+    assert view.leader is not None
+    first = view.leader
+    queue = "ordered"
+    with Client(first.url, timeout=10.0) as dq:
+        dq.put_queue(queue, QueueConfig(group_limit=1, retry=RetryPolicy(delays_ms=[3000])))
+        a1, a2 = dq.enqueue_many(queue, [NewItem(b"a1", group="a"), NewItem(b"a2", group="a")])
+        [got] = dq.dequeue(queue, 1, lease_ms=100)
+        assert got.id == a1.id
+
+    def written_back(url: str) -> bool | None:
+        with Client(url, timeout=5.0) as c:
+            return c.peek(queue, a1.id, values=False).last_error == "lease expired" or None
+
+    for server in group.servers.values():  # on every member
+        eventually("a1 written back", lambda s=server: written_back(s.url))  # type: ignore[misc]
+    group.servers[first.node].kill()
+    second = eventually("a leader after the kill", leader_other_than(group, first.node))
+    with Client(second.url, timeout=10.0) as dq:
+        eventually("the new leader serving", lambda: dq.queue(queue).config.group_limit or None)
+        given: list[Item] = []
+        give_up = time.monotonic() + 30
+        while not given:  # a2 waits for a1 until its retry is due
+            assert time.monotonic() < give_up
+            given = dq.dequeue(queue, 2, lease_ms=60_000, wait_ms=1000)
+        assert [i.id for i in given] == [a1.id]
+        assert dq.release_many(queue, given)[0].ok
+        assert [i.id for i in dq.dequeue(queue, 2, lease_ms=60_000, wait_ms=1000)] == [a2.id]
