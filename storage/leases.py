@@ -40,7 +40,11 @@ class Leases:
     def __init__(self) -> None:
         self.epoch = secrets.token_hex(4)
         self._by_id: dict[int, Lease] = {}
-        self._heap: list[tuple[int, int, int]] = []  # (expires, id, delivery), lazily pruned
+        #: (expires, id, delivery) of every lease, a heap lazily pruned: an ended or
+        #: extended lease leaves its entry behind, so the first entry's expiry is never
+        #: later than a live lease's — a dequeue that finds it after now knows no lease
+        #: ran out without a call (``Queue.dequeue``)
+        self.expiries: list[tuple[int, int, int]] = []
         self._deliveries = 0
         # (since, id, delivery) of every lease in dequeue order, lazily pruned: ``oldest_since``
         # reads the first live entry instead of walking every lease. ``since`` only grows
@@ -104,11 +108,11 @@ class Leases:
         queue with 10-minute leases. Rebuilding once stale entries outnumber live ones
         keeps the heap within 2x the live leases at O(1) amortized cost.
         """
-        heap = self._heap
+        heap = self.expiries
         heapq.heappush(heap, (expires, item_id, delivery))
         if len(heap) > 2 * len(self._by_id) + 1024:
-            self._heap = [(lease.expires, i, lease.delivery) for i, lease in self._by_id.items()]
-            heapq.heapify(self._heap)
+            self.expiries = [(lease.expires, i, lease.delivery) for i, lease in self._by_id.items()]
+            heapq.heapify(self.expiries)
 
     def receipt(self, item_id: int, lease: Lease) -> str:
         return f"{self.epoch}.{item_id:x}.{lease.delivery:x}"
@@ -179,7 +183,7 @@ class Leases:
         self._push(expires, item_id, lease.delivery)
 
     def next_expiry(self) -> int | None:
-        heap = self._heap
+        heap = self.expiries
         while heap:
             expires, item_id, d = heap[0]
             lease = self._by_id.get(item_id)
@@ -190,7 +194,7 @@ class Leases:
 
     def pop_expired(self, now: int) -> list[tuple[int, Lease]]:
         out: list[tuple[int, Lease]] = []
-        heap = self._heap
+        heap = self.expiries
         while heap and heap[0][0] <= now:
             expires, item_id, d = heapq.heappop(heap)
             lease = self._by_id.get(item_id)

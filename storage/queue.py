@@ -893,7 +893,9 @@ class Queue:
             health = self.health
             if health.failed is not None or health.closed:
                 self.check_open()
-            self.requeue_expired(now)
+            expiries = self.deliveries.leases.expiries
+            if expiries and expiries[0][0] <= now:  # a lease may have run out (``Leases``)
+                self.requeue_expired(now)
             if self.state.paused:
                 return []  # a paused queue hands out nothing; lease expiry still runs
             out, dead = self.deliveries.take(

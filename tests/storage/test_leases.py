@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dq.storage import Engine, Extend, NewItem, Release, Requeue
+from dq.storage import Engine, Extend, NewItem, QueueConfig, Release, Requeue
 from dq.storage.leases import Lease, Leases
 from tests.storage.conftest import FakeClock
 
@@ -143,3 +143,35 @@ def test_index_matches_a_walk_under_random_operations() -> None:
         peak = max(peak, len(leases))
         assert len(leases._order) + len(leases._late) <= 2 * peak + 1024
     assert leases.oldest_since() == brute(leases)
+
+
+def test_a_dequeue_moves_back_exactly_the_leases_that_ran_out_by_now(
+    open_engine: Open, clock: FakeClock
+) -> None:
+    """Dequeue itself moves back what ran out (no expiry task runs here), and looks for
+    it only when the earliest expiry it knows of is not after now: leases extended
+    (longer and shorter) and released leave older entries behind, which must neither
+    hide an expiry nor move back a live lease."""
+    e = open_engine()
+    e.put_queue("q", QueueConfig())
+    a, b, c, d = e.enqueue("q", [NewItem(v) for v in (b"a", b"b", b"c", b"d")])
+    leased = {x.id: x for x in e.dequeue("q", 4, 10_000)}
+    assert sorted(leased) == [a.id, b.id, c.id, d.id]
+    start = clock.now
+    clock.advance(100)
+    e.extend("q", [Extend(a.id, leased[a.id].receipt, 5000)])  # runs out at 5100
+    e.extend("q", [Extend(b.id, leased[b.id].receipt, 500)])  # shorter: runs out at 600
+    e.release("q", [Release(c.id, leased[c.id].receipt)])
+    # d runs out at 10_000
+
+    def dequeued_at(t: int) -> list[tuple[int, int]]:
+        clock.advance(t - (clock.now - start))
+        return [(x.id, x.stats.dequeue_count) for x in e.dequeue("q", 4, 60_000)]
+
+    assert dequeued_at(599) == []
+    assert dequeued_at(600) == [(b.id, 2)]  # at its expiry exactly
+    assert dequeued_at(5099) == []
+    assert dequeued_at(5100) == [(a.id, 2)]
+    assert dequeued_at(9999) == []
+    assert dequeued_at(10_000) == [(d.id, 2)]
+    assert e.stats("q").lease_expired == 3
