@@ -542,8 +542,8 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
         prepared, keys, replace, groups = self._prepare(items, now)
         if not prepared:
             return resolved([])
-        q = self._queues.get(name) if self.writable else None
-        if q is None:  # a follower's refusal, or a queue made by its first write
+        q = self._queues.get(name) if self.plainly_writable else None
+        if q is None:  # a refusal (a follower, a leader that must ask), or a new queue
             q = self._queue_for_write(name)
         return q.enqueue(
             prepared,
@@ -573,7 +573,7 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
         limit = self.config.max_batch
         if type(count) is not int or not 1 <= count <= limit:
             count_range(limit).check(count)  # raises, in the rule's words
-        if not self.writable:
+        if not self.plainly_writable:
             self._check_writable()
         q = self._queues.get(name)
         return (q if q is not None else self._queue(name)).dequeue(count, lease_ms)
@@ -583,7 +583,7 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
     ) -> Future[list[ItemOutcome]]:
         if len(items) > self.config.max_batch:
             self._check_batch(len(items))
-        if not self.writable:
+        if not self.plainly_writable:
             self._check_writable()
         q = self._queues.get(name)
         return (q if q is not None else self._queue(name)).release(items, inline)

@@ -108,6 +108,9 @@ class ReplicaEngine:
         self.leader_url: str | None = None
         #: a leader's term is surely not over while this says so (None: not asked)
         self._alive: Callable[[], bool] | None = None
+        #: writable with no term to ask about: the hot paths' one test before they skip
+        #: ``_check_writable`` (a leader given ``alive`` must ask it at every call)
+        self.plainly_writable = True
         self._committed = threading.Condition()
         #: queues whose memory lacks records their log holds (``set_replication``)
         self._dropped: set[str] = set()
@@ -131,6 +134,7 @@ class ReplicaEngine:
         self.leader_url = leader
         self._alive = alive if writable else None
         self.writable = writable
+        self.plainly_writable = writable and self._alive is None
 
     def check_writable(self) -> None:
         """Raise ``NotLeader`` on a follower: for server-side state kept beside the
