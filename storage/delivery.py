@@ -251,14 +251,7 @@ class DeliveryIndex:
         it: marks not among them are dropped (their groups go on), the others added."""
         marks = self._returning
         for key in [k for k in marks if k not in keys]:
-            name = marks.pop(key)
-            g = self.groups.get(name)
-            if g is not None:
-                g.returning -= 1
-                if g.idle:
-                    del self.groups[name]
-                else:
-                    self._offer(g, now)
+            self._not_returning(marks.pop(key), now)
         self.returning({k: name for k, name in keys.items() if k not in marks})
 
     @property
@@ -290,17 +283,23 @@ class DeliveryIndex:
         while keys and keys[0] <= after:
             key = heapq.heappop(keys)
             name = self._returning.pop(key, None)
-            if name is None:
-                continue
-            g = self.groups.get(name)
-            if g is not None:
-                g.returning -= 1
-                if g.idle:
-                    del self.groups[name]
-                else:
-                    self._offer(g, now)
-                    offered = True
+            if name is not None and self._not_returning(name, now):
+                offered = True
         return offered
+
+    def _not_returning(self, name: str, now: int) -> bool:
+        """An item group ``name`` waited for will not come back (its mark was dropped):
+        the group goes on without it, or is forgotten if it holds nothing else. True if
+        it was offered (``_offer``)."""
+        g = self.groups.get(name)
+        if g is None:
+            return False
+        g.returning -= 1
+        if g.idle:
+            del self.groups[name]
+            return False
+        self._offer(g, now)
+        return True
 
     # ------------------------------------------------------------------ choosing
 

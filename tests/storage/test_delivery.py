@@ -11,6 +11,8 @@ from collections.abc import Callable
 import pytest
 
 from dq.storage import Engine, NewItem, RetryPolicy
+from dq.storage.codec import encode_key
+from dq.storage.delivery import DeliveryIndex
 from dq.storage.errors import OutOfRange, StorageError
 from dq.storage.types import Delivery, Fail, QueueConfig, RateLimit, Release, Requeue
 from tests.storage.conftest import FakeClock
@@ -117,6 +119,24 @@ def test_a_group_whose_returning_item_was_deleted_goes_on(
     e.expire_leases("q")  # a1 is on its way back, ahead of a2
     e.delete_item("q", a1.id)  # ... and is deleted before dequeue reaches it
     assert values(take(e)) == ["a2"]
+
+
+def test_a_mark_dropped_without_its_item_lets_its_group_go_on() -> None:
+    """The delivery index's marks of items on their way back from an expired lease: one
+    the cursor passes without its item (cancelled meanwhile), or one a rebuild from what
+    is stored does not find, holds its group back no longer; a group with nothing else
+    to remember is forgotten."""
+    index = DeliveryIndex()
+    index.configure(QueueConfig(group_limit=1), 0)
+    index.returning({encode_key(5, 1): "a", encode_key(5, 2): "b"})
+    index.hold("a", encode_key(1, 3), 0)  # a's next item waits behind a's mark
+    assert index.next_group(0) is None
+    assert index.passed(encode_key(5, 1), 0)  # the cursor passed a's mark, no a1 came
+    group = index.next_group(0)
+    assert group is not None and group.name == "a"
+    assert "b" in index.groups
+    index.rebuilt_returning({}, 0)  # b's item is not among what is stored
+    assert "b" not in index.groups and index.returning_keys == {}
 
 
 def test_a_requeued_item_keeps_its_group_order_by_its_new_deadline(
