@@ -116,7 +116,8 @@ class DeliveryIndex:
             self.buckets = None if self.rate is None else Buckets(self.rate, now)
         self.has_rules = config.has_rules
         # the groups waiting for their turn keep their places (a change of config is no
-        # turn of theirs); the others join after them
+        # turn of theirs), but for those the new rules stop, which join again at the back
+        # once they may deliver; the others join after them
         groups = self.groups
         waiting = [g for g in self._ring if groups.get(g.name) is g]
         self._heap, self._ring, self._timers = [], deque(), []
