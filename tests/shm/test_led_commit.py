@@ -73,6 +73,63 @@ def test_a_lone_ring_writer_syncs_on_its_own_thread(served: tuple[Engine, ShmSer
     assert sum(step == "fsync" for step, _ in where.threads) >= 1
 
 
+class Steps:
+    """A fault hook that raises nothing: every file step, its file's kind and its thread."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, step: str, path: str) -> None:
+        with self._lock:
+            self.seen.append((step, file_kind(path), threading.current_thread().name))
+
+
+def test_a_lone_durable_single_op_costs_one_write_and_one_fsync(
+    served: tuple[Engine, ShmServer],
+) -> None:
+    """The floor of a durable single operation, counted through the fault seam instead of
+    timed: a lone client's PUT is one log write and one fsync on its session's thread —
+    no second fsync, no directory sync, no other file touched, no hand-off to the syncer
+    thread — and a FIND + DELETE is the same for the DELETE (a lease writes nothing)."""
+    engine, server = served
+    attachment = attach(server.data_dir, queue="jobs", capacity=8)
+    ring = ClientRing(attachment.mm, spin_us=0.0)
+    steps = Steps()
+    n = 30
+    try:
+        for i in range(5):  # the queue's first writes are not what is counted
+            assert put(ring, f"w{i}".encode())[0] == Status.OK
+        fileio.FAULTS.append(steps)
+        try:
+            for i in range(n):
+                assert put(ring, f"v{i}".encode())[0] == Status.OK
+            puts, steps.seen = steps.seen, []
+            find = codec.encode_find(1, 0, None)
+            for _ in range(n):
+                got = ring.call(Op.FIND, find, b"", timeout_s=WAIT_S)
+                (d,) = codec.decode_deliveries(got.body)
+                done = ring.call(Op.DELETE, *codec.encode_item(d.id, d.receipt), timeout_s=WAIT_S)
+                assert done.status == Status.OK
+            pairs = steps.seen
+        finally:
+            fileio.FAULTS.remove(steps)
+    finally:
+        ring.close()
+        attachment.close()
+    session = {name for _, _, name in puts}
+    assert len(session) == 1 and session.pop().startswith("dq-shm-"), puts
+    for seen in (puts, pairs):
+        assert sorted({(step, kind) for step, kind, _ in seen}) == [
+            ("fsync", "log"),
+            ("write", "log"),
+        ], seen
+        assert sum(step == "fsync" for step, _, _ in seen) == n, seen
+        assert sum(step == "write" for step, _, _ in seen) == n, seen
+        assert {name for _, _, name in seen} == {name for _, _, name in puts}, seen
+    assert engine.stats("jobs").pending == 5
+
+
 def test_concurrent_ring_writers_share_the_leaders_rounds(
     served: tuple[Engine, ShmServer],
 ) -> None:
