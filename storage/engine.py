@@ -298,7 +298,8 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
                         raise _creation_error(name, exc) from exc
                     raise
                 # shipped before any record of the queue can be (ordered by the lock)
-                q.last_lsn = self._ship_control(name, "put_queue", config=config_to_json(config))
+                shipped = self._ship_control(name, "put_queue", config=config_to_json(config))
+                q.leader.last_lsn = shipped
                 self._queues[name] = q
                 self.emit("queue_created", name, [])
             return q
@@ -331,7 +332,7 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
             existing = self._queues.get(name)
             if existing is None:
                 created = self._create(name, config)
-                lsn, sink = created.last_lsn, self.replication
+                lsn, sink = created.leader.last_lsn, self.replication
         if existing is None:
             # waited for with no engine lock held: a node that stops leading swaps the
             # sink (``set_replication``) meanwhile, and a snapshot lists the queues

@@ -50,6 +50,10 @@ What spans parts is given the parts it coordinates (and never calls the queue):
 - ``frames``, ``MoveFrames`` (``move_frames.py``): the records that move items to new
   keys — a requeue, a fail, a lease run out, a pending item moved by its key — each
   item's new entry, the tombstone of the one it leaves, and what it carries.
+- ``leader``, ``ReplicaLeader`` (``replica_leader.py``): a replica group's leader's
+  side — the lsn of the last record shipped, whether a write waits for the group's
+  commit, the waiting writes let go when the node stops shipping to their sink, and
+  the copy of the files a follower that (re)joins starts from.
 
 ``Queue`` composes them: every public method is one operation, and the steps that are
 its own are publishing a batch (``_publish``), the sync round (``sync_round``, which
@@ -114,6 +118,7 @@ from dq.storage.queue_state import STATE_FILE, QueueState, load_state, save_stat
 from dq.storage.rates import Rates
 from dq.storage.reasons import LEASE_EXPIRED, Reason, encode_error_entry
 from dq.storage.recovery import recover_directory
+from dq.storage.replica_leader import ReplicaLeader
 from dq.storage.replication import KIND_RECORD_WITH_META
 from dq.storage.returning import returning_entries
 from dq.storage.segment import SegmentReader
@@ -206,6 +211,8 @@ class Queue:
         )
         #: refusing writes: a batch rolled back, the queue failed after an I/O error
         self.failing = Failing(name, engine, self.commit, self.deliveries, self.health)
+        #: a replica group's leader: the lsn shipped, writes let go, the follower's copy
+        self.leader = ReplicaLeader(self.commit, self.files, self.health, self.failing)
         #: rotating, freezing, merging (handed the queue only to give it to the syncer
         #: and the merge policy)
         self.jobs = FileJobs(
@@ -1180,20 +1187,7 @@ class Queue:
         answer(answers)
         return took
 
-    # ------------------------------------------------------------------ a replica group's leader
-
-    @property
-    def last_lsn(self) -> int:
-        """The lsn of the last record shipped for this queue (its creation's included)."""
-        return self.commit.last_lsn
-
-    @last_lsn.setter
-    def last_lsn(self, lsn: int) -> None:
-        self.commit.last_lsn = lsn
-
-    def awaits_commit(self) -> bool:
-        """Some write waits for its sync or its commit (read without the lock: a hint)."""
-        return bool(self.commit.waiting)
+    # ------------------------------------------------------------------ a replica group's leader (``ReplicaLeader``)
 
     def publish_committed(self, now: float) -> list[Answer]:
         """The replica group's commit lsn moved (``Engine.commit``): publish what is now
@@ -1205,16 +1199,14 @@ class Queue:
             self.notify()
         return answers + self.commit.overdue(now)
 
-    def drop_replicated(self, error: BaseException) -> list[Answer]:
-        """Forget every waiting replicated batch (the sink that numbered it is gone):
-        undo what it held in memory and answer ``error``; the next record shipped is
-        numbered by the next sink. Its record stays in the log; a node that stops
-        leading replaces its queues with the leader's copy. Call under the lock."""
-        out: list[Answer] = []
-        for batch in self.commit.refuse_replicated():
-            self.failing.roll_back(batch)
-            out.append((batch.future, None, error))
-        return out
+    def snapshot_into(self, dest: str) -> int:
+        """Copy this queue's files into the empty directory ``dest`` for a follower that
+        (re)joins (``ReplicaLeader.copy_into``); return the lsn of the last record the
+        copy holds. A damaged queue is copied as it lies on disk."""
+        with self.lock:
+            if not self.health.quarantined:
+                self.check_open()
+            return self.leader.copy_into(dest)
 
     # ------------------------------------------------------------------ a replica group's follower
 
@@ -1245,24 +1237,6 @@ class Queue:
                 or None,
             )
             return self._submit(batch, entries, meta)
-
-    def snapshot_into(self, dest: str) -> int:
-        """Copy this queue's files into the empty directory ``dest`` for a follower that
-        (re)joins; return the lsn of the last record the copy holds (0 if none was
-        shipped). Under the lock and the log's ``io_lock`` the files are a
-        crash-consistent state with every shipped record in it."""
-        with self.lock:
-            if self.health.quarantined:
-                # damaged: copied as it lies on disk, so a follower quarantines it the
-                # same way (its other queues still join) and every member keeps what an
-                # operator may repair; it takes no writes, so the stream has none of it
-                self.files.copy_into(dest, None)
-                return self.last_lsn
-            self.check_open()
-            wal = self.commit.wal
-            with wal.io_lock:
-                self.files.copy_into(dest, wal)
-            return self.last_lsn
 
     @property
     def segments(self) -> list[SegmentReader]:

@@ -185,7 +185,7 @@ class ReplicaEngine:
                     self.commit_lsn = 0
                     self._committed.notify_all()
                 for q in queues:
-                    dropped = q.drop_replicated(lost)
+                    dropped = q.leader.drop_replicated(lost)
                     if dropped:
                         self._dropped.add(q.name)
                     answers += dropped
@@ -211,7 +211,7 @@ class ReplicaEngine:
                 self._committed.notify_all()
         now = time.monotonic()
         for q in list(self._queues.values()):
-            if not q.awaits_commit():
+            if not q.leader.awaits_commit():
                 continue
             with q.lock:
                 if sink is not None and self.replication is not sink:

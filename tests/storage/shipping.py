@@ -57,3 +57,9 @@ class AutoCommit:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(timeout=5)
+
+    def __enter__(self) -> AutoCommit:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
