@@ -19,8 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
-__all__ = ["LiveServer", "browse_all", "call", "free_port", "live_server", "ok"]
+from dq.client import Client
+from tests.tiers import starts_servers
+
+__all__ = ["LiveServer", "browse_all", "call", "free_port", "live_server", "ok", "served"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -123,6 +127,26 @@ def live_server(data_dir: Path, **options: object) -> Iterator[LiveServer]:
         with contextlib.suppress(subprocess.TimeoutExpired):
             server.terminate(timeout=15)
         server.kill()
+
+
+def served(env: Mapping[str, str]) -> tuple[Any, Any]:
+    """A module's fixtures ``server``, one live ``dq serve`` with ``env`` that all the
+    module's tests share (started for the first, stopped after the last), and a
+    ``Client`` of it over HTTP for each test. A module binds them to its names:
+    ``server, http = served(ENV)``."""
+
+    @pytest.fixture(scope="module")
+    @starts_servers
+    def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+        with live_server(tmp_path_factory.mktemp("dq") / "data", env=env) as s:
+            yield s
+
+    @pytest.fixture
+    def http(server: LiveServer) -> Iterator[Client]:
+        with Client(server.url) as c:
+            yield c
+
+    return server, http
 
 
 def call(server: LiveServer, method: str, path: str, **kw: Any) -> httpx.Response:

@@ -17,23 +17,14 @@ import httpx
 import pytest
 
 from dq.client import Client, NewItem, QueueConfig, RateLimit
-from tests.server.live import LiveServer, live_server
+from tests.server.live import LiveServer, live_server, served
 
 pytestmark = pytest.mark.integration  # a live dq serve, over HTTP and its rings
 
 ENV = {"DQ_SHM": "1", "DQ_EXPIRE_INTERVAL_MS": "50", "DQ_MAX_WAIT_MS": "5000"}
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with live_server(tmp_path_factory.mktemp("dq") / "data", env=ENV) as s:
-        yield s
-
-
-@pytest.fixture
-def http(server: LiveServer) -> Iterator[Client]:
-    with Client(server.url) as c:
-        yield c
+server, http = served(ENV)
 
 
 @pytest.fixture

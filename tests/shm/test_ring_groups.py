@@ -17,7 +17,7 @@ from dq.client import AsyncClient, Client, NewItem, QueueConfig
 from dq.shm import command_codec as codec
 from dq.shm.attach import attach
 from dq.shm.command_ring import FLAG_GROUPS, ClientRing, Op, Status
-from tests.server.live import LiveServer, live_server
+from tests.server.live import LiveServer, served
 
 pytestmark = pytest.mark.integration  # a live dq serve, over HTTP and its rings
 
@@ -28,16 +28,7 @@ WAIT_S = 10.0
 LONGEST = ("~ !azAZ09-_." * 11)[:128]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    with live_server(tmp_path_factory.mktemp("dq") / "data", env=ENV) as s:
-        yield s
-
-
-@pytest.fixture
-def http(server: LiveServer) -> Iterator[Client]:
-    with Client(server.url) as c:
-        yield c
+server, http = served(ENV)
 
 
 @pytest.fixture
