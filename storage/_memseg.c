@@ -18,8 +18,14 @@
  *     held so far (ARENA_MIN to ARENA_MAX bytes), so the unfilled end of the current one is
  *     at most an eighth of the values or 256 KiB; a value of ARENA_OWN bytes or more gets a
  *     chunk of its own; a chunk that is left for the next one is shrunk to what it holds.
+ *   - groups: a pending entry's group is a 32-bit number beside its payload, in chunks of
+ *     PAY_CHUNK made only where some entry is grouped (0: no group, n: name n - 1), and
+ *     each name is held once, in a table of the segment's names (an array of str and an
+ *     open-addressing hash of their numbers): 4 bytes an entry where a dict of key bytes
+ *     to str took ~100.
  * Nothing is ever removed (a log only grows; a cancelled entry is a tombstone key), so
- * payload indexes and arena offsets never move.
+ * payload indexes, arena offsets and name numbers never move, and a name, once some
+ * entry uses it, is used until the segment goes.
  *
  * Invariants kept:
  *   - keys are exactly 16 bytes and kept in byte order (memcmp order, which is key order
@@ -56,6 +62,7 @@
 #define ARENA_MAX (256u * 1024u)
 #define ARENA_OWN (64u * 1024u)
 #define NONE32 0xFFFFFFFFu
+#define NAMES_FIRST 8       /* slots of the first name hash (a power of two) */
 #define NO_CHUNK SIZE_MAX
 
 /* What bytes estimates per entry beyond its value: a slot (20 bytes) in leaves filled to
@@ -94,7 +101,6 @@ typedef struct {
     PyObject_HEAD
     long long segment_no;
     PyObject *replaced_by;
-    PyObject *groups; /* dict: key -> group of the grouped pending entries */
     long long pending_count;   /* pending entries held */
     long long tombstone_count; /* tombstones held plus those only counted */
     long long kept_tombs;      /* tombstones held */
@@ -109,6 +115,15 @@ typedef struct {
     size_t narena, arena_cap, cur;
     size_t arena_bytes; /* value bytes held */
     size_t allocated;
+    /* groups: gnum[c][i] is the group of payload c * PAY_CHUNK + i (0: none); a chunk
+     * pointer is NULL while no payload of its chunk is grouped */
+    uint32_t **gnum;
+    size_t ngnum, gnum_cap;
+    long long grouped;  /* pending entries with a group */
+    PyObject **names;   /* the group names, each an exact str held once */
+    size_t nnames, names_cap;
+    uint32_t *nhash;    /* open addressing: name number + 1, 0 empty; half full at most */
+    size_t nhash_cap;   /* a power of two, or 0 */
     /* next_after(after) is asked the same question several times per dequeued item */
     unsigned long long seen;
     Py_ssize_t after_len; /* -1: nothing remembered */
@@ -540,6 +555,159 @@ insert(MemSeg *m, const uint8_t *key, const uint8_t *stats, const uint8_t *v, si
     return 1;
 }
 
+/* ---- groups ------------------------------------------------------------------------- */
+
+/* Look for the name equal to `name` (an exact str, hash h): its number, or -1 with *at
+ * the empty hash slot where it would go. Exact strs hash and compare without running
+ * Python code. */
+static Py_ssize_t
+name_find(const MemSeg *m, PyObject *name, Py_hash_t h, size_t *at)
+{
+    size_t mask = m->nhash_cap - 1;
+    for (size_t i = (size_t)h & mask;; i = (i + 1) & mask) {
+        uint32_t n = m->nhash[i];
+        if (n == 0) {
+            *at = i;
+            return -1;
+        }
+        PyObject *o = m->names[n - 1];
+        if (o == name || (PyObject_Hash(o) == h && PyUnicode_Compare(o, name) == 0)) {
+            *at = i;
+            return (Py_ssize_t)(n - 1);
+        }
+    }
+}
+
+/* Double the name hash (kept at most half full). */
+static int
+name_hash_grow(MemSeg *m)
+{
+    size_t ncap = m->nhash_cap ? m->nhash_cap * 2 : NAMES_FIRST;
+    if (ncap > PY_SSIZE_T_MAX / sizeof(uint32_t)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint32_t *t = PyMem_RawCalloc(ncap, sizeof(uint32_t));
+    if (t == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t mask = ncap - 1;
+    for (size_t n = 0; n < m->nnames; n++) {
+        size_t i = (size_t)PyObject_Hash(m->names[n]) & mask;
+        while (t[i]) {
+            i = (i + 1) & mask;
+        }
+        t[i] = (uint32_t)(n + 1);
+    }
+    PyMem_RawFree(m->nhash);
+    m->allocated = m->allocated - m->nhash_cap * sizeof(uint32_t) + ncap * sizeof(uint32_t);
+    m->nhash = t;
+    m->nhash_cap = ncap;
+    return 0;
+}
+
+/* The number of `group`'s name (a str), added to the names if it is new. */
+static int
+name_number(MemSeg *m, PyObject *group, uint32_t *out)
+{
+    PyObject *name;
+    if (PyUnicode_CheckExact(group)) {
+        name = group;
+        Py_INCREF(name);
+    } else if ((name = PyUnicode_FromObject(group)) == NULL) { /* a subclass: its text */
+        return -1;
+    }
+    Py_hash_t h = PyObject_Hash(name);
+    if (h == -1) {
+        Py_DECREF(name);
+        return -1;
+    }
+    size_t at = 0;
+    Py_ssize_t found = m->nhash_cap ? name_find(m, name, h, &at) : -1;
+    if (found >= 0) {
+        Py_DECREF(name);
+        *out = (uint32_t)found;
+        return 0;
+    }
+    if (m->nnames >= NONE32 - 1) {
+        Py_DECREF(name);
+        PyErr_SetString(PyExc_OverflowError, "the in-memory segment holds too many groups");
+        return -1;
+    }
+    if (grow_table(m, (void **)&m->names, &m->names_cap, m->nnames, sizeof(PyObject *), 4) < 0) {
+        Py_DECREF(name);
+        return -1;
+    }
+    if ((m->nnames + 1) * 2 > m->nhash_cap) {
+        if (name_hash_grow(m) < 0) {
+            Py_DECREF(name);
+            return -1;
+        }
+        name_find(m, name, h, &at);
+    }
+    m->names[m->nnames] = name; /* the reference taken above */
+    m->nhash[at] = (uint32_t)(m->nnames + 1);
+    *out = (uint32_t)m->nnames++;
+    return 0;
+}
+
+/* The group numbers of payload chunk ci, made (all 0) if none of its payloads had one. */
+static uint32_t *
+gnum_chunk(MemSeg *m, size_t ci)
+{
+    if (ci >= m->gnum_cap) {
+        size_t ncap = m->gnum_cap ? m->gnum_cap : 4;
+        while (ncap <= ci) {
+            ncap *= 2;
+        }
+        uint32_t **q = seg_realloc(m, m->gnum, m->gnum_cap * sizeof(uint32_t *),
+                                   ncap * sizeof(uint32_t *));
+        if (q == NULL) {
+            return NULL;
+        }
+        memset(q + m->gnum_cap, 0, (ncap - m->gnum_cap) * sizeof(uint32_t *));
+        m->gnum = q;
+        m->gnum_cap = ncap;
+    }
+    if (m->gnum[ci] == NULL) {
+        uint32_t *c = PyMem_RawCalloc(PAY_CHUNK, sizeof(uint32_t));
+        if (c == NULL) {
+            PyErr_NoMemory();
+            return NULL;
+        }
+        m->allocated += PAY_CHUNK * sizeof(uint32_t);
+        m->gnum[ci] = c;
+    }
+    return m->gnum[ci];
+}
+
+/* Give payload `pay` (just stored, ungrouped) the group `group` (a str). */
+static int
+set_group(MemSeg *m, uint32_t pay, PyObject *group)
+{
+    uint32_t *c = gnum_chunk(m, pay / PAY_CHUNK);
+    uint32_t n;
+    if (c == NULL || name_number(m, group, &n) < 0) {
+        return -1;
+    }
+    c[pay % PAY_CHUNK] = n + 1;
+    m->grouped++;
+    return 0;
+}
+
+/* The group of a slot's entry (borrowed), or NULL: none, a tombstone, or no slot. */
+static PyObject *
+group_at(const MemSeg *m, const Slot *s)
+{
+    if (s == NULL || s->pay == NONE32 || s->pay / PAY_CHUNK >= m->gnum_cap) {
+        return NULL;
+    }
+    const uint32_t *c = m->gnum[s->pay / PAY_CHUNK];
+    uint32_t n = c != NULL ? c[s->pay % PAY_CHUNK] : 0;
+    return n ? m->names[n - 1] : NULL;
+}
+
 /* ---- Python values ------------------------------------------------------------------ */
 
 static PyObject *
@@ -654,11 +822,6 @@ seg_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     m->cur = NO_CHUNK;
     m->after_len = -1;
-    m->groups = PyDict_New();
-    if (m->groups == NULL) {
-        Py_DECREF(m);
-        return NULL;
-    }
     return (PyObject *)m;
 }
 
@@ -678,7 +841,6 @@ static int
 seg_traverse(MemSeg *m, visitproc visit, void *arg)
 {
     Py_VISIT(m->replaced_by);
-    Py_VISIT(m->groups);
     Py_VISIT(m->head);
     return 0;
 }
@@ -687,7 +849,6 @@ static int
 seg_clear(MemSeg *m)
 {
     Py_CLEAR(m->replaced_by);
-    Py_CLEAR(m->groups);
     Py_CLEAR(m->head);
     return 0;
 }
@@ -709,6 +870,15 @@ seg_dealloc(MemSeg *m)
         PyMem_RawFree(m->arena[i].p);
     }
     PyMem_RawFree(m->arena);
+    for (size_t i = 0; i < m->gnum_cap; i++) {
+        PyMem_RawFree(m->gnum[i]);
+    }
+    PyMem_RawFree(m->gnum);
+    for (size_t i = 0; i < m->nnames; i++) {
+        Py_DECREF(m->names[i]);
+    }
+    PyMem_RawFree(m->names);
+    PyMem_RawFree(m->nhash);
     Py_TYPE(m)->tp_free((PyObject *)m);
 }
 
@@ -718,27 +888,12 @@ seg_len(MemSeg *m)
     return (Py_ssize_t)(m->npay + m->kept_tombs);
 }
 
-/* groups[key] = group, the key as bytes. */
-static int
-remember_group(MemSeg *m, PyObject *key, const uint8_t *k, PyObject *group)
-{
-    if (PyBytes_CheckExact(key)) {
-        return PyDict_SetItem(m->groups, key, group);
-    }
-    PyObject *b = PyBytes_FromStringAndSize((const char *)k, KEY_SIZE);
-    if (b == NULL) {
-        return -1;
-    }
-    int rc = PyDict_SetItem(m->groups, b, group);
-    Py_DECREF(b);
-    return rc;
-}
-
 PyDoc_STRVAR(add_doc,
 "add(key, stats, value, group=None)\n--\n\n"
 "Add one entry: a pending one (16-byte stats, bytes-like value) or, if the key's type is\n"
-"a tombstone, a tombstone (stats and value are then ignored), and its group (a str) to\n"
-"`groups`. A key already held is ignored: replaying the same record twice is harmless.");
+"a tombstone, a tombstone (stats, value and group are then ignored), and a pending\n"
+"entry's group (a str; group_of). A key already held is ignored: replaying the same record\n"
+"twice is harmless.");
 
 static PyObject *
 seg_add(MemSeg *m, PyObject *const *args, Py_ssize_t nargs)
@@ -775,9 +930,6 @@ seg_add(MemSeg *m, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     rc = insert(m, k, s, v, (size_t)vlen);
-    if (rc == 1 && group != Py_None && remember_group(m, args[0], k, group) < 0) {
-        rc = -1; /* out of memory: the entry is held, its group is not */
-    }
     if (rc == 1) {
         if (tomb) {
             m->kept_tombs++;
@@ -786,6 +938,9 @@ seg_add(MemSeg *m, PyObject *const *args, Py_ssize_t nargs)
             m->pending_count++;
         }
         count_bytes(m, 1, (size_t)vlen);
+        if (!tomb && group != Py_None && set_group(m, m->npay - 1, group) < 0) {
+            rc = -1; /* out of memory: the entry is held and counted, its group is not */
+        }
     }
 done:
     if (krel) {
@@ -877,7 +1032,7 @@ seg_add_pending(MemSeg *m, PyObject *const *args, Py_ssize_t nargs)
         int rc = insert(m, (const uint8_t *)PyBytes_AS_STRING(key), s,
                         (const uint8_t *)PyBytes_AS_STRING(value), vlen);
         if (rc == 1 && groups != NULL && groups[i] != Py_None &&
-            PyDict_SetItem(m->groups, key, groups[i]) < 0) {
+            set_group(m, m->npay - 1, groups[i]) < 0) {
             rc = -1;
             added++;
             size += vlen;
@@ -1059,6 +1214,96 @@ seg_allocated(MemSeg *m, void *closure)
     return PyLong_FromSize_t(m->allocated);
 }
 
+PyDoc_STRVAR(group_of_doc,
+"group_of(key)\n--\n\n"
+"The group of the pending entry `key` (a str), or None: no group, a tombstone, or a key\n"
+"not held.");
+
+static PyObject *
+seg_group_of(MemSeg *m, PyObject *key)
+{
+    PyObject *g = group_at(m, find_obj(m, key));
+    if (g == NULL) {
+        g = Py_None;
+    }
+    Py_INCREF(g);
+    return g;
+}
+
+PyDoc_STRVAR(groups_of_doc,
+"groups_of(keys)\n--\n\n"
+"[group_of(k) for k in keys] for a list of bytes keys (anything else is not held), in one\n"
+"call: a key that follows the one before it in the segment is found in a step.");
+
+static PyObject *
+seg_groups_of(MemSeg *m, PyObject *keys)
+{
+    if (!PyList_Check(keys)) {
+        PyErr_SetString(PyExc_TypeError, "keys must be a list of bytes");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    PyObject *out = PyList_New(n);
+    if (out == NULL) {
+        return NULL;
+    }
+    size_t li = 0;
+    uint32_t si = 0;
+    int have = 0; /* (li, si) is the slot of the key before */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *k = PyList_GET_ITEM(keys, i);
+        const Slot *s = NULL;
+        if (PyBytes_Check(k) && PyBytes_GET_SIZE(k) == KEY_SIZE && m->nleaves) {
+            const uint8_t *q = (const uint8_t *)PyBytes_AS_STRING(k);
+            if (have) {
+                size_t nl = li;
+                uint32_t ns = si + 1;
+                const Slot *next = slot_at(m, &nl, &ns);
+                if (next != NULL && memcmp(next->key, q, KEY_SIZE) == 0) {
+                    s = next;
+                    li = nl;
+                    si = ns;
+                }
+            }
+            if (s == NULL) {
+                seek(m, q, KEY_SIZE, 0, &li, &si);
+                const Leaf *l = &m->leaves[li];
+                if (si < l->n && memcmp(l->slots[si].key, q, KEY_SIZE) == 0) {
+                    s = &l->slots[si];
+                }
+            }
+        }
+        have = s != NULL;
+        PyObject *g = group_at(m, s);
+        if (g == NULL) {
+            g = Py_None;
+        }
+        Py_INCREF(g);
+        PyList_SET_ITEM(out, i, g);
+    }
+    return out;
+}
+
+static PyObject *
+seg_grouped(MemSeg *m, void *closure)
+{
+    return PyLong_FromLongLong(m->grouped);
+}
+
+static PyObject *
+seg_group_names(MemSeg *m, void *closure)
+{
+    PyObject *t = PyTuple_New((Py_ssize_t)m->nnames);
+    if (t == NULL) {
+        return NULL;
+    }
+    for (size_t i = 0; i < m->nnames; i++) {
+        Py_INCREF(m->names[i]);
+        PyTuple_SET_ITEM(t, (Py_ssize_t)i, m->names[i]);
+    }
+    return t;
+}
+
 static PyObject *view_new(PyTypeObject *type, MemSeg *m);
 
 static PyObject *
@@ -1083,6 +1328,8 @@ static PyMethodDef seg_methods[] = {
      add_tombstones_behind_doc},
     {"next_after", (PyCFunction)seg_next_after, METH_O, next_after_doc},
     {"net_upto", (PyCFunction)seg_net_upto, METH_O, net_upto_doc},
+    {"group_of", (PyCFunction)seg_group_of, METH_O, group_of_doc},
+    {"groups_of", (PyCFunction)seg_groups_of, METH_O, groups_of_doc},
     {"__sizeof__", (PyCFunction)seg_sizeof, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
@@ -1092,9 +1339,6 @@ static PyMemberDef seg_members[] = {
      "the number of the log this segment mirrors"},
     {"replaced_by", T_OBJECT, offsetof(MemSeg, replaced_by), 0,
      "the segment file this segment was frozen into (a hint for value lookups), or None"},
-    {"groups", T_OBJECT, offsetof(MemSeg, groups), READONLY,
-     "dict: key -> group of the grouped pending entries (docs/delivery.md); freezing writes "
-     "them into the segment file's group column"},
     {"pending_count", T_LONGLONG, offsetof(MemSeg, pending_count), READONLY,
      "pending entries held"},
     {"tombstone_count", T_LONGLONG, offsetof(MemSeg, tombstone_count), READONLY,
@@ -1113,6 +1357,10 @@ static PyGetSetDef seg_getset[] = {
      "a read-only mapping: key -> (stats, value) of a pending entry, None of a tombstone",
      NULL},
     {"keys", (getter)seg_keys, NULL, "the keys held, in order (pending and tombstones)", NULL},
+    {"grouped", (getter)seg_grouped, NULL, "pending entries held with a group (docs/delivery.md)",
+     NULL},
+    {"group_names", (getter)seg_group_names, NULL,
+     "the groups' names, each once, in the order entries first used them", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -1088,14 +1088,20 @@ class Queue:
         tell the watchers if it made entries due (each publication wakes one waiting
         long-poll, ``storage/waits.py``)."""
         mem = batch.mem
+        groups = batch.groups  # the entries' groups (``docs/delivery.md``)
         if batch.keyed is not None:
-            mem.add_pending(batch.keyed, batch.stats)
+            if groups:
+                mem.add_pending(batch.keyed, batch.stats, [groups.get(k) for k, _v in batch.keyed])
+            else:
+                mem.add_pending(batch.keyed, batch.stats)
         if batch.entries is not None:
             add = mem.add
-            for key, stats, value in batch.entries:
-                add(key, stats, value)
-        if batch.groups:  # the groups of the entries just added (``docs/delivery.md``)
-            mem.groups.update(batch.groups)
+            if groups:
+                for key, stats, value in batch.entries:
+                    add(key, stats, value, groups.get(key))
+            else:
+                for key, stats, value in batch.entries:
+                    add(key, stats, value)
         if batch.behind:
             mem.add_tombstones_behind(batch.behind)
         if batch.remembered is not None:

@@ -160,10 +160,10 @@ class SegmentSet:
 
     def group_of(self, key: bytes, hint: object | None) -> str | None:
         """The group of the pending entry ``key`` wherever it lives now (None: none):
-        an in-memory segment's map, or the group column of the file holding it."""
+        an in-memory segment's names, or the group column of the file holding it."""
         for mem in (self.memseg, *(m for _, m in self.frozen)):
             if key in mem.entries:
-                return mem.groups.get(key)
+                return mem.group_of(key)
         src = hint
         while src is not None and getattr(src, "replaced_by", None) is not None:
             src = src.replaced_by  # type: ignore[attr-defined]

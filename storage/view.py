@@ -167,9 +167,8 @@ class MergedView:
             pos = 0
             if end <= pos:
                 return None
-            groups = mem.groups
             stretch = Stretch(
-                keys, [groups.get(k) for k in keys[:end]] if groups else None, 0, mem, None
+                keys, mem.groups_of(keys[:end]) if mem.grouped else None, 0, mem, None
             )
         else:
             return None
@@ -219,7 +218,7 @@ class MergedView:
             if m.next_after(after) == key:
                 entry = m.entries[key]
                 got.append(
-                    (entry[0], entry[1], m, m.groups.get(key))
+                    (entry[0], entry[1], m, m.group_of(key))
                     if entry is not None
                     else (b"", b"", None, None)
                 )

@@ -109,10 +109,39 @@ def test_an_item_written_again_from_a_file_keeps_its_groups_one_string(
     e.queue("q").expire_leases()
     e.freeze("q")
     assert e.dequeue("q", 1, 1000) == []  # delivered once already: a dead letter
-    (dead,) = e.queue("dlq").files.memseg.groups.values()
+    (dead,) = e.queue("dlq").files.memseg.group_names
     assert dead == name and dead is sys.intern(name)
     e.freeze("dlq")
     assert e.redrive("dlq").moved == 1
-    (back,) = e.queue("q").files.memseg.groups.values()
+    (back,) = e.queue("q").files.memseg.group_names
     assert back is sys.intern(name)
     assert [d.group for d in e.dequeue("q", 1, 1000)] == [name]
+
+
+def test_thousands_of_groups_read_back_from_memory_and_from_the_frozen_file(
+    open_engine: Callable[..., Engine], clock: FakeClock
+) -> None:
+    """Each of thousands of groups' items is delivered with its own group: read from the
+    in-memory segment's names before its log is frozen, from the segment file's group
+    column after, and from the log again after a restart."""
+    e = open_engine()
+    names = ["-".join(("tenant", str(n))) for n in range(3000)]
+    want = {b"%d" % i: names[i * 7 % 3000] if i % 4 else None for i in range(9000)}
+    items = [NewItem(v, group=g) for v, g in want.items()]
+    for start in range(0, len(items), 500):
+        e.enqueue("q", items[start : start + 500])
+    mem = e.queue("q").files.memseg
+    assert mem.grouped == sum(g is not None for g in want.values())
+    assert sorted(mem.group_names) == sorted({g for g in want.values() if g is not None})
+    got: dict[bytes, str | None] = {}
+    while len(got) < 3000:
+        got.update({d.value: d.group for d in e.dequeue("q", 100, 60_000)})
+    e.close()
+    e = open_engine()  # nothing leased after a restart: the log read again
+    again: dict[bytes, str | None] = {}
+    while len(again) < 3000:
+        again.update({d.value: d.group for d in e.dequeue("q", 100, 60_000)})
+    assert again == got
+    e.freeze("q")
+    got |= drain(e, "q")
+    assert got == want

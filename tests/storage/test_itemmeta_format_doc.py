@@ -118,7 +118,9 @@ def test_wal_group_example_decodes(tmp_path: Path) -> None:
     assert groups_of(meta) == {1: "customer-42", 2: "customer-42"}
     mem, top = load_log(str(path))
     assert top == 3
-    assert mem.groups == {encode_key(D, 1): "customer-42", encode_key(D, 2): "customer-42"}
+    grouped = {k: g for k in mem.keys if (g := mem.group_of(k)) is not None}
+    assert grouped == {encode_key(D, 1): "customer-42", encode_key(D, 2): "customer-42"}
+    assert mem.group_names == ("customer-42",)
     meta_bytes = encode_group_entry(1, "customer-42") + encode_group_entry(2, "customer-42")
     entries = b"".join(
         encode_pending(encode_key(D, n), encode_stats(D, 0, 0), value)

@@ -51,8 +51,8 @@ class Model:
 
     def add(self, key: bytes, stats: bytes, value: bytes, group: str | None = None) -> None:
         if key in self.entries:
-            return
-        if group is not None:
+            return  # a replay: its group too is ignored
+        if group is not None and key[15] & 3 != TOMBSTONE:  # a tombstone has no group
             self.groups[key] = group
         bisect.insort(self.keys, key)
         if key[15] & 3 == TOMBSTONE:
@@ -126,6 +126,7 @@ class MemSegmentMachine(RuleBasedStateMachine):
 
     @rule(key=st.one_of(keys, st.binary(max_size=20)))
     def lookup(self, key: bytes) -> None:
+        assert self.mem.group_of(key) == self.model.groups.get(key)
         want = self.model.entries.get(key)
         assert self.mem.entries.get(key) == want
         assert (key in self.mem.entries) == (key in self.model.entries)
@@ -179,7 +180,10 @@ class MemSegmentMachine(RuleBasedStateMachine):
         assert self.mem.tombstone_count == m.tombstones + self.behind
         assert self.mem.net_total == m.pending - m.tombstones - self.behind
         assert self.mem.bytes == m.bytes
-        assert self.mem.groups == m.groups
+        keys = list(self.mem.keys)
+        assert self.mem.groups_of(keys) == [m.groups.get(k) for k in keys]
+        assert self.mem.grouped == len(m.groups)
+        assert sorted(self.mem.group_names) == sorted(set(m.groups.values()))
         assert self.mem.segment_no == 7
 
     def teardown(self) -> None:
@@ -282,7 +286,12 @@ def test_values_and_entries_of_wrong_types_are_refused_whole() -> None:
         mem.add_pending([(key, b"v")], ST, ["a", "b"])
     with pytest.raises(TypeError):
         mem.add_pending([(key, b"v")], ST, 7)  # type: ignore[arg-type]
-    assert len(mem) == 0 and mem.bytes == 0 and mem.pending_count == 0 and mem.groups == {}
+    assert len(mem) == 0 and mem.bytes == 0 and mem.pending_count == 0
+    assert mem.grouped == 0 and mem.group_names == ()
+    with pytest.raises(TypeError):
+        mem.groups_of((key,))  # type: ignore[arg-type]
+    assert mem.groups_of([key, "x", None, b"short"]) == [None] * 4  # type: ignore[list-item]
+    assert mem.group_of(None) is None and mem.group_of(key) is None
     # bytes-like values other than bytes are copied in and read back as bytes
     mem.add(key, bytearray(ST), memoryview(b"mv"))
     assert mem.entries[key] == (ST, b"mv")
@@ -428,3 +437,90 @@ def test_entry_memory_covers_what_an_entry_holds(order: str, size: int) -> None:
     per_entry = 52 if order == "in order" else ENTRY_MEMORY  # 20-byte slot, 28-byte payload
     assert mem.allocated <= n * (size + per_entry) + FIXED
     assert sys.getsizeof(mem) >= mem.allocated
+
+
+# ------------------------------------------------------------------ groups
+
+
+def _names(n: int) -> list[str]:
+    """``n`` group names made at run time (as a request's text is): none interned, none
+    shared with another test's."""
+    return ["-".join(("tenant", str(i), "x" * (i % 7))) for i in range(n)]
+
+
+def test_many_groups_read_back_each_entry_its_own_name() -> None:
+    """Thousands of names through many growths of the name table, each entry given its
+    own copy of its name's text, keys in random order and replayed with other names:
+    every entry reads back the name it was given, each name is held once."""
+    rng = random.Random(3)
+    names = _names(5000)
+    n = 30_000
+    keys = [encode_key(rng.randrange(1 << 40), i) for i in range(n)]
+    want: dict[bytes, str | None] = {}
+    mem = MemSegment(9)
+    for i, k in enumerate(keys):
+        g = None if i % 5 == 0 else names[rng.randrange(len(names))]
+        copy = None if g is None else "".join(list(g))  # equal text, another object
+        if i % 2:
+            mem.add_pending([(k, b"v%d" % i)], ST, [copy])
+        else:
+            mem.add(k, ST, b"v%d" % i, copy)
+        want[k] = g
+    for k in keys[::3]:  # replayed with another group: ignored, as the entry is
+        mem.add(k, ST, b"again", "someone-else")
+        mem.add_pending([(k, b"again")], ST, ["someone-else"])
+    # a tombstone ignores its group; a str subclass is kept as its plain text
+    mem.add(tombstone_of(keys[1]), None, None, "tomb-group")
+
+    class Name(str):
+        pass
+
+    sub = encode_key(1 << 41, 1)
+    mem.add(sub, ST, b"s", Name(names[7]))
+    want[sub] = names[7]
+
+    ordered = list(mem.keys)
+    assert mem.groups_of(ordered) == [want.get(k) for k in ordered]  # in order: steps
+    shuffled = ordered[:]
+    rng.shuffle(shuffled)
+    assert mem.groups_of(shuffled) == [want.get(k) for k in shuffled]  # searched each
+    assert all(mem.group_of(k) == g for k, g in want.items())
+    assert mem.group_of(tombstone_of(keys[1])) is None
+    used = {g for g in want.values() if g is not None}
+    assert len(mem.group_names) == len(used) and set(mem.group_names) == used
+    assert "someone-else" not in used and "tomb-group" not in mem.group_names
+    assert all(type(g) is str for g in mem.group_names)
+    assert mem.grouped == sum(g is not None for g in want.values())
+    # one object per name: every entry of a group reads back the same string
+    by_name = {g: g for g in mem.group_names}
+    assert all(mem.group_of(k) is by_name[g] for k, g in want.items() if g is not None)
+
+
+def test_a_segment_holds_each_name_once_and_lets_go_of_it() -> None:
+    """The names' reference counts: one more while a segment holds them (whatever the
+    number of entries that use them or the copies they came as), the same as before
+    once it is gone. And the memory of a grouped segment: 4 bytes an entry and a few
+    dozen a name beyond the ungrouped entries, all of it in ``allocated``."""
+    names = _names(2000)
+    n = 40_000
+    keys = [encode_key(1000 + i, i) for i in range(n)]
+    grouped = [names[i % len(names)] for i in range(n)]
+    counts = [sys.getrefcount(g) for g in names]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    mem = MemSegment(1)
+    for i in range(0, n, 100):
+        mem.add_pending([(k, b"v") for k in keys[i : i + 100]], ST, grouped[i : i + 100])
+    gc.collect()
+    traced = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert [sys.getrefcount(g) for g in names] == [c + 1 for c in counts]
+    assert mem.group_names == tuple(names)
+    plain = _filled(keys, b"v")
+    assert mem.allocated <= traced <= mem.allocated + 4096
+    assert mem.allocated - plain.allocated <= n * 4 + len(names) * 32 + 8192
+    assert mem.groups_of(keys) == grouped
+    del mem
+    gc.collect()
+    assert [sys.getrefcount(g) for g in names] == counts
