@@ -54,6 +54,9 @@ What spans parts is given the parts it coordinates (and never calls the queue):
   side — the lsn of the last record shipped, whether a write waits for the group's
   commit, the waiting writes let go when the node stops shipping to their sink, and
   the copy of the files a follower that (re)joins starts from.
+- ``follower``, ``ReplicaFollower`` (``replica_follower.py``): a replica group's
+  follower's side — one of the leader's records read and made the batch that appends
+  it as the leader framed it, its groups kept and the id counter past its ids.
 
 ``Queue`` composes them: every public method is one operation, and the steps that are
 its own are publishing a batch (``_publish``), the sync round (``sync_round``, which
@@ -78,7 +81,6 @@ from dq.storage.codec import (
     TOMBSTONE,
     encode_key,
     encode_stats,
-    iter_entries,
     key_deadline,
     key_id,
     tombstone_of,
@@ -107,7 +109,6 @@ from dq.storage.itemmeta import (
     encode_group_entry,
     encode_key_entry,
     encode_origin_entry,
-    groups_of,
 )
 from dq.storage.key_moves import KeyState, Rekey
 from dq.storage.leases import Lease
@@ -118,8 +119,8 @@ from dq.storage.queue_state import STATE_FILE, QueueState, load_state, save_stat
 from dq.storage.rates import Rates
 from dq.storage.reasons import LEASE_EXPIRED, Reason, encode_error_entry
 from dq.storage.recovery import recover_directory
+from dq.storage.replica_follower import ReplicaFollower
 from dq.storage.replica_leader import ReplicaLeader
-from dq.storage.replication import KIND_RECORD_WITH_META
 from dq.storage.returning import returning_entries
 from dq.storage.segment import SegmentReader
 from dq.storage.segment_set import SegmentSet
@@ -139,7 +140,7 @@ from dq.storage.types import (
     Requeue,
 )
 from dq.storage.validation import MAX_LEASE_MS, check_lease_ms, resolve_deadline
-from dq.storage.wal import WalWriter, split_meta
+from dq.storage.wal import WalWriter
 from dq.storage.write_future import resolved
 
 if TYPE_CHECKING:
@@ -213,6 +214,8 @@ class Queue:
         self.failing = Failing(name, engine, self.commit, self.deliveries, self.health)
         #: a replica group's leader: the lsn shipped, writes let go, the follower's copy
         self.leader = ReplicaLeader(self.commit, self.files, self.health, self.failing)
+        #: a replica group's follower: the leader's records appended as it framed them
+        self.follower = ReplicaFollower(name, self.commit, self.files)
         #: rotating, freezing, merging (handed the queue only to give it to the syncer
         #: and the merge policy)
         self.jobs = FileJobs(
@@ -1218,31 +1221,14 @@ class Queue:
 
     def apply_record(self, kind: int, body: bytes) -> Future[Any]:
         """Append one of the leader's records exactly as the leader framed it, through
-        the same group commit as any write; resolved (None) once it is durable. Its
-        entries publish as recovery would load them (tombstones kept: a follower has no
-        cursor), and the id counter follows the highest id seen, so after a failover
-        ids keep rising."""
-        meta, entries = split_meta(body) if kind == KIND_RECORD_WITH_META else (b"", body)
-        where = f"replicated record of queue {self.name}"
-        parsed = [(k, s, v) for k, s, v, _off in iter_entries(entries, where=where)]
+        the same group commit as any write (``ReplicaFollower``); resolved (None) once
+        it is durable."""
+        record = self.follower.read(kind, body)
         with self.lock:
             self.check_open()
             if self.jobs.stalled():  # never refused (the stream must go on): just press on
                 self.jobs.retry_rotation()
-            if parsed:
-                commit = self.commit
-                commit.next_id = max(commit.next_id, max(key_id(k) for k, _, _ in parsed) + 1)
-            grouped = groups_of(meta, where) if meta else {}
-            batch = PendingBatch(
-                self.files.memseg,
-                None,
-                entries=parsed,
-                load_meta=meta,
-                wakes=True,
-                groups={k: grouped[key_id(k)] for k, s, _v in parsed if s and key_id(k) in grouped}
-                or None,
-            )
-            return self._submit(batch, entries, meta)
+            return self._submit(self.follower.batch(record), record.entries, record.meta)
 
     @property
     def segments(self) -> list[SegmentReader]:
