@@ -1,6 +1,6 @@
 """A client given every node finds the leader and follows it across a failover, alone.
 
-One etcd and three ``dq serve`` (the cluster of ``test_node_e2e.py``). The writer is
+One etcd and three ``dq serve`` (the cluster of ``cluster.py``). The writer is
 one ``Client`` built from the three URLs, never told which node leads: it starts on a
 follower, is redirected, keeps enqueueing while the leader is SIGKILLed, and goes on at
 the new leader by itself. Every acknowledged enqueue is then delivered — through a
@@ -15,9 +15,7 @@ import time
 import pytest
 
 from dq.client import Client, ClientError
-from tests.replication.test_node_e2e import QUEUE, Cluster, eventually, group
-
-__all__ = ["group"]
+from tests.replication.cluster import QUEUE, Cluster, eventually
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from dq.client import Client
 from dq.client import NewItem as ClientItem
 from dq.client import Requeue as ClientRequeue
 from dq.storage import Engine, NewItem, Release, Requeue
-from tests.replication.etcd_server import EtcdServer
+from tests.replication.cluster import QUEUE, Cluster, eventually
 from tests.replication.test_follow_apply import (
     Leader,
     caught_up,
@@ -37,7 +36,6 @@ from tests.replication.test_follow_apply import (
     leading,
     wait_for,
 )
-from tests.replication.test_node_e2e import QUEUE, Cluster, eventually, started_cluster
 from tests.server.live import LiveServer
 
 # integration: in-process servers on 127.0.0.1, dq serve members, etcd
@@ -135,10 +133,9 @@ def test_counts_agree_through_releases_requeues_deletes_and_merges(tmp_path: Pat
 
 
 @pytest.fixture
-def group(tmp_path: Path, etcd: EtcdServer, cluster: str) -> Iterator[Cluster]:
-    """Three members whose logs freeze at 64 KiB, so segment files and merges come soon."""
-    with started_cluster(tmp_path, etcd, cluster, {"DQ_MEMSEG_BYTES": str(64 << 10)}) as made:
-        yield made
+def group_env() -> dict[str, str]:
+    """The members' logs freeze at 64 KiB, so segment files and merges come soon."""
+    return {"DQ_MEMSEG_BYTES": str(64 << 10)}
 
 
 def member_figures(server: LiveServer) -> dict[str, Any]:

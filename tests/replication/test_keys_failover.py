@@ -7,31 +7,17 @@ digest is one item with its newest value) and a failed item still says why."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from dq.client import Client, KeyNotFound, QueueConfig, RetryPolicy
-from tests.replication.etcd_server import EtcdServer
-from tests.replication.test_node_e2e import (
-    Cluster,
-    eventually,
-    leader_other_than,
-    started_cluster,
-)
+from tests.replication.cluster import Cluster, eventually, leader_other_than
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 Q = "payments"
-
-
-@pytest.fixture
-def group(tmp_path: Path, etcd: EtcdServer, cluster: str) -> Iterator[Cluster]:
-    with started_cluster(tmp_path, etcd, cluster) as made:
-        yield made
 
 
 def key_on(url: str, key: str) -> dict[str, Any] | None:

@@ -4,108 +4,17 @@ the killed node rejoins as a follower after a restart."""
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import time
-from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Any, TypeVar
 
 import httpx
 import pytest
 
 from dq.client import Client
-from dq.client.errors import ClientError
-from dq.server.replication.coordinator import ClusterView, Coordinator, LeaderInfo
-from dq.server.replication.etcd import EtcdClient, EtcdError
-from tests.replication.etcd_server import EtcdServer
-from tests.server.live import LiveServer, free_port
+from tests.replication.cluster import QUEUE, Cluster, eventually, leader_other_than
 
 pytestmark = pytest.mark.timeout(180)
-
-T = TypeVar("T")
-QUEUE = "jobs"
-
-
-def eventually(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
-    """``probe()``'s first result that is not None (exceptions count as None)."""
-    give_up = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < give_up:
-        try:
-            found = probe()
-        except (ClientError, EtcdError, httpx.HTTPError) as exc:
-            found, last = None, exc
-        if found is not None:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not within {timeout} s (last error: {last!r})")
-
-
-class Cluster:
-    def __init__(self, tmp: Path, etcd: EtcdServer, cluster: str) -> None:
-        self.observer = Coordinator(EtcdClient(etcd.url), node="observer", url="-", cluster=cluster)
-        self.servers: dict[str, LiveServer] = {}
-        for name in ("n1", "n2", "n3"):
-            port = free_port()
-            env = {
-                "DQ_ETCD": etcd.url,
-                "DQ_NODE": name,
-                "DQ_CLUSTER": cluster,
-                "DQ_ADVERTISE_URL": f"http://127.0.0.1:{port}",
-                "DQ_LEADER_TTL_S": "1",
-                "DQ_MIN_INSYNC": "2",
-                "DQ_REPLICA_TIMEOUT_MS": "1500",
-                "DQ_COMMIT_TIMEOUT_MS": "5000",
-                "DQ_SHM": "0",
-            }
-            (tmp / name).mkdir()
-            self.servers[name] = LiveServer(tmp / name / "data", fsync="always", env=env, port=port)
-
-    def view(self) -> ClusterView:
-        return self.observer.read()
-
-    def in_sync(self, count: int) -> ClusterView | None:
-        view = self.view()
-        if view.leader is None or view.sync is None or view.sync.leader != view.leader.node:
-            return None
-        return view if len(view.sync.members) >= count else None
-
-    def describe(self, name: str) -> dict[str, Any]:
-        answer = httpx.get(self.servers[name].url + "/v1/cluster", timeout=2)
-        answer.raise_for_status()
-        doc: dict[str, Any] = answer.json()
-        return doc
-
-    def close(self) -> None:
-        for server in self.servers.values():
-            server.kill()
-        self.observer.client.close()
-
-
-@contextlib.contextmanager
-def started_cluster(
-    tmp: Path, etcd: EtcdServer, cluster: str, env: Mapping[str, str] | None = None
-) -> Iterator[Cluster]:
-    """The three members, with ``env`` added to each one's environment, started in
-    parallel (each start waits for /healthz); all killed after."""
-    made = Cluster(tmp, etcd, cluster)
-    try:
-        for server in made.servers.values():
-            server.env.update(env or {})
-        with ThreadPoolExecutor(3) as pool:
-            for started in [pool.submit(s.start, 90) for s in made.servers.values()]:
-                started.result(timeout=120)
-        yield made
-    finally:
-        made.close()
-
-
-@pytest.fixture
-def group(tmp_path: Path, etcd: EtcdServer, cluster: str) -> Iterator[Cluster]:
-    with started_cluster(tmp_path, etcd, cluster) as made:
-        yield made
 
 
 def enqueue_all(url: str, values: list[bytes], acked: set[bytes]) -> None:
@@ -191,14 +100,6 @@ def test_leader_killed_a_sync_member_takes_over_nothing_acknowledged_is_lost(
     late: set[bytes] = set()
     enqueue_all(everyone, [f"any-{i}".encode() for i in range(20)], late)
     assert drain(everyone, late) == late
-
-
-def leader_other_than(group: Cluster, node: str) -> Callable[[], LeaderInfo | None]:
-    def probe() -> LeaderInfo | None:
-        leader = group.view().leader
-        return leader if leader is not None and leader.node != node else None
-
-    return probe
 
 
 def test_graceful_handover_then_a_paused_leader_is_fenced(group: Cluster) -> None:

@@ -12,37 +12,23 @@ import json
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
 
 from dq.server.replication.snapshot_stream import snapshot_dirs
 from dq.storage.replication import decode_frames
+from tests.replication.cluster import eventually
 from tests.replication.etcd_server import EtcdServer
 from tests.server.live import LiveServer, free_port, live_server
 
 pytestmark = pytest.mark.timeout(180)
 
-T = TypeVar("T")
 TOKEN = "tok-live"
 READER = "rd-live"
-
-
-def eventually(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
-    give_up = time.monotonic() + timeout
-    last: object = None
-    while time.monotonic() < give_up:
-        try:
-            found = probe()
-        except httpx.HTTPError as exc:
-            found, last = None, exc
-        if found is not None:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout} s (last error: {last!r})")
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Delivery rules through a replica group's failovers, driven as users drive them: one
-etcd and three ``dq serve`` on 127.0.0.1 (the cluster of ``test_node_e2e.py``), a queue
+etcd and three ``dq serve`` on 127.0.0.1 (the cluster of ``cluster.py``), a queue
 with ``group_limit`` 1 and ``leased_limit`` 3 and grouped items, consumers on ``Client``
 given every member's URL (it follows the leader). The leader is first frozen
 (``SIGSTOP``) and a dequeue waits in its connection while a new leader is elected; then
@@ -25,22 +25,14 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
 
 from dq.client import Client, ClientError, Item, NewItem, QueueConfig, RateLimit, RetryPolicy
-from tests.replication.etcd_server import EtcdServer
-from tests.replication.test_node_e2e import (
-    Cluster,
-    eventually,
-    leader_other_than,
-    started_cluster,
-)
+from tests.replication.cluster import Cluster, eventually, leader_other_than
 from tests.server.overlaps import most_at_once
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -70,12 +62,6 @@ class Held:
     id: int
     group: str | None
     released: bool
-
-
-@pytest.fixture
-def group(tmp_path: Path, etcd: EtcdServer, cluster: str) -> Iterator[Cluster]:
-    with started_cluster(tmp_path, etcd, cluster) as made:
-        yield made
 
 
 class Consumers:

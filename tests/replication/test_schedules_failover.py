@@ -9,20 +9,12 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.replication.etcd_server import EtcdServer
-from tests.replication.test_node_e2e import (
-    Cluster,
-    eventually,
-    leader_other_than,
-    started_cluster,
-)
+from tests.replication.cluster import Cluster, eventually, leader_other_than
 from tests.server.live import browse_all
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -32,9 +24,9 @@ EVERY = 100
 
 
 @pytest.fixture
-def group(tmp_path: Path, etcd: EtcdServer, cluster: str) -> Iterator[Cluster]:
-    with started_cluster(tmp_path, etcd, cluster, {"DQ_SCHEDULE_MIN_EVERY_MS": str(EVERY)}) as made:
-        yield made
+def group_env() -> dict[str, str]:
+    """Schedules as frequent as the test's: every 100 ms."""
+    return {"DQ_SCHEDULE_MIN_EVERY_MS": str(EVERY)}
 
 
 def ticks_on(url: str) -> list[int]:

@@ -2,7 +2,7 @@
 through clients given every member: writes go on at the new leader a few seconds after
 its election, however long the stall lasts, and nothing acknowledged is lost.
 
-One etcd and three ``dq serve`` (the cluster of ``test_node_e2e.py``, leases of 1 s). A
+One etcd and three ``dq serve`` (the cluster of ``cluster.py``, leases of 1 s). A
 stopped process's kernel still accepts connections and requests, so the clients meet
 no refusal and no refused connection: only timeouts. Producers: ``Client`` without
 keys, ``Client`` with keys (a timed-out keyed enqueue is resent to the new leader),
@@ -22,10 +22,8 @@ import time
 import pytest
 
 from dq.client import AsyncClient, Client, ClientError
-from tests.replication.test_node_e2e import QUEUE, Cluster, eventually, group, leader_other_than
+from tests.replication.cluster import QUEUE, Cluster, eventually, leader_other_than
 from tests.server.live import REPO
-
-__all__ = ["group"]
 
 # integration: three dq serve members, etcd, the dq CLI
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
