@@ -7,11 +7,12 @@ test_schedules_replica.py.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from dq.storage import Engine
 from dq.storage.replication import Frame
 
-__all__ = ["AutoCommit", "ListSink"]
+__all__ = ["AutoCommit", "ListSink", "leading"]
 
 
 class ListSink:
@@ -63,3 +64,14 @@ class AutoCommit:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def leading(
+    engines: Callable[..., Engine], name: str = "leader", **overrides: object
+) -> tuple[Engine, ListSink]:
+    """An engine of ``engines`` (``tests/storage/conftest.py``) leading a replica group:
+    it ships every record to the sink returned with it."""
+    leader = engines(name, **overrides)
+    sink = ListSink()
+    leader.set_replication(sink)
+    return leader, sink

@@ -12,14 +12,7 @@ import pytest
 from dq.storage import Engine, NewItem, QueueConfig, Release
 from dq.storage.errors import CorruptionError
 from dq.storage.replication import KIND_RECORD, KIND_RECORD_WITH_META
-from tests.storage.shipping import AutoCommit, ListSink
-
-
-def _leader(engines: Any) -> tuple[Engine, ListSink]:
-    leader = engines("leader")
-    sink = ListSink()
-    leader.set_replication(sink)
-    return leader, sink
+from tests.storage.shipping import AutoCommit, leading
 
 
 def _follower(engines: Any) -> Engine:
@@ -31,7 +24,7 @@ def _follower(engines: Any) -> Engine:
 def test_a_follower_that_takes_over_keeps_the_groups_and_never_reuses_an_id(
     engines: Any,
 ) -> None:
-    leader, sink = _leader(engines)
+    leader, sink = leading(engines)
     with AutoCommit(leader, sink):
         leader.put_queue("q", QueueConfig(group_limit=1))
         leader.enqueue("q", [NewItem(b"a1", 0, group="a"), NewItem(b"a2", 0, group="a")])
@@ -50,7 +43,7 @@ def test_a_follower_that_takes_over_keeps_the_groups_and_never_reuses_an_id(
 
 
 def test_a_damaged_record_is_refused_and_appends_nothing(engines: Any) -> None:
-    leader, sink = _leader(engines)
+    leader, sink = leading(engines)
     with AutoCommit(leader, sink):
         leader.enqueue("q", [NewItem(b"kept", 0)])
         leader.enqueue("q", [NewItem(b"damaged", 0)])

@@ -14,7 +14,7 @@ import pytest
 from dq.storage import Engine, NewItem
 from dq.storage.errors import ReplicationTimeout
 from dq.storage.futures import answer
-from tests.storage.shipping import AutoCommit, ListSink
+from tests.storage.shipping import AutoCommit, ListSink, leading
 
 DOOMED = ReplicationTimeout("this node stopped leading; the outcome is unknown")
 
@@ -25,9 +25,7 @@ def _values(engine: Engine, queue: str) -> list[bytes]:
 
 
 def test_the_last_lsn_shipped_and_the_writes_waiting_for_the_commit(engines: Any) -> None:
-    leader = engines("leader")
-    sink = ListSink()
-    leader.set_replication(sink)
+    leader, sink = leading(engines)
     leader.ensure_queue("jobs")
     part = leader.queue("jobs").leader
     assert part.last_lsn == sink.last == 1  # the queue's creation
@@ -42,9 +40,7 @@ def test_the_last_lsn_shipped_and_the_writes_waiting_for_the_commit(engines: Any
 def test_writes_let_go_are_undone_and_answered_and_the_next_sink_numbers_anew(
     engines: Any,
 ) -> None:
-    leader = engines("leader")
-    sink = ListSink()
-    leader.set_replication(sink)
+    leader, sink = leading(engines)
     with AutoCommit(leader, sink):
         leader.enqueue("jobs", [NewItem(b"committed", 0)])
     q = leader.queue("jobs")
@@ -67,9 +63,7 @@ def test_writes_let_go_are_undone_and_answered_and_the_next_sink_numbers_anew(
 
 
 def test_the_copy_holds_every_shipped_record_and_names_its_lsn(engines: Any, clock: Any) -> None:
-    leader = engines("leader", memseg_bytes=8 << 10)  # segment files, closed logs, a live log
-    sink = ListSink()
-    leader.set_replication(sink)
+    leader, sink = leading(engines, memseg_bytes=8 << 10)  # segment files, closed logs, a live log
     with AutoCommit(leader, sink):
         for i in range(10):
             leader.enqueue("bulk", [NewItem(os.urandom(300), clock() + i) for _ in range(10)])
