@@ -195,7 +195,7 @@ class DeliveryIndex:
         has a token."""
         g = self.groups.get(group)
         if g is not None:
-            if g.returning or g.front or g.keys:
+            if g.back is not None or g.keys:  # items ahead of it, or coming back
                 return False
             if not self.under_limit(g):
                 return False
@@ -210,7 +210,7 @@ class DeliveryIndex:
         g = self.groups.get(group)
         if g is None:
             g = self.groups[group] = Group(group)
-        first = not g.keys and not g.front
+        first = not g.keys and g.back is None
         g.append(key)
         self.indexed += 1
         if first:
@@ -242,7 +242,7 @@ class DeliveryIndex:
             g = self.groups.get(name)
             if g is None:
                 g = self.groups[name] = Group(name)
-            g.returning += 1
+            g.expect()
             self._returning[key] = name
             heapq.heappush(self._returning_keys, key)
 
@@ -270,7 +270,7 @@ class DeliveryIndex:
         g = self.groups.get(name)
         if g is None:  # pragma: no cover - a returning item keeps its group
             g = self.groups[name] = Group(name)
-            g.returning = 1
+            g.expect()
         g.arrive(key)
         self.indexed += 1
         self._offer(g, now)
@@ -295,7 +295,7 @@ class DeliveryIndex:
         g = self.groups.get(name)
         if g is None:
             return False
-        g.returning -= 1
+        g.not_coming()
         if g.idle:
             del self.groups[name]
             return False
@@ -433,7 +433,7 @@ class DeliveryIndex:
             name = self._returning.pop(key, None)
             if name is not None:  # on its way back, ahead of the cursor: its group goes on
                 back = self.groups[name]
-                back.returning -= 1
+                back.not_coming()
                 out.append((key, name, RETURNING))
                 touched[name] = back
                 continue
