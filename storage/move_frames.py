@@ -5,15 +5,17 @@ A move is one record that writes the item's new pending entry and the tombstone 
 entry it leaves, so a crash keeps either both or neither; the
 record also writes again what the item carries — its group, the key that names it, its
 reasons (``storage/item_notes.py``) — since a new entry's metadata is read from the log
-its entry is in. Framing is kept apart from submitting: the queue frames under its lock,
-then submits and publishes the record as it does any other (``Queue._write_moves``,
-``Queue.rekey``, ``Queue._write_pending``).
+its entry is in. Framing is kept apart from submitting: the queue frames under its lock
+— the record, and for a record of moves its batch (``batch``: its barrier, the leases it
+ends, what memory says it carries from then on) — then submits and publishes it as it
+does any other (``Queue._write_moves``, ``Queue.rekey``, ``Queue._write_pending``).
 
 Invariant: a moved item's new key is after the dequeue cursor and is a key this log
 holds no entry for, pending or cancelled, nor a write on its way to disk
 (``fresh_key``): one log holds a key once, so a second entry there would be lost.
 
-It is given the parts it reads — ``GroupCommit`` (writes waiting to be durable),
+It is given the parts it reads — ``GroupCommit`` (writes waiting to be durable, the
+barrier a batch holds until it is published),
 ``SegmentSet`` (the in-memory segment, the values of leased items), ``Deliveries`` (the
 cursor) — and the item metadata (``ItemMeta``, replaced when the queue reopens);
 every method runs under the queue's lock, and nothing here calls the queue.
@@ -24,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dq.storage.codec import (
     PENDING_HEADER,
@@ -33,7 +35,8 @@ from dq.storage.codec import (
     encode_stats,
     tombstone_of,
 )
-from dq.storage.item_notes import Carried, carry
+from dq.storage.group_commit import PendingBatch
+from dq.storage.item_notes import Carried, Carrying, carry
 from dq.storage.itemmeta import encode_group_entry, encode_key_entry
 from dq.storage.key_moves import KeyState
 from dq.storage.reasons import encode_error_entry
@@ -109,6 +112,14 @@ class MoveFrames:
                     elif key == tomb:
                         found = KeyState("gone", pkey)
         return found
+
+    def group_in_flight(self, pkey: bytes) -> str | None:
+        """The group a write waiting to be durable gives the entry ``pkey`` (None: none
+        does)."""
+        for batch in self.commit.waiting:
+            if batch.groups and pkey in batch.groups:
+                return batch.groups[pkey]
+        return None
 
     def fresh_key(self, deadline: int, item_id: int, moving: bytes | None) -> tuple[int, bytes]:
         """The key a moved item's new entry takes: (deadline, id) placed after the cursor,
@@ -211,3 +222,34 @@ class MoveFrames:
         if not parts:
             return None
         return Moves(b"".join(parts), pend, tombs, b"".join(meta), groups, carried)
+
+    def batch(
+        self, built: Moves, result: Any, restore: list[tuple[int, Lease]]
+    ) -> tuple[PendingBatch, Carrying]:
+        """The batch that submits the record ``built`` (``moves``): its new entries,
+        its tombstones behind the cursor, the leases it ends (``restore``: given back if
+        it is refused) and its smallest new key a barrier until it is published; memory
+        says what it carries from now on (``note_carried``), and the ``Carrying`` returned
+        gives that back if the record is refused."""
+        pend = built.pend
+        token = self.commit.hold(min(k for k, _, _ in pend))
+        batch = PendingBatch(
+            self.files.memseg,
+            result,
+            entries=pend,
+            behind=len(built.tombs),
+            token=token,
+            restore=restore,
+            wakes=True,
+            groups=built.groups or None,
+        )
+        return batch, self.note_carried(built.carried, batch)
+
+    def note_carried(self, carried: list[Carried], batch: PendingBatch) -> Carrying:
+        """Memory says what ``batch``'s record carries from now on (it goes into the
+        current log); keys it moves wait for its publication (``remembered``)."""
+        log_no = self.commit.wal.segment_no
+        carrying, moving = Carrying.apply(self.meta, carried, log_no, batch.future)
+        if moving:
+            batch.remembered = (batch.remembered or []) + moving
+        return carrying

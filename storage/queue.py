@@ -49,7 +49,8 @@ What spans parts is given the parts it coordinates (and never calls the queue):
   trying again what failed.
 - ``frames``, ``MoveFrames`` (``move_frames.py``): the records that move items to new
   keys — a requeue, a fail, a lease run out, a pending item moved by its key — each
-  item's new entry, the tombstone of the one it leaves, and what it carries.
+  item's new entry, the tombstone of the one it leaves, and what it carries; and the
+  batch that submits a record of moves.
 - ``leader``, ``ReplicaLeader`` (``replica_leader.py``): a replica group's leader's
   side — the lsn of the last record shipped, whether a write waits for the group's
   commit, the waiting writes let go when the node stops shipping to their sink, and
@@ -569,7 +570,7 @@ class Queue:
         left = [tomb[:15] + bytes((tomb[15] & ~TOMBSTONE,)) for tomb, st, _v in batch.entries or ()
                 if st is None]  # fmt: skip
         batch.unheld = self._unhold(left)
-        carrying = self._carry(carried, batch)
+        carrying = self.frames.note_carried(carried, batch)
         moving = [entry for entry, _d, _t in rekeyed]
         for entry in moving:
             entry.pending = batch.future
@@ -583,7 +584,7 @@ class Queue:
         (call under the lock, the queue checked open and not stalled): one record, as an
         enqueue with "replace" writes it; its group stays."""
         r = Rekey(key, entry, state, deadline, value)
-        r.group = self.files.group_of(state.pkey, None) or self._group_in_flight(state.pkey)
+        r.group = self.files.group_of(state.pkey, None) or self.frames.group_in_flight(state.pkey)
         parts: list[bytes] = []
         entries: list[tuple[bytes, bytes | None, bytes | None]] = []
         meta: list[bytes] = []
@@ -603,12 +604,6 @@ class Queue:
             for e, d, t in rekeyed:
                 e.deadline, e.time, e.pending = d, t, None
             raise
-
-    def _group_in_flight(self, pkey: bytes) -> str | None:
-        for batch in self.commit.waiting:
-            if batch.groups and pkey in batch.groups:
-                return batch.groups[pkey]
-        return None
 
     def cancel_by_key(self, key: str, entry: Remembered, state: KeyState) -> Future[Any]:
         """Cancel the pending item ``key`` names (``state``; call under the lock, the
@@ -794,35 +789,15 @@ class Queue:
         restore: list[tuple[int, Lease]],
         inline: InlineCommits | None = None,
     ) -> Future[Any]:
-        """Submit a record of moves (``MoveFrames.moves``); a refusal gives back ``restore``,
-        and what memory said of the items' keys and reasons."""
-        pend, tombs = built.pend, built.tombs
-        token = self.commit.hold(min(k for k, _, _ in pend))
-        batch = PendingBatch(
-            self.files.memseg,
-            result,
-            entries=pend,
-            behind=len(tombs),
-            token=token,
-            restore=restore,
-            wakes=True,
-            groups=built.groups or None,
-        )
-        carrying = self._carry(built.carried, batch)
+        """Submit a record of moves (``MoveFrames.moves``, ``MoveFrames.batch``); a
+        refusal gives back ``restore``, and what memory said of the items' keys and
+        reasons."""
+        batch, carrying = self.frames.batch(built, result, restore)
         try:
             return self._submit(batch, built.payload, built.meta, inline)
         except BaseException:
             carrying.give_back()
             raise
-
-    def _carry(self, carried: list[Carried], batch: PendingBatch) -> Carrying:
-        """Memory says what ``batch``'s record carries from now on (it goes into the
-        current log); keys it moves wait for its publication (``remembered``)."""
-        log_no = self.commit.wal.segment_no
-        carrying, moving = Carrying.apply(self.meta, carried, log_no, batch.future)
-        if moving:
-            batch.remembered = (batch.remembered or []) + moving
-        return carrying
 
     # ------------------------------------------------------------------ tombstones
 

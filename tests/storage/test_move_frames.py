@@ -7,7 +7,9 @@ once). The expected bytes are built from the format's own encoders (``docs/stora
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from dq.storage import Engine, Fail, NewItem, QueueConfig, Requeue, RetryPolicy
@@ -16,6 +18,7 @@ from dq.storage.itemmeta import encode_key_entry
 from dq.storage.reasons import Reason, encode_error_entry
 from dq.storage.wal import frame_record, read_wal, record_body
 from tests.storage.conftest import FakeClock
+from tests.storage.held_sync import gated_syncs
 
 Q = "moves"
 Open = Callable[..., Engine]
@@ -99,3 +102,30 @@ def test_an_item_moved_by_its_key_to_its_own_deadline_takes_the_next_millisecond
     [d] = e.dequeue(Q, 5, 1000)  # one item, the new value
     assert (d.id, d.value) == (first.id, b"v2")
     assert e.dequeue(Q, 5, 1000) == []
+
+
+def test_an_item_moved_by_its_key_while_its_enqueue_is_synced_keeps_its_group(
+    open_engine: Open, clock: FakeClock
+) -> None:
+    """The item's group is read from the write still on its way to disk when the item is
+    not in a segment yet (``MoveFrames.group_in_flight``): its new entry keeps it, after
+    a restart too."""
+    e = open_engine(fsync="always")
+    e.put_queue(Q, QueueConfig(dedup_window_ms=60_000, group_limit=1))
+    now = clock.now
+    with ThreadPoolExecutor(1) as pool, gated_syncs() as gate:
+        first = e.enqueue_nowait(Q, [NewItem(b"v", now + 5000, key="k", group="g")])
+        assert gate.wait_arrived(1), "the enqueue never synced its log"
+        moved = pool.submit(e.patch_key, Q, "k", deadline=now + 9000)
+        waiting = e.queue(Q).commit.waiting  # the move's record appended behind it
+        give_up = time.monotonic() + 10
+        while len(waiting) < 2 and not moved.done() and time.monotonic() < give_up:
+            time.sleep(0.005)
+        assert len(waiting) == 2, "the move was not written while the enqueue was synced"
+        gate.open()
+        [put] = first.result(10)
+        done = moved.result(10)
+    assert (done.id, done.deadline) == (put.id, now + 9000)
+    assert e.peek_key(Q, "k").group == "g"
+    e.close()
+    assert open_engine(fsync="always").peek_key(Q, "k").group == "g"
