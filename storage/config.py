@@ -21,10 +21,10 @@ class EngineConfig:
     max_batch: int = 1000
     #: a log (and its in-memory segment) is frozen when it reaches this size
     memseg_bytes: int = 16 << 20
-    #: logs grow ahead of their data in zero-filled steps of this size (0: plain appends).
-    #: Off by default: measured here it gave no consistent gain in sync rate and wrote
-    #: 4x the bytes for batched writes (bench/engine.py --prealloc, bench/NOTES.md)
-    wal_prealloc_bytes: int = 0
+    #: logs grow ahead of their data in steps of this size, allocated without being
+    #: written (0: plain appends), so a durable round's ``fdatasync`` seldom has a file
+    #: size to record: on ext4 one journal commit fewer per round (docs/storage.md)
+    wal_prealloc_bytes: int = 64 << 10
     #: frozen in-memory segments allowed to wait for their segment file
     max_frozen: int = 2
     #: "process" (a worker process), "thread", or "inline" (tests)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FAULTS",
     "POWER",
+    "allocate",
     "create",
     "fdatasync",
     "fsync",
@@ -219,6 +220,27 @@ def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int, path:
             if not power.dead:
                 power.before_write(fd, offset, len(data))
                 _pwrite_all(fd, data, offset)
+    except OSError as exc:
+        _raise_full(exc, path)
+        raise
+
+
+def allocate(fd: int, offset: int, length: int, path: str) -> None:
+    """Give the file blocks for ``length`` bytes from ``offset``, growing its size, without
+    writing them (they read as zeros): a log grows ahead of its records this way, so the
+    ``fdatasync`` of a later record has no file size to record — on ext4 one journal
+    commit, a wait on the journal's own thread, fewer per durable round. ENOSPC becomes
+    ``StorageFull``; a power loss before the next sync takes the growth back."""
+    try:
+        step("allocate", path)
+        power = POWER
+        if power is None:
+            os.posix_fallocate(fd, offset, length)
+            return
+        with power.lock:
+            if not power.dead:
+                power.before_write(fd, offset, length)
+                os.posix_fallocate(fd, offset, length)
     except OSError as exc:
         _raise_full(exc, path)
         raise

@@ -226,12 +226,14 @@ class WalWriter:
     can tell which appends one fsync covered (group commit). ``io_lock`` serialises
     write/sync/close.
 
-    Preallocation: the file is grown ahead of the data in zero-filled steps of
-    ``prealloc`` bytes, so most syncs overwrite blocks that already exist and
-    ``fdatasync`` has no file size to record (measured here: ~8,000 overwrite syncs/s
-    against ~5,300 appending ones). Recovery reads an all-zero record header as the
-    end of the log. A write that fails does not move ``offset``: the next write
-    overwrites whatever part of it reached the file.
+    Preallocation: the file is grown ahead of the data in steps of ``prealloc`` bytes,
+    allocated and not written (``fileio.allocate``: they read as zeros), so most syncs
+    write into blocks the file already has and ``fdatasync`` has no file size to record:
+    on ext4 an appending sync also waits for a journal commit on the journal's thread,
+    one more sleep per durable round (``bench/NOTES.md``, "A durable ring operation,
+    counted"). Recovery reads an all-zero record header as the end of the log, and
+    closing the log gives the unused steps back. A write that fails does not move
+    ``offset``: the next write overwrites whatever part of it reached the file.
     """
 
     def __init__(
@@ -304,7 +306,7 @@ class WalWriter:
         end = self.offset + n
         if self.prealloc and end > self.allocated:
             grown = end + self.prealloc - end % self.prealloc
-            fileio.pwrite_all(self._fd, bytes(grown - self.allocated), self.allocated, self.path)
+            fileio.allocate(self._fd, self.allocated, grown - self.allocated, self.path)
             self.allocated = grown
         return end
 

@@ -8,6 +8,7 @@ notes the thread), through real clients of a live ``ShmServer``.
 from __future__ import annotations
 
 import errno
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -74,15 +75,20 @@ def test_a_lone_ring_writer_syncs_on_its_own_thread(served: tuple[Engine, ShmSer
 
 
 class Steps:
-    """A fault hook that raises nothing: every file step, its file's kind and its thread."""
+    """A fault hook that raises nothing: every file step, its file's kind and its thread,
+    and the log's size as each fsync of it starts (its write done)."""
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, str, str]] = []
+        self.synced_sizes: list[int] = []
         self._lock = threading.Lock()
 
     def __call__(self, step: str, path: str) -> None:
         with self._lock:
-            self.seen.append((step, file_kind(path), threading.current_thread().name))
+            kind = file_kind(path)
+            self.seen.append((step, kind, threading.current_thread().name))
+            if step == "fsync" and kind == "log":
+                self.synced_sizes.append(os.stat(path).st_size)
 
 
 def test_a_lone_durable_single_op_costs_one_write_and_one_fsync(
@@ -91,7 +97,9 @@ def test_a_lone_durable_single_op_costs_one_write_and_one_fsync(
     """The floor of a durable single operation, counted through the fault seam instead of
     timed: a lone client's PUT is one log write and one fsync on its session's thread —
     no second fsync, no directory sync, no other file touched, no hand-off to the syncer
-    thread — and a FIND + DELETE is the same for the DELETE (a lease writes nothing)."""
+    thread — and a FIND + DELETE is the same for the DELETE (a lease writes nothing).
+    The log was allocated ahead of its records (``wal_prealloc_bytes``), so none of those
+    fsyncs has a file size to record (on ext4: no journal commit to wait for)."""
     engine, server = served
     attachment = attach(server.data_dir, queue="jobs", capacity=8)
     ring = ClientRing(attachment.mm, spin_us=0.0)
@@ -127,6 +135,8 @@ def test_a_lone_durable_single_op_costs_one_write_and_one_fsync(
         assert sum(step == "fsync" for step, _, _ in seen) == n, seen
         assert sum(step == "write" for step, _, _ in seen) == n, seen
         assert {name for _, _, name in seen} == {name for _, _, name in puts}, seen
+    assert len(steps.synced_sizes) == 2 * n
+    assert len(set(steps.synced_sizes)) == 1, steps.synced_sizes
     assert engine.stats("jobs").pending == 5
 
 

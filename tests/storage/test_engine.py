@@ -355,14 +355,37 @@ def test_ids_are_never_reused_after_everything_is_merged_away(
 
 @pytest.mark.integration
 def test_logs_grow_in_preallocated_steps_and_recover(tmp_path: Path) -> None:
-    cfg = EngineConfig(fsync="always", wal_prealloc_bytes=64 * 1024, auto_merge=False)  # opt-in
+    """By default a log is allocated 64 KiB ahead of its records, through the seam's
+    ``allocate`` step: no byte is written for it (each round is one write, of its
+    records), the zeros read as the end of the log, and closing gives them back."""
+    from dq.storage import fileio
+
+    cfg = EngineConfig(fsync="always", auto_merge=False)
+    assert cfg.wal_prealloc_bytes == 64 * 1024
+    steps: list[tuple[str, str]] = []
     with Engine.open(tmp_path / "d", cfg) as e:
-        e.enqueue("q", [NewItem(b"v" * 100) for _ in range(10)])
-        wal = e.queue("q").commit.wal
-        on_disk = os.path.getsize(wal.path)
-        assert on_disk == 64 * 1024 and wal.offset < on_disk  # zeros ahead of the data
-        e.enqueue("q", [NewItem(b"w" * 1000) for _ in range(100)])
-        assert wal.offset > 64 * 1024 and os.path.getsize(wal.path) == 2 * 64 * 1024
+        e.ensure_queue("q")
+
+        def hook(step: str, path: str) -> None:
+            steps.append((step, path))
+
+        fileio.FAULTS.append(hook)
+        try:
+            for _ in range(10):
+                e.enqueue("q", [NewItem(b"v" * 100)])
+            wal = e.queue("q").commit.wal
+            on_disk = os.path.getsize(wal.path)
+            assert on_disk == 64 * 1024 and wal.offset < on_disk  # zeros ahead of the data
+            e.enqueue("q", [NewItem(b"w" * 1000) for _ in range(100)])
+            assert wal.offset > 64 * 1024 and os.path.getsize(wal.path) == 2 * 64 * 1024
+        finally:
+            fileio.FAULTS.remove(hook)
+        logged = [step for step, path in steps if path == wal.path]
+        assert logged.count("allocate") == 2
+        assert logged.count("write") == logged.count("fsync") == 11  # one per round
+        blocks = os.stat(wal.path).st_blocks * 512
+        assert blocks >= 2 * 64 * 1024  # allocated, though never written
+    assert os.path.getsize(wal.path) == wal.offset  # closing gave the rest back
     with Engine.open(tmp_path / "d", cfg) as e:  # the zeros read as the end of the log
         assert e.stats("q").pending == 110
 
