@@ -225,23 +225,32 @@ def pwrite_all(fd: int, data: bytes | bytearray | memoryview, offset: int, path:
         raise
 
 
-def allocate(fd: int, offset: int, length: int, path: str) -> None:
+#: what ``posix_fallocate`` answers on a file system that cannot allocate ahead
+_CANNOT_ALLOCATE = frozenset({errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EINVAL})
+
+
+def allocate(fd: int, offset: int, length: int, path: str) -> bool:
     """Give the file blocks for ``length`` bytes from ``offset``, growing its size, without
     writing them (they read as zeros): a log grows ahead of its records this way, so the
     ``fdatasync`` of a later record has no file size to record — on ext4 one journal
     commit, a wait on the journal's own thread, fewer per durable round. ENOSPC becomes
-    ``StorageFull``; a power loss before the next sync takes the growth back."""
+    ``StorageFull``; a power loss before the next sync takes the growth back. False, with
+    nothing changed, where the file system cannot allocate ahead: the caller appends
+    plainly, which is only slower."""
     try:
         step("allocate", path)
         power = POWER
         if power is None:
             os.posix_fallocate(fd, offset, length)
-            return
+            return True
         with power.lock:
             if not power.dead:
                 power.before_write(fd, offset, length)
                 os.posix_fallocate(fd, offset, length)
+        return True
     except OSError as exc:
+        if exc.errno in _CANNOT_ALLOCATE:
+            return False
         _raise_full(exc, path)
         raise
 

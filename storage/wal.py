@@ -306,8 +306,10 @@ class WalWriter:
         end = self.offset + n
         if self.prealloc and end > self.allocated:
             grown = end + self.prealloc - end % self.prealloc
-            fileio.allocate(self._fd, self.allocated, grown - self.allocated, self.path)
-            self.allocated = grown
+            if fileio.allocate(self._fd, self.allocated, grown - self.allocated, self.path):
+                self.allocated = grown
+            else:  # the file system cannot: this log appends plainly from now on
+                self.prealloc = 0
         return end
 
     def write_and_sync(self, data: bytes) -> None:

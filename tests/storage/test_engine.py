@@ -390,6 +390,32 @@ def test_logs_grow_in_preallocated_steps_and_recover(tmp_path: Path) -> None:
         assert e.stats("q").pending == 110
 
 
+def test_a_file_system_that_cannot_allocate_ahead_gets_plain_appends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where ``posix_fallocate`` is not supported the log appends as it did before it
+    was allocated ahead: every write acknowledged, the file exactly its records, and
+    the allocation not asked for again."""
+    import errno
+
+    calls: list[int] = []
+
+    def unsupported(fd: int, offset: int, length: int) -> None:
+        calls.append(length)
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    cfg = EngineConfig(fsync="always", auto_merge=False, compaction="inline")
+    with Engine.open(tmp_path / "d", cfg) as e:
+        for i in range(20):  # 80 KB: past the first 64 KiB step
+            e.enqueue("q", [NewItem(b"%d" % i + b"v" * 4000)])
+        wal = e.queue("q").commit.wal
+        assert wal.offset > 64 * 1024 and os.path.getsize(wal.path) == wal.offset
+    assert len(calls) == 1
+    with Engine.open(tmp_path / "d", cfg) as e:
+        assert e.stats("q").pending == 20
+
+
 def test_a_failed_log_write_is_refused_and_leaves_no_trace(
     open_engine: Callable[..., Engine],
 ) -> None:
