@@ -159,6 +159,7 @@ class DqHttpProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.connections.add(self)
+        self._count_connections()
         # a stream transport (asyncio's or uvloop's, which is no subclass of it)
         self.transport = cast("asyncio.Transport", transport)
         self.server = _address(transport.get_extra_info("sockname"))
@@ -173,6 +174,7 @@ class DqHttpProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.connections.discard(self)
+        self._count_connections()
         cycle = self.cycle
         if cycle is not None:
             if not cycle.response_complete:
@@ -185,6 +187,15 @@ class DqHttpProtocol(asyncio.Protocol):
             self.transport.close()
         self._idle_deadline = 0.0
         self.parser = None  # type: ignore[assignment]
+
+    def _count_connections(self) -> None:
+        """Tell the loop's group commits whether this server has one connection: its
+        writes then stay on the loop on a slow disk too (``InlineCommits.alone``), since
+        no other client's request can be waiting behind the fsync."""
+        hot = self.dq_slot.hot
+        inline = None if hot is None else hot.service.inline
+        if inline is not None:
+            inline.alone = len(self.connections) == 1
 
     def eof_received(self) -> None:
         pass

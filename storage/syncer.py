@@ -17,7 +17,9 @@ That is Redis's ``appendfsync always`` design: no wake-up of this thread per wri
 no hand-off of each answer back to the loop, which on a fast disk cost more CPU than the
 fsync itself (``bench/NOTES.md``, "The event loop commits its own writes"). A slow fsync
 blocks the committing thread, so while the recent average write-and-sync takes longer
-than ``SLOW_COMMIT_S`` (a slow disk), that thread's writes go to this one again.
+than ``SLOW_COMMIT_S`` (a slow disk), that thread's writes go to this one again — unless
+it serves one client alone (``InlineCommits.alone``: the loop with one connection), whom
+the hand-off would only cost two thread wake-ups more per write.
 
 Threads that each serve one writer (a ring session) lead their commits instead, as
 LevelDB's ``DBImpl::Write`` does (``Syncer.commit_inline(..., led=True)``): a writer
@@ -269,6 +271,11 @@ class InlineCommits:
         self._dirty: dict[SyncTarget, None] = {}
         self._scheduled = False
         self._closed = False
+        #: The thread serves one client alone (its owner says so, e.g. the event loop
+        #: with a single open connection): a slow commit then delays nobody else, so
+        #: its writes stay on this thread whatever the disk, and the hand-off to the
+        #: syncer thread (a wake-up of it, then one of this thread) is not paid.
+        self.alone = False
         #: group commits run on this thread, sync rounds (one queue each) in them, and
         #: writes left to the syncer thread because the disk was slow
         self.commits = 0
@@ -277,10 +284,11 @@ class InlineCommits:
 
     def take(self, target: SyncTarget) -> bool:
         """Note ``target`` for this thread's next commit; False: the syncer thread's
-        (closed, a slow disk, or called from another thread)."""
+        (closed, a slow disk while others may wait behind the commit, or called from
+        another thread)."""
         if self._closed or threading.get_ident() != self._thread:
             return False
-        if not self._led and self._syncer.average_commit_s > SLOW_COMMIT_S:
+        if not self._led and not self.alone and self._syncer.average_commit_s > SLOW_COMMIT_S:
             self.handed_back += 1  # an event loop must not stall on a slow disk
             return False
         with self._lock:
