@@ -145,7 +145,7 @@ class AsyncClient:
         release: Iterable[Item | Release] = (),
     ) -> Dequeued:
         """As ``Client.dequeue``, ``release`` included."""
-        releases = [as_release(i) for i in release]
+        releases = list(map(as_release, release))
         return await self.transport.call(Dequeue(queue, count, lease_ms, wait_ms, releases))
 
     async def release(self, queue: str, id: int, receipt: str) -> None:

@@ -154,7 +154,7 @@ class Client:
         ``release``: earlier deliveries to release in the same request, first and
         durably; their outcomes come back in ``.released`` (one per item, in order, no
         exception per item), so a worker loop costs one request per item."""
-        releases = [as_release(i) for i in release]
+        releases = list(map(as_release, release))
         return self.transport.call(Dequeue(queue, count, lease_ms, wait_ms, releases))
 
     def release(self, queue: str, id: int, receipt: str) -> None:

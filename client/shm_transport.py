@@ -115,6 +115,15 @@ Command = tuple[int, bytes, bytes]
 OkOutcome = Callable[[int, bytes], Outcome]
 Span = list[Command]  # one command: its PART slots, then the op's own slot
 _RELEASED = Response(Status.OK, 0, b"")
+#: the key of a PUT with no deadline and no delay (due now), and of a FIND of one item
+#: that does not wait, with the queue's lease (``codec.encode_put``/``encode_find``)
+_PUT_NOW = codec.encode_put(None, None)
+_FIND_ONE_NOW = codec.encode_find(1, 0, None)
+#: below this many bytes per delivery, one item's FIND answer is expected to fit its
+#: own slot (``_find_span`` sends no PARTs before it)
+_ONE_FIND_BYTES = RESPONSE_BODY_MAX - 4 + 1
+_U64 = codec.U64  # a PUT answer's id
+_DELETE_KEY = codec.KEY2  # a DELETE's key: id u64 | 0
 # Plain ints for the per-call tests: an IntEnum member's lookup costs several times an
 # int comparison.
 _OK, _NOT_LEADER = int(Status.OK), int(Status.NOT_LEADER)
@@ -326,11 +335,46 @@ class ShmTransport:
             return None
         return [(_PART, _ZERO_KEY, p) for p in pieces[:-1]] + [(op, key, pieces[-1])]
 
+    def _one(
+        self, queue: str, op: int, key: bytes, value: bytes, timeout: float | None = None
+    ) -> tuple[int, int, bytes]:
+        """One command of one slot to ``queue`` and its answer (status, flags, body): the
+        round trip of a one-item call, in as few Python calls as it takes (no span, no
+        list of answers, no ``Response``: ``ClientRing.exchange``)."""
+        ring = self._ring
+        if ring.server_lost:
+            ring = self._live_ring()
+        if self._generation != _generation:
+            # a forked child shares the ring with its parent: two producers would collide
+            raise TransportError(f"{self.url}: a shm client cannot cross fork(); open a new one")
+        if timeout is None:
+            timeout = self._timeout
+        try:
+            with ring.lock:
+                if self._bound != queue:
+                    self._bind_locked(ring, queue, timeout)
+                return ring.exchange(op, key, value, timeout)
+        except ClientError:
+            raise
+        except (ShmError, ValueError) as exc:
+            self._bound = None
+            raise TransportError(f"{self.url}: {exc}") from exc
+
+    def _bind_locked(self, ring: ClientRing, queue: str, timeout: float) -> None:
+        """BIND the ring to ``queue`` (the commands that follow act on it). Caller holds
+        the ring's lock."""
+        bound = ring.call_locked(_BIND, _ZERO_KEY, queue.encode(), timeout)
+        if bound.status != _OK:
+            _raise(bound, queue)
+        self._bound = queue
+
     def _run(
         self, queue: str, commands: Sequence[Span], timeout: float | None = None
     ) -> list[Response]:
         """Send ``commands`` (each one or more slots) to ``queue`` pipelined; one joined
         response per command, in order."""
+        if len(commands) == 1 and len(commands[0]) == 1:
+            return [Response(*self._one(queue, *commands[0][0], timeout))]
         ring = self._live_ring()
         timeout = self._timeout if timeout is None else timeout
         if self._generation != _generation:
@@ -341,12 +385,7 @@ class ShmTransport:
         try:
             with ring.lock:
                 if self._bound != queue:
-                    bound = ring.call_locked(_BIND, _ZERO_KEY, queue.encode(), timeout)
-                    if bound.status != _OK:
-                        _raise(bound, queue)
-                    self._bound = queue
-                if len(commands) == 1 and len(commands[0]) == 1:
-                    return [ring.call_locked(*commands[0][0], timeout)]
+                    self._bind_locked(ring, queue, timeout)
                 window = ring.capacity - 1
                 inflight: deque[list[int]] = deque()
                 used = 0
@@ -458,17 +497,24 @@ class ShmTransport:
     def _enqueue_one(self, call: EnqueueOne) -> int:
         """A PUT; an item with a key or a value over a slot goes as ``enqueue_many`` of
         one would (a PUT_MANY)."""
-        if call.key is not None or len(call.value) > VALUE_MAX or call.deadline == 0:
+        value, deadline, delay_ms = call.value, call.deadline, call.delay_ms
+        if call.key is not None or len(value) > VALUE_MAX or deadline == 0:
             return self._enqueue_many(EnqueueMany(call.queue, [call.item()]))[0].id
-        _check_when(call.deadline, call.delay_ms)
-        put: Command = (_PUT, codec.encode_put(call.deadline, call.delay_ms), call.value)
-        (r,) = self._run(call.queue, [[put]])
-        if r.status != _OK:
+        if deadline is None and delay_ms is None:  # the common call: nothing to check
+            put = _PUT_NOW
+        else:
+            _check_when(deadline, delay_ms)
+            put = codec.encode_put(deadline, delay_ms)
+        status, flags, body = self._one(call.queue, _PUT, put, value)
+        if status == _OK and len(body) == 16:
+            item_id: int = _U64.unpack_from(body)[0]
+            return item_id
+        if status != _OK:
+            r = Response(status, flags, body)
             if self._refused([r]):
                 return self._hand_on(call)
             _raise(r, call.queue)
-        item_id: int = codec.decode_put_ok(r.body)[0]
-        return item_id
+        return codec.decode_put_ok(body)[0]  # raises: the answer is malformed
 
     def _enqueue_many(self, call: EnqueueMany) -> list[Enqueued]:
         """One PUT_MANY (one PUT for an item the ring's PUT holds). Over HTTP whole: what
@@ -548,6 +594,22 @@ class ShmTransport:
         if self._http_until and self._over_http():  # (AsyncShmTransport comes straight here)
             return self._hand_on(call)
         queue, count, lease_ms, wait_ms = call.queue, call.count, call.lease_ms, call.wait_ms
+        if (
+            count == 1
+            and type(count) is int
+            and wait_ms == 0
+            and type(wait_ms) is int
+            and lease_ms is None
+            and not call.release
+            and self._delivery_bytes < _ONE_FIND_BYTES
+        ):  # the common call, one item now: one FIND of one slot, with nothing to check
+            status, flags, body = self._one(queue, _FIND, _FIND_ONE_NOW, b"")
+            if status != _OK:
+                r = Response(status, flags, body)
+                if self._refused([r]):
+                    return self._hand_on(call)
+                _raise(r, queue)
+            return Dequeued(self._deliveries(body, flags), [], not flags & FLAG_NO_QUEUE)
         limit = self._attachment.max_batch
         _check(_RING_COUNT if limit is None else count_range(limit), count)
         _check(LEASE_MS, lease_ms)
@@ -657,10 +719,11 @@ class ShmTransport:
             _check_receipts([receipt])  # too long: 422, as the server refuses it
             # not ASCII: no ring slot holds it, and no server would know it (raises)
             check_outcome(self._outcome(queue, item_id, None, _released_ok), queue)
-        command: Command = (_DELETE, *codec.encode_item(item_id, receipt))
-        (r,) = self._run(queue, [[command]])
-        if r.status == _OK:
+        key = _DELETE_KEY.pack(item_id, 0)  # codec.encode_item's, without its call
+        status, flags, body = self._one(queue, _DELETE, key, receipt.encode("ascii"))
+        if status == _OK:
             return
+        r = Response(status, flags, body)
         if self._refused([r]):
             self._hand_on(call)
             return

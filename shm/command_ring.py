@@ -92,6 +92,11 @@ assert RESPONSE + RESPONSE_MAX == RESPONSE_READY
 
 RESPONSE_HEAD = struct.Struct("<BBH")  # status, flags, reserved
 assert RESPONSE_HEAD.size == 4
+#: a slot's op, key and value_size (bytes 1..21), written with one pack
+SLOT_HEAD = struct.Struct("<B16sI")
+#: a slot's response_size and the response's head (bytes 1046..1053), read with one unpack
+RESPONSE_TOP = struct.Struct("<IBBH")
+assert OP + SLOT_HEAD.size == VALUE and RESPONSE_SIZE + RESPONSE_TOP.size == RESPONSE + 4
 RESPONSE_BODY_MAX = RESPONSE_MAX - RESPONSE_HEAD.size
 FLAG_MORE = 0x01  # the body continues: send Op.CONTINUE for the next chunk
 #: FIND only (a client that does not know them ignores them, as it ignores reserved bits):
@@ -251,14 +256,14 @@ class ClientRing:
             raise ValueError("key must be 16 bytes")
         mm, view = self._mm, self._view
         head = at.load_u64(mm, HEAD_OFF)
+        if head >= self.capacity:  # only this client writes it; a server may scribble
+            raise ProtocolError("head out of range", head=head, capacity=self.capacity)
         nxt = (head + 1) % self.capacity
         if nxt == at.load_u64(mm, TAIL_OFF):
             self._wait_for_room(nxt, timeout_s)
-        off = slot_offset(head)
+        off = SLOTS_OFF + SLOT_SIZE * head
         at.store_u8(mm, off + READY, 0)
-        view[off + OP] = op
-        view[off + KEY : off + KEY + KEY_SIZE] = key
-        U32.pack_into(view, off + VALUE_SIZE, len(value))
+        SLOT_HEAD.pack_into(view, off + OP, op, key, len(value))
         view[off + VALUE : off + VALUE + len(value)] = value
         U32.pack_into(view, off + RESPONSE_SIZE, 0)
         at.store_u8(mm, off + RESPONSE_READY, 0)
@@ -286,9 +291,7 @@ class ClientRing:
                 raise ValueError("key must be 16 bytes")
             off = slot_offset(head)
             at.store_u8(mm, off + READY, 0)
-            view[off + OP] = op
-            view[off + KEY : off + KEY + KEY_SIZE] = key
-            U32.pack_into(view, off + VALUE_SIZE, len(value))
+            SLOT_HEAD.pack_into(view, off + OP, op, key, len(value))
             view[off + VALUE : off + VALUE + len(value)] = value
             U32.pack_into(view, off + RESPONSE_SIZE, 0)
             at.store_u8(mm, off + RESPONSE_READY, 0)
@@ -312,13 +315,15 @@ class ClientRing:
                 raise RingFullError("no free slot", capacity=self.capacity)
             at.spin_wait_u64(self._mm, TAIL_OFF, nxt, 0.001, 100.0)
 
-    def wait(self, index: int, timeout_s: float = 30.0) -> Response:
-        """Wait for the response in slot ``index`` and copy it out. Caller holds lock."""
+    def wait(self, index: int, timeout_s: float = 30.0, *, parked: bool = False) -> Response:
+        """Wait for the response in slot ``index`` and copy it out. Caller holds lock.
+        ``parked``: the caller waited one slice already (``exchange``), so the server's
+        liveness is checked at once."""
         mm = self._mm
         off = slot_offset(index)
         end = time.monotonic() + timeout_s
-        spin_us = self.spin_us
-        parked = False  # the first wait costs no liveness check: answers come in microseconds
+        # the first wait costs no liveness check: answers come in microseconds
+        spin_us = 0.0 if parked else self.spin_us
         while at.load_u8(mm, off + RESPONSE_READY) == 0:
             if self.closed:
                 raise RingClosed("ring closed while waiting for a response")
@@ -372,9 +377,35 @@ class ClientRing:
         self, op: int, key: bytes, value: bytes = b"", timeout_s: float = 30.0
     ) -> Response:
         """``call`` for a caller that already holds ``lock``."""
-        return self.complete(
-            self.wait(self.submit(op, key, value, timeout_s), timeout_s), timeout_s
-        )
+        return Response(*self.exchange(op, key, value, timeout_s))
+
+    def exchange(
+        self, op: int, key: bytes, value: bytes = b"", timeout_s: float = 30.0
+    ) -> tuple[int, int, bytes]:
+        """One command of one slot and its whole answer as (status, flags, body), without
+        a ``Response``: the one-item calls' round trip (``client/shm_transport.py``).
+        Caller holds lock. The first wait and the read of the answer are ``wait`` and
+        ``_response`` written out (one futex park, one unpack, one copy); a wait past
+        its first slice, a continued answer and every failure take their usual path."""
+        index = self.submit(op, key, value, timeout_s)
+        mm = self._mm
+        off = SLOTS_OFF + SLOT_SIZE * index
+        ready = off + RESPONSE_READY
+        first = min(timeout_s, LIVENESS_S)
+        if at.load_u8(mm, ready) == 0 and not (self.closed or self.server_lost):
+            at.spin_wait_u8(mm, ready, 0, first, self.spin_us)
+        if at.load_u8(mm, ready) == 0:  # slow, closed or gone: the checks of ``wait``
+            left = max(timeout_s - first, 0.0)
+            r = self.complete(self.wait(index, left, parked=True), timeout_s)
+            return r.status, r.flags, r.body
+        size, status, flags, _ = RESPONSE_TOP.unpack_from(self._view, off + RESPONSE_SIZE)
+        if not RESPONSE_HEAD.size <= size <= RESPONSE_MAX:
+            raise ProtocolError("response_size out of range", slot=index, size=size)
+        body = bytes(self._view[off + RESPONSE + RESPONSE_HEAD.size : off + RESPONSE + size])
+        if flags & FLAG_MORE:
+            r = self.complete(Response(status, flags, body), timeout_s)
+            return r.status, r.flags, r.body
+        return status, flags, body
 
     def complete(self, first: Response, timeout_s: float = 30.0) -> Response:
         """``first`` with the rest of its body. Caller holds lock. The CONTINUEs are

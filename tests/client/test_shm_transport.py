@@ -583,3 +583,39 @@ def test_a_dequeue_says_whether_its_queue_exists(server: LiveServer, shm_url: st
         http.put_queue("made-later")
         for client in (dq, http):
             assert client.dequeue("made-later").queue_exists is True
+
+
+def test_one_item_calls_answer_as_over_http_and_build_no_answer_objects(
+    server: LiveServer, shm_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``enqueue(value)``, ``dequeue()`` and ``release`` of one item are one ring command
+    of one slot each (``ShmTransport._one``, ``ClientRing.exchange``): the same ids,
+    items and errors as over HTTP, an item whose delivery outgrows its slot back whole
+    (its answer continues), and no ``Response`` built for an answer that fits."""
+    with Client(shm_url) as dq, Client(server.url) as http:
+        transport = dq.transport
+        assert isinstance(transport, ShmTransport)
+        transport.http_url = None  # nothing goes over HTTP
+        assert dq.dequeue("one-slot").queue_exists is False  # bound (a BIND's Response)
+
+        def no_response(*args: object) -> None:
+            raise AssertionError(f"a Response was built for {args!r}")
+
+        monkeypatch.setattr("dq.client.shm_transport.Response", no_response)
+        monkeypatch.setattr("dq.shm.command_ring.Response", no_response)
+        first = dq.enqueue("one-slot", b"one")
+        assert dq.enqueue("one-slot", "two") == first + 1
+        one = dq.dequeue("one-slot", lease_ms=None)
+        two = dq.dequeue("one-slot")
+        assert [(i.id, i.value) for i in [*one, *two]] == [(first, b"one"), (first + 1, b"two")]
+        assert one.queue_exists and one.released == []
+        assert dq.release("one-slot", one[0].id, one[0].receipt) is None
+        assert list(dq.dequeue("one-slot")) == []
+        monkeypatch.undo()
+        http.release("one-slot", two[0].id, two[0].receipt)
+        big = bytes(range(256)) * 4  # a full slot: its delivery takes two
+        big_id = dq.enqueue("one-slot", big)
+        (got,) = dq.dequeue("one-slot")  # one FIND slot: the answer continues
+        assert (got.id, got.value) == (big_id, big)
+        dq.release("one-slot", got.id, got.receipt)
+        assert http.queue("one-slot").stats.pending == 0

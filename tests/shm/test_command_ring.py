@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import threading
+import time
 
 import pytest
 
@@ -135,6 +137,61 @@ def test_client_fills_a_slot_as_the_original_says_and_the_server_answers_in_orde
         assert struct.unpack_from("<Q", mm, 8)[0] == 1
         assert (response.status, response.more) == (Status.OK, False)
         assert codec.decode_put_ok(response.body) == (1, 1_800_000_001_500)
+
+
+def test_exchange_writes_the_slot_as_the_original_says_and_returns_its_answer() -> None:
+    """``exchange`` (the one-item calls' round trip) fills the slot byte for byte as
+    ``submit`` does and reads the answer as ``wait`` does, as a plain triple."""
+    with Served(4) as served:
+        mm = served.mm
+        served.handler.answers.append([Enqueued(1, 1_800_000_001_500)])
+        served.start()
+        status, flags, body = served.client.exchange(
+            Op.PUT, codec.encode_put(None, 1500), b"hello", WAIT_S
+        )
+        assert mm[:8] == doc_example("header")[:8]  # head moved past slot 0
+        assert mm[25 : 24 + 27] == doc_example("put-slot")[1:]  # ready: the server took it
+        assert mm[24 + 1046 : 24 + 1046 + 24] == doc_example("put-response")
+        assert (status, flags) == (Status.OK, 0)
+        assert codec.decode_put_ok(body) == (1, 1_800_000_001_500)
+
+
+def test_exchange_follows_continuations_and_refuses_what_breaks_the_protocol() -> None:
+    deliveries = _deliveries([700, 700, 700])  # ~2.3 KB: three chunks
+    with Served(4) as served:
+        served.handler.answers.append(Leased(deliveries))
+        served.start()
+        status, flags, body = served.client.exchange(
+            Op.FIND, codec.encode_find(3, 0, None), b"", WAIT_S
+        )
+        assert (status, flags) == (Status.OK, 0)
+        assert codec.decode_deliveries(body) == deliveries
+    with Served(4) as served:  # a head only a scribbling server could have written
+        at.store_u64(served.mm, 0, 9)
+        with pytest.raises(ProtocolError, match="head out of range"):
+            served.client.exchange(Op.STATS, bytes(16), b"", WAIT_S)
+    with Served(4) as served:  # an answer's size beyond its slot: refused, not read
+        mm = served.mm
+
+        def answer_badly() -> None:
+            for _ in range(10_000):
+                if at.load_u64(mm, 0) == 1:
+                    struct.pack_into("<I", mm, 24 + 1046, 5000)
+                    at.store_u8(mm, 24 + 2074, 1)
+                    at.futex_wake(mm, 24 + 2072)
+                    return
+                time.sleep(0.001)
+
+        writer = threading.Thread(target=answer_badly)
+        writer.start()
+        with pytest.raises(ProtocolError, match="response_size out of range"):
+            served.client.exchange(Op.STATS, bytes(16), b"", WAIT_S)
+        writer.join(WAIT_S)
+
+
+def test_exchange_times_out_without_a_server() -> None:
+    with Served(4) as served, pytest.raises(RingTimeout):
+        served.client.exchange(Op.STATS, bytes(16), b"", 0.05)
 
 
 def _deliveries(sizes: list[int]) -> list[Delivery]:
