@@ -164,15 +164,12 @@ def main() -> int:
         def per_op(part: str) -> float:
             return (instructions(2 * args.ops, part) - instructions(args.ops, part)) / args.ops
 
-        for part, title in (("enqueue", "enqueue(value)"), ("dequeue", "dequeue + release")):
-            print(f"\n## {title} over shm://, per operation, client side")
-            counted.print_calls(calls[part])
-            if args.no_valgrind:
-                continue
-            whole = per_op(part)
-            if part == "dequeue":  # its run enqueued n items first
-                whole -= per_op("enqueue")
-            print(f"instructions: {whole:,.0f}")
+        counted.print_split(
+            calls,
+            None if args.no_valgrind else per_op,
+            ("enqueue(value)", "dequeue + release"),
+            "\n## {title} over shm://, per operation, client side",
+        )
     finally:
         server.close()
     return 0

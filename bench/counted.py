@@ -23,7 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,27 @@ def print_calls(per_op: Mapping[str, float]) -> None:
     for k, v in sorted(per_op.items(), key=lambda kv: -kv[1]):
         if v >= 0.5:
             print(f"  {k}: {v:.1f}")
+
+
+def print_split(
+    calls: Mapping[str, Mapping[str, float]],
+    per_op: Callable[[str], float] | None,
+    titles: tuple[str, str],
+    heading: str,
+) -> None:
+    """The enqueue's and the dequeue + release's Python calls per operation and, when
+    ``per_op`` counts them under callgrind, their instructions; the dequeue's run enqueued
+    its items first, so the enqueue's count is taken off its own. ``heading`` is the
+    Markdown heading, with ``{title}`` for each part's title."""
+    for part, title in zip(("enqueue", "dequeue"), titles, strict=True):
+        print(heading.format(title=title))
+        print_calls(calls[part])
+        if per_op is None:
+            continue
+        whole = per_op(part)
+        if part == "dequeue":
+            whole -= per_op("enqueue")
+        print(f"instructions: {whole:,.0f}")
 
 
 def callgrind(

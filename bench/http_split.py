@@ -235,16 +235,12 @@ def main() -> int:
                 ir[(k, part)] = _instructions(tree, k, part)
         return (ir[(2 * n, part)] - ir[(n, part)]) / n
 
-    for part, title in (("enqueue", "durable single enqueue"), ("dequeue", "dequeue + release")):
-        c = calls[part]
-        print(f"\n## {title}, per operation (two requests for dequeue + release)")
-        counted.print_calls(c)
-        if args.no_valgrind:
-            continue
-        whole = per_op(part)
-        if part == "dequeue":  # its run enqueued n items first
-            whole -= per_op("enqueue")
-        print(f"instructions: {whole:,.0f}")
+    counted.print_split(
+        calls,
+        None if args.no_valgrind else per_op,
+        ("durable single enqueue", "dequeue + release"),
+        "\n## {title}, per operation (two requests for dequeue + release)",
+    )
     return 0
 
 

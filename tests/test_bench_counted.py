@@ -30,6 +30,21 @@ def test_call_counts_print_the_total_then_each_module_most_first(
     )
 
 
+def test_a_split_prints_each_part_and_takes_the_enqueue_off_the_dequeue(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    calls = {"enqueue": {"a.py": 2.0}, "dequeue": {"b.py": 5.0}}
+    counted.print_split(
+        calls, {"enqueue": 100.0, "dequeue": 350.0}.__getitem__, ("E", "D"), "# {title}"
+    )
+    assert capsys.readouterr().out == (
+        "# E\nPython calls: 2.0\n  a.py: 2.0\ninstructions: 100\n"
+        "# D\nPython calls: 5.0\n  b.py: 5.0\ninstructions: 250\n"
+    )
+    counted.print_split(calls, None, ("E", "D"), "# {title}")
+    assert "instructions" not in capsys.readouterr().out
+
+
 def test_the_options_both_take() -> None:
     ap = counted.options("First paragraph.\n\nMore.", 300, "requests", ["work", "calls"])
     assert ap.description == "First paragraph."
