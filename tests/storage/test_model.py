@@ -311,11 +311,19 @@ class EngineVsModel(RuleBasedStateMachine):
         return queue == Q and self.fair and not self.paused
 
     def expected_dequeue(
-        self, queue: str, count: int, barrier: bytes | None = None
+        self,
+        queue: str,
+        count: int,
+        barrier: bytes | None = None,
+        read: bytes | None = None,
+        deleted: Item | None = None,
     ) -> tuple[list[Item], list[Item]]:
         """What a dequeue of ``count`` hands out, and the items it moves to the
         dead-letter queue instead; it stops at ``barrier``, the first key of a write
-        still being synced (``docs/storage.md``)."""
+        still being synced (``docs/storage.md``), but for items at or below ``read``, the
+        cursor when the dequeue began: read already and held back by a rule (the rules
+        or ``fair`` may have changed since), they go; ``deleted`` is the item the write
+        being synced deletes (no longer held back by then)."""
         if (queue == Q and self.paused) or self.in_turn(queue):
             return [], []  # with ``fair``: checked once delivered (``fair_dequeue``)
         now = self.clock.now
@@ -323,7 +331,8 @@ class EngineVsModel(RuleBasedStateMachine):
         expected: list[Item] = []
         moved: list[Item] = []
         while len(expected) < count:
-            heads = self.heads(queue, now, expected, moved, barrier)
+            gone = moved if deleted is None else [*moved, deleted]
+            heads = self.heads(queue, now, expected, gone, barrier, read)
             if not heads:
                 break
             item = min(heads.values(), key=_order)
@@ -716,14 +725,14 @@ class EngineVsModel(RuleBasedStateMachine):
             if visible:  # published already (or refused: then this raises the refusal)
                 apply(fut.result())
             barrier = None if visible else min(keys)
-            expected, moved = self.expected_dequeue(Q, count, barrier)
-            dead_before = self.engine.queue(Q).dead_lettered
             read = self.engine.queue(Q).deliveries.cursor
+            deleted = item if write == "delete" and not visible else None
+            expected, moved = self.expected_dequeue(Q, count, barrier, read, deleted)
+            dead_before = self.engine.queue(Q).dead_lettered
             got = self.engine.dequeue(Q, count, lease)
             gate.open()
             result = fut.result(10)
         if self.in_turn(Q):  # the model as the dequeue saw it: the write not applied
-            deleted = item if write == "delete" and not visible else None
             expected, moved = self.fair_dequeue(Q, count, got, dead_before, barrier, read, deleted)
         if not visible:
             apply(result)
