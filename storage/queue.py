@@ -519,20 +519,10 @@ class Queue:
             wakes=True,
             groups=grouped,
         )
+        body, all_meta = b"".join(parts), b"".join(meta) + b"".join(group_meta) + extra_meta
         if not rekeyed:
-            return self._submit(
-                batch, b"".join(parts), b"".join(meta) + b"".join(group_meta) + extra_meta, inline
-            )
-        give_back = self._rekeyed(rekeyed, carried, batch)
-        try:
-            return self._submit(
-                batch, b"".join(parts), b"".join(meta) + b"".join(group_meta) + extra_meta, inline
-            )
-        except BaseException:
-            give_back.give_back()
-            for entry, deadline, time in rekeyed:
-                entry.deadline, entry.time, entry.pending = deadline, time, None
-            raise
+            return self._submit(batch, body, all_meta, inline)
+        return self._submit_rekeyed(batch, body, all_meta, rekeyed, carried, inline)
 
     # ------------------------------------------------------------------ items by key
 
@@ -556,6 +546,27 @@ class Queue:
         if net > 0 and newest is not None:
             return KeyState("pending", pkey, newest[0], newest[1])
         return KeyState("gone", pkey)
+
+    def _submit_rekeyed(
+        self,
+        batch: PendingBatch,
+        body: bytes,
+        meta: bytes,
+        rekeyed: list[tuple[Remembered, int, int]],
+        carried: list[Carried],
+        inline: InlineCommits | None = None,
+    ) -> Future[Any]:
+        """Submit ``batch``, which moves the keys in ``rekeyed`` (an enqueue that
+        replaces, or a move by key): if the record is refused, every key says again
+        where it was and the reasons carried go back to the items they came from."""
+        give_back = self._rekeyed(rekeyed, carried, batch)
+        try:
+            return self._submit(batch, body, meta, inline)
+        except BaseException:
+            give_back.give_back()
+            for entry, deadline, time in rekeyed:
+                entry.deadline, entry.time, entry.pending = deadline, time, None
+            raise
 
     def _rekeyed(
         self,
@@ -596,14 +607,7 @@ class Queue:
         batch = PendingBatch(
             self.files.memseg, done, entries=entries, token=token, wakes=True, groups=groups or None
         )
-        give_back = self._rekeyed(rekeyed, carried, batch)
-        try:
-            return self._submit(batch, b"".join(parts), b"".join(meta)), done
-        except BaseException:
-            give_back.give_back()
-            for e, d, t in rekeyed:
-                e.deadline, e.time, e.pending = d, t, None
-            raise
+        return self._submit_rekeyed(batch, b"".join(parts), b"".join(meta), rekeyed, carried), done
 
     def cancel_by_key(self, key: str, entry: Remembered, state: KeyState) -> Future[Any]:
         """Cancel the pending item ``key`` names (``state``; call under the lock, the
@@ -639,39 +643,14 @@ class Queue:
     def requeue(
         self, items: Sequence[Requeue], inline: InlineCommits | None = None
     ) -> Future[list[ItemOutcome]]:
-        now = self.engine.now()
-        results: dict[int, ItemOutcome] = {}
-        order: list[int] = []
-        with self.lock:
-            self.check_open()
-            leases = self.deliveries.leases
-            moves: list[tuple[int, Lease, int, Reason | None]] = []
-            taken: list[tuple[int, Lease]] = []
-            for r in items:
-                order.append(r.id)
-                try:
-                    deadline = resolve_deadline(r.deadline, r.delay_ms, now)
-                    lease = leases.check(r.id, r.receipt, self.commit.next_id, now)
-                except StorageError as exc:
-                    results[r.id] = ItemOutcome(r.id, exc.code, exc.message)
-                    continue
-                leases.pop(r.id)
-                taken.append((r.id, lease))
-                moves.append((r.id, lease, deadline, None))
-            moved: list[ItemOutcome] = []
-            built = self.frames.moves(moves, now, moved)
-            for o in moved:
-                results[o.id] = o
-            outcomes = [
-                results.get(i, ItemOutcome(i, "item_not_found", "value not found")) for i in order
-            ]
-            if built is None:
-                if taken:  # nothing to write: the leases ended here
-                    self._slots_freed(taken, now)
-                return resolved(outcomes)
-            fut = self._write_moves(built, outcomes, taken, inline)
-        self.engine.emit("requeued", self.name, [o.id for o in moved])
-        return fut
+        """Hand leased items back at the deadline each one asks for; one outcome per
+        item."""
+
+        def where(r: Requeue, now: int) -> Callable[[Lease], tuple[int, Reason | None]]:
+            deadline = resolve_deadline(r.deadline, r.delay_ms, now)  # refused before the lease
+            return lambda _lease: (deadline, None)
+
+        return self._move_leases(items, where, inline)
 
     def fail(
         self, items: Sequence[Fail], inline: InlineCommits | None = None
@@ -679,6 +658,27 @@ class Queue:
         """Hand leased items back under the retry policy (``item_notes.retry_deadline``),
         each with its error added to its reasons; one outcome per item, with its next
         deadline. The errors were checked by the caller (``reasons.check_error``)."""
+
+        def where(f: Fail, now: int) -> Callable[[Lease], tuple[int, Reason | None]]:
+            return lambda lease: (
+                retry_deadline(self.config, lease, now),
+                Reason(f.error, now, lease.dequeue_count),
+            )
+
+        return self._move_leases(items, where, inline)
+
+    def _move_leases(
+        self,
+        items: Sequence[Requeue] | Sequence[Fail],
+        where: Callable[[Any, int], Callable[[Lease], tuple[int, Reason | None]]],
+        inline: InlineCommits | None,
+    ) -> Future[list[ItemOutcome]]:
+        """End the leases ``items`` name and move each item to the deadline ``where``
+        gives it (with the reason it adds, if any), in one record: what requeue and fail
+        share. ``where(item, now)`` checks what the item asks for (a refusal is a
+        ``StorageError``) and returns what its lease then makes of it. An item refused,
+        or whose lease does not check, gets the error as its outcome and stays where it
+        is."""
         now = self.engine.now()
         results: dict[int, ItemOutcome] = {}
         order: list[int] = []
@@ -687,17 +687,17 @@ class Queue:
             leases = self.deliveries.leases
             moves: list[tuple[int, Lease, int, Reason | None]] = []
             taken: list[tuple[int, Lease]] = []
-            for f in items:
-                order.append(f.id)
+            for item in items:
+                order.append(item.id)
                 try:
-                    lease = leases.check(f.id, f.receipt, self.commit.next_id, now)
+                    moving = where(item, now)
+                    lease = leases.check(item.id, item.receipt, self.commit.next_id, now)
                 except StorageError as exc:
-                    results[f.id] = ItemOutcome(f.id, exc.code, exc.message)
+                    results[item.id] = ItemOutcome(item.id, exc.code, exc.message)
                     continue
-                leases.pop(f.id)
-                taken.append((f.id, lease))
-                reason = Reason(f.error, now, lease.dequeue_count)
-                moves.append((f.id, lease, retry_deadline(self.config, lease, now), reason))
+                leases.pop(item.id)
+                taken.append((item.id, lease))
+                moves.append((item.id, lease, *moving(lease)))
             moved: list[ItemOutcome] = []
             built = self.frames.moves(moves, now, moved)
             for o in moved:
