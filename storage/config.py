@@ -21,10 +21,13 @@ class EngineConfig:
     max_batch: int = 1000
     #: a log (and its in-memory segment) is frozen when it reaches this size
     memseg_bytes: int = 16 << 20
-    #: logs grow ahead of their data in steps of this size, allocated without being
-    #: written (0: plain appends), so a durable round's ``fdatasync`` seldom has a file
-    #: size to record: on ext4 one journal commit fewer per round (docs/storage.md)
+    #: logs grow ahead of their data in steps allocated without being written, this
+    #: size first (0: plain appends), so a durable round's ``fdatasync`` seldom has a
+    #: file size to record: on ext4 one journal commit fewer per round (docs/storage.md)
     wal_prealloc_bytes: int = 64 << 10
+    #: a log that uses its steps up soon doubles them up to this size (the rule:
+    #: ``storage/prealloc.py``); at or below ``wal_prealloc_bytes`` the step is fixed
+    wal_prealloc_max_bytes: int = 1 << 20
     #: frozen in-memory segments allowed to wait for their segment file
     max_frozen: int = 2
     #: "process" (a worker process), "thread", or "inline" (tests)

@@ -39,6 +39,7 @@ from dq.storage import fileio
 from dq.storage.compactor import CompactionCancelled, FreezeResult, freeze_log, merge_segments
 from dq.storage.futures import Answer, answer
 from dq.storage.merge_policy import MergeSource, SegmentDesc
+from dq.storage.prealloc import allocation_step
 from dq.storage.syncer import SyncTarget
 from dq.storage.wal import WalWriter
 
@@ -174,7 +175,7 @@ class FileJobs:
         old = commit.wal
         no = old.segment_no + 1
         try:
-            new = WalWriter.create(self.directory, no, commit.next_id, config.wal_prealloc_bytes)
+            new = WalWriter.create(self.directory, no, commit.next_id, allocation_step(config))
         except Exception as exc:
             files.rotation_failed(no, old.segment_no, exc)
             return [], None

@@ -115,6 +115,7 @@ from dq.storage.key_moves import KeyState, Rekey
 from dq.storage.leases import Lease
 from dq.storage.merge_policy import MergeSource, SegmentDesc
 from dq.storage.move_frames import MoveFrames, Moves
+from dq.storage.prealloc import allocation_step
 from dq.storage.queue_config import CONFIG_FILE, load_config, save_config
 from dq.storage.queue_state import STATE_FILE, QueueState, load_state, save_state
 from dq.storage.rates import Rates
@@ -251,7 +252,7 @@ class Queue:
         os.makedirs(directory, exist_ok=True)
         save_config(directory, config)
         q = cls(engine, name, directory, config)
-        q.commit.start(WalWriter.create(directory, 1, 1, engine.config.wal_prealloc_bytes))
+        q.commit.start(WalWriter.create(directory, 1, 1, allocation_step(engine.config)))
         q.health.loaded = True
         fileio.fsync_dir(os.path.dirname(directory))
         return q
@@ -304,7 +305,7 @@ class Queue:
                 self.directory,
                 rec.next_segment_no,
                 max(rec.next_id, self.commit.next_id),
-                self.engine.config.wal_prealloc_bytes,
+                allocation_step(self.engine.config),
             )
         except BaseException:
             for reader in rec.segments:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from dq.storage import _wal, fileio
 from dq.storage.errors import CorruptionError, EngineUnavailable
+from dq.storage.prealloc import AllocationStep
 
 __all__ = [
     "HEADER",
@@ -226,7 +227,8 @@ class WalWriter:
     can tell which appends one fsync covered (group commit). ``io_lock`` serialises
     write/sync/close.
 
-    Preallocation: the file is grown ahead of the data in steps of ``prealloc`` bytes,
+    Preallocation: the file is grown ahead of the data in steps that ``prealloc``
+    sizes (``storage/prealloc.py``: 64 KiB, doubling up to 1 MiB while the log is hot),
     allocated and not written (``fileio.allocate``: they read as zeros), so most syncs
     write into blocks the file already has and ``fdatasync`` has no file size to record:
     on ext4 an appending sync also waits for a journal commit on the journal's thread,
@@ -237,7 +239,13 @@ class WalWriter:
     """
 
     def __init__(
-        self, path: str, segment_no: int, id_floor: int, fd: int, offset: int, prealloc: int = 0
+        self,
+        path: str,
+        segment_no: int,
+        id_floor: int,
+        fd: int,
+        offset: int,
+        prealloc: AllocationStep | None = None,
     ) -> None:
         self.path = path
         self.segment_no = segment_no
@@ -254,7 +262,13 @@ class WalWriter:
         self.closed = False
 
     @classmethod
-    def create(cls, directory: str, segment_no: int, id_floor: int, prealloc: int = 0) -> WalWriter:
+    def create(
+        cls,
+        directory: str,
+        segment_no: int,
+        id_floor: int,
+        prealloc: AllocationStep | None = None,
+    ) -> WalWriter:
         """Create a new, empty log: all or nothing (on failure no file is left behind)."""
         path = os.path.join(directory, f"{segment_no:010d}.log")
         tmp = path + ".tmp"
@@ -304,12 +318,12 @@ class WalWriter:
     def _grow(self, n: int) -> int:
         """Preallocate past the ``n`` bytes about to be written; where they will end."""
         end = self.offset + n
-        if self.prealloc and end > self.allocated:
-            grown = end + self.prealloc - end % self.prealloc
+        if self.prealloc is not None and end > self.allocated:
+            grown = self.prealloc.end_for(end)
             if fileio.allocate(self._fd, self.allocated, grown - self.allocated, self.path):
                 self.allocated = grown
             else:  # the file system cannot: this log appends plainly from now on
-                self.prealloc = 0
+                self.prealloc = None
         return end
 
     def write_and_sync(self, data: bytes) -> None:
@@ -323,7 +337,7 @@ class WalWriter:
             self.sync()
             return
         end = self.offset + len(data)
-        if self.prealloc and end > self.allocated:
+        if self.prealloc is not None and end > self.allocated:
             self._grow(len(data))
         failed = fileio.pwrite_and_sync(self._fd, data, self.offset, self.path)
         self.offset = end
