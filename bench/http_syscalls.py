@@ -22,8 +22,9 @@ operation (an enqueue is one request, a dequeue + release two):
   or the syncer thread), to check the loop committed its own writes, as on a fast disk.
 
 Counts depend on neither the load nor the speed of the machine, except where the server
-itself reads a clock (its timers, the slow-disk switch): those are named. Needs strace
-(and perf for ``--perf``).
+itself reads a clock (its timers, the slow-disk switch, how soon a log uses up its
+allocation step, ``storage/prealloc.py``): those are named. Needs strace (and perf for
+``--perf``).
 """
 
 from __future__ import annotations
@@ -62,8 +63,14 @@ def child_serve() -> int:
         bootstrap(self)
 
     threading.Thread._bootstrap_inner = named  # type: ignore[attr-defined]
+    steps = {}
     prealloc = os.environ.get("DQ_HTTP_SYSCALLS_PREALLOC")
-    if prealloc is not None:  # the engine's config as the server opens it, but this
+    if prealloc is not None:
+        steps["wal_prealloc_bytes"] = int(prealloc)
+    prealloc_max = os.environ.get("DQ_HTTP_SYSCALLS_PREALLOC_MAX")
+    if prealloc_max is not None:
+        steps["wal_prealloc_max_bytes"] = int(prealloc_max)
+    if steps:  # the engine's config as the server opens it, but these
         import dataclasses
 
         from dq.storage import Engine
@@ -71,7 +78,7 @@ def child_serve() -> int:
         opened = Engine.open
 
         def open_with(path: Any, config: Any = None, *args: Any, **kw: Any) -> Any:
-            config = dataclasses.replace(config, wal_prealloc_bytes=int(prealloc))
+            config = dataclasses.replace(config, **steps)
             return opened(path, config, *args, **kw)
 
         Engine.open = open_with  # type: ignore[method-assign]
@@ -112,7 +119,13 @@ def _commits(port: int) -> dict[str, float]:
 
 
 class Rig:
-    def __init__(self, python: str, extra: list[str], prealloc: int | None = None) -> None:
+    def __init__(
+        self,
+        python: str,
+        extra: list[str],
+        prealloc: int | None = None,
+        prealloc_max: int | None = None,
+    ) -> None:
         self.data = tempfile.mkdtemp(prefix="dq-http-syscalls-")
         self.port = free_port()
         cmd = [
@@ -131,6 +144,8 @@ class Rig:
         env = dict(os.environ)
         if prealloc is not None:
             env["DQ_HTTP_SYSCALLS_PREALLOC"] = str(prealloc)
+        if prealloc_max is not None:
+            env["DQ_HTTP_SYSCALLS_PREALLOC_MAX"] = str(prealloc_max)
         self.proc = subprocess.Popen(cmd, env=env)
         from dq.client import Client
 
@@ -234,7 +249,13 @@ def main() -> int:
         "--prealloc",
         type=int,
         help="the server's logs grow ahead of their records in steps of this many bytes "
-        "(EngineConfig.wal_prealloc_bytes; default: the engine's own)",
+        "first (EngineConfig.wal_prealloc_bytes; default: the engine's own)",
+    )
+    ap.add_argument(
+        "--prealloc-max",
+        type=int,
+        help="... doubling while a log is hot up to this many (wal_prealloc_max_bytes; "
+        "default: the engine's own; the first step or less: fixed steps)",
     )
     ap.add_argument(
         "--perf", action="store_true", help="also what each thread went to sleep for (perf)"
@@ -244,7 +265,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.child:
         return child_serve()
-    rig = Rig(args.python, args.serve_args, args.prealloc)
+    rig = Rig(args.python, args.serve_args, args.prealloc, args.prealloc_max)
     n = args.ops
     print(f"# load {os.getloadavg()[0]:.1f}; {n} operations a part (counts, not times)")
     try:
