@@ -63,20 +63,23 @@ def child(directory: str, base: int, cap: int, ops: int, size: int, gap_ms: floa
         return allocate(fd, offset, length, path)
 
     fileio.allocate = counted  # counted, not hooked: a hook would split the round's calls
-    config = EngineConfig(wal_prealloc_bytes=base, wal_prealloc_max_bytes=cap)
-    wal = WalWriter.create(directory, 1, 1, allocation_step(config))
-    payload = os.urandom(size)
-    before = _switches()
-    for _ in range(ops):
-        wal.append(payload)
-        data, _seq = wal.take_buffer()
-        with wal.io_lock:
-            wal.write_and_sync(data)
-        if gap_ms:
-            time.sleep(gap_ms / 1000)
-    switches = _switches() - before
-    ahead = os.path.getsize(wal.path) - wal.offset
-    wal.close(sync=True)
+    try:
+        config = EngineConfig(wal_prealloc_bytes=base, wal_prealloc_max_bytes=cap)
+        wal = WalWriter.create(directory, 1, 1, allocation_step(config))
+        payload = os.urandom(size)
+        before = _switches()
+        for _ in range(ops):
+            wal.append(payload)
+            data, _seq = wal.take_buffer()
+            with wal.io_lock:
+                wal.write_and_sync(data)
+            if gap_ms:
+                time.sleep(gap_ms / 1000)
+        switches = _switches() - before
+        ahead = os.path.getsize(wal.path) - wal.offset
+        wal.close(sync=True)
+    finally:
+        fileio.allocate = allocate
     print(
         f"RESULT fallocate={allocations / ops:.4f} voluntary={switches / ops:.3f} "
         f"ahead_at_end={ahead}"
