@@ -6,6 +6,9 @@
   so a ring request enters Python once, for its engine call; see docs/shm.md;
 - ``dq.storage._memseg``: the in-memory segment as fixed-size records (~50 bytes an entry
   beyond its value instead of ~200 of Python objects);
+- ``dq.storage._delivery``: the delivery index (slots, held keys, eligible groups, token
+  buckets of the delivery rules) as C records and arrays (~197 bytes a group of Python
+  objects before);
 - ``dq.storage._wal``: the log's record framing, and a durable round's write and
   fdatasync in one release of the GIL (called only through storage/fileio.py);
 see docs/architecture.md ("Compiled parts").
@@ -25,6 +28,9 @@ setup(
         Extension("dq.shm._atomics", sources=["shm/_atomics.c"], extra_compile_args=FLAGS),
         Extension("dq.shm._session", sources=["shm/_session.c"], extra_compile_args=FLAGS),
         Extension("dq.storage._memseg", sources=["storage/_memseg.c"], extra_compile_args=FLAGS),
+        Extension(
+            "dq.storage._delivery", sources=["storage/_delivery.c"], extra_compile_args=FLAGS
+        ),
         Extension("dq.storage._wal", sources=["storage/_wal.c"], extra_compile_args=FLAGS),
     ]
 )

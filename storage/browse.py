@@ -262,8 +262,8 @@ def _with_held(
     One held item more than the page holds is read: then the page is cut and ends
     where it stopped, so the next page goes on with the held items left."""
     held: list[tuple[bytes, BrowsedItem]] = []
-    for key, group in q.deliveries.index.held_after(after):
-        if (stop is not None and key >= stop) or len(held) > limit:
+    for key, group in q.deliveries.index.held_after(after, limit + 1):
+        if stop is not None and key >= stop:
             break
         held.append((key, _held_item(q, key, group, with_values)))
     if not held:
@@ -303,13 +303,19 @@ def waiting_keys(q: Queue, after: bytes, limit: int) -> list[tuple[bytes, tuple[
     key order), then those after the dequeue cursor; call under the queue lock."""
     out: list[tuple[bytes, tuple[bytes, bytes]]] = []
     index = q.deliveries.index
-    if index.indexed:
-        for key, _group in index.held_after(after):
+    held_after = after
+    while index.indexed:
+        # a held key whose entry is not found is passed over: read on past the page
+        page = index.held_after(held_after, limit)
+        for key, _group in page:
             found = q.files.lookup(key, None)
             if found is not None:
                 out.append((key, found))
                 if len(out) >= limit:
                     return out
+        if not page or len(page) < limit:
+            break
+        held_after = page[-1][0]
     for pkey, pend, tombs in _groups(q, max(after, q.deliveries.cursor), None):
         if len(pend) > tombs:
             out.append((pkey, _newest(pend)))

@@ -3,7 +3,7 @@ what is still out (the leases), and what the delivery rules hold back (the index
 
 Invariant (the queue's, ``storage/queue.py``): every pending entry whose key is at or
 below the cursor is either leased, held back by the delivery index
-(``storage/delivery.py``), or cancelled by a tombstone that has been (or is being)
+(``storage/_delivery.c``), or cancelled by a tombstone that has been (or is being)
 written. So dequeue never looks behind the cursor but through the index (``take``), and
 a new or moved entry is placed strictly after it (``place``: its deadline advanced if
 needed; docs/storage.md: "deadline can never be before the oldest dequeued item").
@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from dq.storage._delivery import MAX_HELD, READ_BUDGET, WINDOW, DeliveryIndex
 from dq.storage.codec import MAX_DEADLINE, MAX_ID, decode_stats, encode_key, key_deadline, key_id
-from dq.storage.delivery import MAX_HELD, READ_BUDGET, WINDOW, DeliveryIndex
 from dq.storage.errors import StorageError
 from dq.storage.leases import Lease, Leases
 from dq.storage.types import DeadEntry, Delivery, Extend, ItemOutcome, ItemStats, Release
@@ -130,7 +130,7 @@ class Deliveries:
         max_deliveries: int | None,
         lookup: Lookup,
     ) -> tuple[list[Delivery], list[DeadEntry]]:
-        """``take`` under the delivery rules (``storage/delivery.py``): each round hands
+        """``take`` under the delivery rules (``storage/_delivery.c``): each round hands
         out the next eligible held item if there is one (held items lie behind the
         cursor: older than anything the view has), else reads the view on, holding
         what may not go now. With ``fair`` the view is read into the index first and
@@ -140,8 +140,6 @@ class Deliveries:
         dead: list[DeadEntry] = []
         after = self.cursor
         fair = index.fair
-        #: items back from expired leases, ahead of the cursor (a dict: empty is false)
-        returning = index.returning_keys
         admits, hold = index.admits, index.hold
         index.tick(now)
         budget = READ_BUDGET
@@ -154,9 +152,9 @@ class Deliveries:
                 ):
                     index.rate_refused += 1
                 break
-            g = index.next_group(now)
-            if g is not None:
-                key = index.pop_head(g)
+            held = index.next_held(now)
+            if held is not None:
+                key, name = held
                 found = lookup(key, None)
                 if found is None:  # not where any source says: left for a restart to find
                     log.error("held item %d not found; left pending", key_id(key))
@@ -166,14 +164,14 @@ class Deliveries:
                         found[0],
                         found[1],
                         None,
-                        g.name,
+                        name,
                         expires,
                         now,
                         max_deliveries,
                         out,
                         dead,
                     )
-                index.done_with(g, now)
+                index.done_with(name, now)
                 continue
             if fair:  # nothing may go now: read further ahead, within the budget
                 read_from = after
@@ -184,6 +182,8 @@ class Deliveries:
                 continue
             if index.indexed >= MAX_HELD:
                 break
+            # items on their way back from expired leases are looked for one entry at a time
+            returning = index.returning_count
             run = None if returning else view.run(after, limit, barrier, STRETCH + 2 * count)
             if run is not None:
                 after = self._take_stretch(
@@ -275,11 +275,10 @@ class Deliveries:
         and the budget left. While no item is on its way back from an expired lease,
         a stretch of one source (``MergedView.run``) is held whole."""
         index = self.index
-        returning = index.returning_keys
         hold = index.hold
         while budget > 0 and not index.full:
             room = min(budget, WINDOW - index.indexed)
-            run = None if returning else view.run(after, limit, barrier, room + 1)
+            run = None if index.returning_count else view.run(after, limit, barrier, room + 1)
             if run is not None:
                 keys, groups, stop = run.keys, run.groups, min(run.end, run.pos + room)
                 for i in range(run.pos, stop):

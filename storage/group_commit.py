@@ -61,7 +61,7 @@ class PendingBatch:
     replicated record's); ``groups`` the groups of its grouped pending entries (key ->
     group, ``docs/delivery.md``); ``token`` the barrier it holds; ``restore`` the leases
     it ends, which a refusal gives back (their slots are freed when it is published,
-    ``storage/delivery.py``); ``unheld`` the held items it removes, held again if it
+    ``storage/_delivery.c``); ``unheld`` the held items it removes, held again if it
     is refused; ``wakes``: publishing it makes entries due (watchers are told).
     """
 

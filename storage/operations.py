@@ -39,7 +39,6 @@ from dq.storage.browse import (
     waiting_keys,
 )
 from dq.storage.codec import decode_stats, encode_key, encode_stats, key_id
-from dq.storage.delivery import GroupFigures
 from dq.storage.errors import (
     InvalidArgument,
     ItemNotFound,
@@ -55,6 +54,7 @@ from dq.storage.reasons import Reason
 from dq.storage.types import (
     BrowsedItem,
     BrowsePage,
+    GroupFigures,
     ItemOutcome,
     QueueConfig,
     QueueStats,
@@ -242,7 +242,7 @@ class Operations:
         with q.lock:
             q.check_open()
             q.requeue_expired(now)
-            return q.deliveries.index.busiest(limit, now)
+            return [GroupFigures(*row) for row in q.deliveries.index.busiest(limit, now)]
 
     # ------------------------------------------------------------------ removing
 

@@ -2,7 +2,7 @@
 
 The invariant the queue keeps: every pending entry whose key is at or below the cursor
 (the last key dequeue passed) is either leased, held back by the delivery rules (the
-delivery index, ``storage/delivery.py``: its key is in its group's FIFO there), or
+delivery index, ``storage/_delivery.c``: its key is in its group's FIFO there), or
 cancelled by a tombstone that has been (or is being) written. So dequeue never looks
 behind the cursor but through the index, and any new entry is placed strictly after it
 (its deadline advanced if needed; docs/storage.md: "deadline can never be before the
@@ -29,7 +29,7 @@ The parts, each owning its own state (every one guarded by the queue's ``lock``)
 - ``files``, ``SegmentSet`` (``segment_set.py``): the in-memory segments, the segment
   files, the merged view dequeue reads, and the state of rotations, freezes and merges;
 - ``deliveries``, ``Deliveries`` (``deliveries.py``): the cursor, the leases and the
-  delivery index (slots, held items: ``delivery.py``), and dequeue's walk of the view;
+  delivery index (slots, held items: ``_delivery.c``), and dequeue's walk of the view;
 - ``health``, ``Health`` (``health.py``): whether the queue takes work (loaded, failed
   after an I/O error, damaged, closed) and when it next tries to reopen;
 - ``timers``, ``Timers`` (``timers.py``): calls later (a failed freeze tried again, a
@@ -780,7 +780,7 @@ class Queue:
                 files.count,
                 lambda key: files.group_of(key, None),
             )
-        if found or index.returning_keys:
+        if found or index.returning_count:
             index.rebuilt_returning(found, self.engine.now())
 
     def _write_moves(
@@ -990,7 +990,7 @@ class Queue:
                 bytes_on_disk=disk,
                 oldest_due_age_ms=oldest,
                 next_id=self.commit.next_id,
-                groups=sum(1 for g in index.groups if g is not None),
+                groups=index.named_groups,
                 held=held,
                 rate_limited=index.rate_refused,
                 extra={

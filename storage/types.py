@@ -28,6 +28,7 @@ __all__ = [
     "Extend",
     "Fail",
     "FsyncMode",
+    "GroupFigures",
     "ItemOutcome",
     "ItemStats",
     "NewItem",
@@ -209,9 +210,21 @@ class RateLimit:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupFigures:
+    """One group's figures for operators (``Operations.groups``, ``docs/delivery.md``)."""
+
+    group: str | None
+    leased: int
+    #: due items the cursor passed that the group has not handed out
+    waiting: int
+    #: ``waiting`` items the group may not hand out now (a limit, its rate, order)
+    held: int
+
+
+@dataclass(frozen=True, slots=True)
 class QueueConfig:
     """Per-queue settings, persisted in the queue's directory. The last four are the
-    delivery rules (``docs/delivery.md``, ``storage/delivery.py``)."""
+    delivery rules (``docs/delivery.md``, ``storage/_delivery.c``)."""
 
     default_lease_ms: int = 30_000
     max_deliveries: int | None = None

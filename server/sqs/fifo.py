@@ -15,7 +15,7 @@ and for a queue created through the native API. SQS's FIFO rules map onto dq as:
     SequenceNumber               the item id (``sequence_number``)
 
 This module only maps: which message is held, and when, is the engine's rule
-(``storage/delivery.py``), kept for every front end alike. What FIFO refuses (a message
+(``storage/_delivery.c``), kept for every front end alike. What FIFO refuses (a message
 without a group, a per-message delay, a message without a deduplication id) is refused
 here with SQS's own errors. The FIFO attributes ``ContentBasedDeduplication``,
 ``DeduplicationScope`` and ``FifoThroughputLimit`` live in the queue's sidecar

@@ -1,4 +1,4 @@
-"""The delivery rules in the engine (``storage/delivery.py``, ``docs/delivery.md``):
+"""The delivery rules in the engine (``storage/_delivery.c``, ``docs/delivery.md``):
 ``group_limit`` (FIFO groups, an expired item back first), ``leased_limit``, ``fair``
 and ``rate_limit``, and what reads behind the cursor — browse, peek, delete, purge,
 redrive, stats — saying the same of the items the rules hold back, across freezes,
@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 
 from dq.storage import Engine, NewItem, RetryPolicy
+from dq.storage._delivery import DeliveryIndex
 from dq.storage.codec import encode_key
-from dq.storage.delivery import DeliveryIndex
 from dq.storage.errors import OutOfRange, StorageError
 from dq.storage.types import Delivery, Fail, QueueConfig, RateLimit, Release, Requeue
 from tests.storage.conftest import FakeClock
@@ -130,13 +130,12 @@ def test_a_mark_dropped_without_its_item_lets_its_group_go_on() -> None:
     index.configure(QueueConfig(group_limit=1), 0)
     index.returning({encode_key(5, 1): "a", encode_key(5, 2): "b"})
     index.hold("a", encode_key(1, 3), 0)  # a's next item waits behind a's mark
-    assert index.next_group(0) is None
+    assert index.next_held(0) is None
     assert index.passed(encode_key(5, 1), 0)  # the cursor passed a's mark, no a1 came
-    group = index.next_group(0)
-    assert group is not None and group.name == "a"
-    assert "b" in index.groups
+    assert index.next_held(0) == (encode_key(1, 3), "a")
+    assert "b" in index.group_names()
     index.rebuilt_returning({}, 0)  # b's item is not among what is stored
-    assert "b" not in index.groups and index.returning_keys == {}
+    assert "b" not in index.group_names() and index.returning_count == 0
 
 
 def test_a_requeued_item_keeps_its_group_order_by_its_new_deadline(

@@ -80,18 +80,18 @@ def test_a_lease_of_an_item_read_from_a_file_shares_its_groups_name(
     got = e.dequeue("q", 3, 60_000)
     assert len(got) == 2  # the third is held
     q = e.queue("q")
-    (g,) = q.deliveries.index.groups.values()
-    assert g.leased == 2 and g.held == 1
+    (name,) = q.deliveries.index.group_names()
+    assert q.deliveries.index.group_state(name) == (name, 2, 1, 0)  # 2 leased, 1 held
     leases = [q.deliveries.leases.get(d.id) for d in got]
-    assert all(lease is not None and lease.group is g.name for lease in leases)
-    assert all(d.group is g.name for d in got)
+    assert all(lease is not None and lease.group is name for lease in leases)
+    assert all(d.group is name for d in got)
     e.enqueue("plain", [NewItem(b"%d" % n, group="tenant-" + "y" * 40) for n in range(2)])
     e.freeze("plain")  # no rule: dequeue's plain walk counts the leases all the same
     got = e.dequeue("plain", 2, 60_000)
     p = e.queue("plain")
-    (g,) = p.deliveries.index.groups.values()
-    assert [p.deliveries.leases.get(d.id).group for d in got] == [g.name, g.name]
-    assert all(p.deliveries.leases.get(d.id).group is g.name for d in got)
+    (name,) = p.deliveries.index.group_names()
+    assert [p.deliveries.leases.get(d.id).group for d in got] == [name, name]
+    assert all(p.deliveries.leases.get(d.id).group is name for d in got)
 
 
 def test_an_item_written_again_from_a_file_keeps_its_groups_one_string(
