@@ -31,6 +31,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import UTC, datetime
 from typing import Any
@@ -78,8 +79,10 @@ class _TimedEngine:
     def set_role(self, writable: bool, leader: str | None) -> None:
         self.engine.set_role(writable, leader)
 
-    def apply(self, frames: list[Frame]) -> Future[None]:
-        return self.engine.apply(frames)
+    def apply(
+        self, frames: list[Frame], stopping: Callable[[], bool] | None = None
+    ) -> Future[None]:
+        return self.engine.apply(frames, stopping)
 
     def replace_queues(self, src_dir: str) -> None:
         t0 = time.perf_counter()

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dq.storage import fileio
 from dq.storage.compactor import CompactionCancelled, FreezeResult, freeze_log, merge_segments
+from dq.storage.errors import WriteStall
 from dq.storage.futures import Answer, answer
 from dq.storage.merge_policy import MergeSource, SegmentDesc
 from dq.storage.prealloc import allocation_step
@@ -134,6 +135,17 @@ class FileJobs:
         """Writes wait: the log is twice over its limit while segment files are written."""
         limit = 2 * self.host.config.memseg_bytes  # ``fill`` without its call: every write asks
         return self.commit.wal.size > limit or self.files.memseg.bytes > limit
+
+    def refuse_if_stalled(self, inline: InlineCommits | None = None) -> None:
+        """Raise ``WriteStall`` while writes are stalled, having asked again for the
+        rotation that ends the stall: the one rule every record obeys before it is
+        appended, a client's write on a leader or alone and a leader's record on a
+        follower (``Queue.apply_record``), so no log outgrows twice ``memseg_bytes``
+        by more than one record. Under the lock; the caller waits the stall out."""
+        if self.stalled():
+            self.retry_rotation(inline)
+            self.files.warn_stalled(self.fill())
+            raise WriteStall("writes are stalled while segment files are written; retry")
 
     # ------------------------------------------------------------------ rotation
 

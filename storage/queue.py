@@ -96,7 +96,6 @@ from dq.storage.errors import (
     ReplicationStalled,
     ReplicationTimeout,
     StorageError,
-    WriteStall,
 )
 from dq.storage.failing import Failing
 from dq.storage.file_jobs import FileJobs
@@ -356,11 +355,7 @@ class Queue:
             health = self.health
             if health.failed is not None or health.closed:
                 self.check_open()
-            jobs = self.jobs
-            if jobs.stalled():
-                jobs.retry_rotation(inline)
-                self.files.warn_stalled(jobs.fill())
-                raise WriteStall("writes are stalled while segment files are written; retry")
+            self.jobs.refuse_if_stalled(inline)
             window = self.config.dedup_window_ms
             if keys is not None and window > 0 and any(k is not None for k in keys):
                 return self._enqueue_keyed(
@@ -1198,12 +1193,15 @@ class Queue:
     def apply_record(self, kind: int, body: bytes) -> Future[Any]:
         """Append one of the leader's records exactly as the leader framed it, through
         the same group commit as any write (``ReplicaFollower``); resolved (None) once
-        it is durable."""
+        it is durable. Refused with ``WriteStall`` while this queue's writes are stalled,
+        by the leader's own rule (``FileJobs.refuse_if_stalled``): the caller waits it
+        out before the next record (``ReplicaEngine.apply``), so a follower whose
+        compaction worker lags holds its log and in-memory segment within the bound a
+        leader keeps, and the leader's writes wait for it as for a slow disk."""
         record = self.follower.read(kind, body)
         with self.lock:
             self.check_open()
-            if self.jobs.stalled():  # never refused (the stream must go on): just press on
-                self.jobs.retry_rotation()
+            self.jobs.refuse_if_stalled()
             return self._submit(self.follower.batch(record), record.entries, record.meta)
 
     @property

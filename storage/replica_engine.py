@@ -34,7 +34,13 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, cast
 
 from dq.storage import fileio
-from dq.storage.errors import EngineUnavailable, InvalidArgument, NotLeader, ReplicationTimeout
+from dq.storage.errors import (
+    EngineUnavailable,
+    InvalidArgument,
+    NotLeader,
+    ReplicationTimeout,
+    WriteStall,
+)
 from dq.storage.futures import after_all, answer
 from dq.storage.queue import Queue
 from dq.storage.queue_config import config_from_json
@@ -61,6 +67,8 @@ log = logging.getLogger("dq.storage.replication")
 SCRATCH_PREFIX = ".replica-"
 #: where ``replace_queues`` moves the queues it replaces, until the copy is in place
 _OLD_QUEUES = SCRATCH_PREFIX + "old-"
+#: how often a record refused for a write stall is tried again, as a leader's write is
+_STALL_NAP_S = 0.005
 
 
 def restore_replaced_queues(root: str) -> bool:
@@ -275,9 +283,24 @@ class ReplicaEngine:
 
     # ------------------------------------------------------------------ follower
 
-    def apply(self, frames: list[Frame]) -> Future[None]:
+    def apply(
+        self, frames: list[Frame], stopping: Callable[[], bool] | None = None
+    ) -> Future[None]:
         """Append the leader's frames (in lsn order) to this node's logs; the future
-        resolves once every record is durable. Queue-level changes apply at once."""
+        resolves once every record is durable. Queue-level changes apply at once.
+
+        A queue whose writes are stalled (its closed logs wait for their segment files,
+        ``FileJobs.refuse_if_stalled``) takes its next record only once the stall is
+        over, so the follower's logs and in-memory segments keep the leader's bound.
+        Meanwhile it acknowledges nothing more: the leader's writes wait for it as for
+        a slow disk, and past the group's replica timeout it leaves the sync set
+        (``docs/replication.md``). The pull loop passes ``stopping`` (it no longer
+        follows this leader) and waits as long as the stall lasts: a refused record
+        would only come back, and a resync would wait for the same compaction worker;
+        without ``stopping`` one record waits at most ``wait_timeout_s``, as a blocking
+        write does (``Engine.enqueue``). Either way the wait ends in ``WriteStall``; the
+        records before the refused one are appended, and a caller that gets it
+        acknowledges none of ``frames``."""
         waits: list[Future[Any]] = []
         for frame in frames:
             if frame.kind == KIND_CONTROL:
@@ -286,8 +309,23 @@ class ReplicaEngine:
             q = self._queues.get(frame.queue)
             if q is None:
                 q = self._create(frame.queue, QueueConfig())
-            waits.append(q.apply_record(frame.kind, frame.payload))
+            waits.append(self._apply_record(q, frame, stopping))
         return after_all(waits, None)
+
+    def _apply_record(
+        self, q: Queue, frame: Frame, stopping: Callable[[], bool] | None
+    ) -> Future[Any]:
+        """``q.apply_record`` of ``frame``, a write stall waited out (see ``apply``)."""
+        give_up = time.monotonic() + self.config.wait_timeout_s
+        while True:
+            try:
+                return q.apply_record(frame.kind, frame.payload)
+            except WriteStall:
+                if stopping is None and time.monotonic() > give_up:
+                    raise
+                if stopping is not None and stopping():
+                    raise
+                time.sleep(_STALL_NAP_S)
 
     def _apply_control(self, frame: Frame) -> None:
         op = decode_control(frame)

@@ -72,7 +72,9 @@ class FollowerEngine(Protocol):
     """What the follower needs of ``dq.storage.Engine``."""
 
     def set_role(self, writable: bool, leader: str | None) -> None: ...
-    def apply(self, frames: list[Frame]) -> Future[None]: ...
+    def apply(
+        self, frames: list[Frame], stopping: Callable[[], bool] | None = None
+    ) -> Future[None]: ...
     def replace_queues(self, src_dir: str) -> None: ...
 
 
@@ -450,7 +452,7 @@ class Follower:
         if frames:
             fresh = [f for f in frames if not session.snapshot.covers(f.queue, f.lsn)]
             if fresh:
-                self._apply(fresh)
+                self._apply(fresh, lambda: not self._is_current(target))
             session.applied = frames[-1].lsn
         with self._cond:
             if self._target is target:
@@ -471,11 +473,14 @@ class Follower:
             expected += 1
         return frames
 
-    def _apply(self, frames: list[Frame]) -> None:
+    def _apply(self, frames: list[Frame], stopping: Callable[[], bool]) -> None:
+        """Apply ``frames`` and wait until they are durable. A queue whose writes are
+        stalled here waits before its next record (``ReplicaEngine.apply``), so this
+        member acknowledges nothing more meanwhile; ``stopping`` cuts that wait short."""
         queues = sorted({f.queue for f in frames})
         what = f"applying lsn {frames[0].lsn}..{frames[-1].lsn} to {', '.join(queues)}"
         try:
             with self._blocked_in(what):
-                self._engine.apply(frames).result(timeout=self._apply_timeout_s)
+                self._engine.apply(frames, stopping).result(timeout=self._apply_timeout_s)
         except Exception as exc:
             raise _Resync("apply_failed", f"{type(exc).__name__}: {exc}") from exc

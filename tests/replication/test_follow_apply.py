@@ -172,11 +172,13 @@ class SlowDisk:
     def replace_queues(self, src_dir: str) -> None:
         self.engine.replace_queues(src_dir)
 
-    def apply(self, frames: list[Frame]) -> Future[None]:
+    def apply(
+        self, frames: list[Frame], stopping: Callable[[], bool] | None = None
+    ) -> Future[None]:
         if not self.gate.is_set():
             self.waiting.set()
             assert self.gate.wait(60)
-        return self.engine.apply(frames)
+        return self.engine.apply(frames, stopping)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -46,7 +46,9 @@ class RecordingEngine:
     def set_role(self, writable: bool, leader: str | None) -> None:
         self.roles.append((writable, leader))
 
-    def apply(self, frames: list[Frame]) -> Future[None]:
+    def apply(
+        self, frames: list[Frame], stopping: Callable[[], bool] | None = None
+    ) -> Future[None]:
         future: Future[None] = Future()
         if self.fail_apply is not None:
             future.set_exception(self.fail_apply)

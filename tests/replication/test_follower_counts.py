@@ -15,8 +15,9 @@ follower knows of none (dequeue writes nothing).
 Each member cuts its own logs (``docs/replication.md``: followers freeze and merge their
 own logs), so where a release's tombstone lands beside its item's pending entry is the
 member's own: in the same log the pair cancels when the log is frozen and leaves nothing
-to merge (a follower whose compaction worker lags keeps appending to its log, as a
-single node past ``max_frozen`` does, and may cancel most pairs so). The end-to-end test
+to merge (a follower whose compaction worker lags keeps appending to its log up to
+twice its limit, as a single node past ``max_frozen`` does, and may cancel most pairs
+so). The end-to-end test
 therefore releases its last items only once every member holds them in segment files:
 their tombstones then land in a newer log on every member, and the garbage they make
 outweighs what is live there, which the merge policy promises to merge

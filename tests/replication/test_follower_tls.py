@@ -3,7 +3,7 @@ set (a private CA, or a self-signed certificate), else the system's CAs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -46,8 +46,10 @@ class Recording:
         self.engine.replace_queues(src_dir)
         self.installed += 1
 
-    def apply(self, frames: list[Frame]) -> Future[None]:
-        return self.engine.apply(frames)
+    def apply(
+        self, frames: list[Frame], stopping: Callable[[], bool] | None = None
+    ) -> Future[None]:
+        return self.engine.apply(frames, stopping)
 
 
 def _follow(
