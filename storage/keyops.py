@@ -139,7 +139,12 @@ class KeyOps:
             )
             with q.lock:
                 q.check_open()
-                if not q.jobs.stalled():
+                try:
+                    q.jobs.refuse_if_stalled()  # the stall rule every record obeys
+                except WriteStall:
+                    if time.monotonic() > give_up:
+                        raise
+                else:
                     q.requeue_expired(now)
                     entry = self._named(q, key, now)
                     state = _pending(q, key, entry, q.key_state(entry))
@@ -153,10 +158,7 @@ class KeyOps:
                         now,
                     )
                     break
-                q.jobs.retry_rotation()
-            if time.monotonic() > give_up:  # writes stalled while segment files are written
-                raise WriteStall("writes are stalled while segment files are written; retry")
-            time.sleep(0.005)
+            time.sleep(0.005)  # writes stalled while segment files are written: wait it out
         fut.result(self.config.wait_timeout_s)
         return done
 

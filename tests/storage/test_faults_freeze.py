@@ -4,6 +4,7 @@ tombstones dropped and released items back)."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -221,3 +222,53 @@ def test_a_write_stall_behind_a_hung_worker_is_logged(
     said = [r.getMessage() for r in caplog.records if "write_stall" in r.getMessage()]
     assert len(said) == 1, said
     assert "queue q: writes refused" in said[0] and "compaction worker" in said[0]
+
+
+def test_a_move_by_key_waits_out_a_write_stall_under_the_same_rule(
+    open_engine: Callable[..., Engine],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A move by key obeys the stall rule every write obeys: while the compaction
+    worker hangs it waits (the warning names the cause, once), goes through once the
+    worker goes on, and is refused with ``WriteStall`` if the stall outlasts its wait."""
+    gate = threading.Event()
+    real = file_jobs.freeze_log
+
+    def hung(*args: object, **kwargs: object) -> object:
+        assert gate.wait(30)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(file_jobs, "freeze_log", hung)
+    e = open_engine(memseg_bytes=4096, max_frozen=1, compaction="thread", wait_timeout_s=0.3)
+    first = e.enqueue("q", [NewItem(b"keyed", key="k")])[0]
+    value = os.urandom(500)
+    try:
+        with caplog.at_level(logging.WARNING, logger="dq.storage"):
+            for _ in range(400):
+                try:
+                    e.enqueue_nowait("q", [NewItem(value)]).result(5)
+                except WriteStall:
+                    break
+            else:
+                pytest.fail("the hung worker never stalled the writes")
+            with pytest.raises(WriteStall):  # the stall outlasts the move's wait
+                e.patch_key("q", "k", delay_ms=60_000)
+        said = [r.getMessage() for r in caplog.records if "write_stall" in r.getMessage()]
+        assert len(said) == 1 and "compaction worker" in said[0], said
+        monkeypatch.setattr(e, "config", dataclasses.replace(e.config, wait_timeout_s=30.0))
+        moved: list[object] = []
+        mover = threading.Thread(
+            target=lambda: moved.append(e.patch_key("q", "k", delay_ms=60_000)), daemon=True
+        )
+        mover.start()
+        mover.join(0.5)
+        assert mover.is_alive() and not moved  # waiting the stall out
+        gate.set()
+        mover.join(30)
+        assert not mover.is_alive()
+    finally:
+        gate.set()
+    (done,) = moved
+    assert done.id == first.id and done.deadline >= first.deadline + 59_000  # type: ignore[attr-defined]
+    assert e.peek_key("q", "k").id == first.id
