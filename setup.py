@@ -11,6 +11,8 @@
   objects before);
 - ``dq.storage._wal``: the log's record framing, and a durable round's write and
   fdatasync in one release of the GIL (called only through storage/fileio.py);
+- ``dq.server._hotwire``: the HTTP fast path's bodies read into the operations'
+  arguments and its answers written (server/hot_bodies.py binds it to the schemas);
 see docs/architecture.md ("Compiled parts").
 
 ``make sanitize`` builds the same sources with AddressSanitizer and UBSan (``CFLAGS`` and
@@ -32,5 +34,6 @@ setup(
             "dq.storage._delivery", sources=["storage/_delivery.c"], extra_compile_args=FLAGS
         ),
         Extension("dq.storage._wal", sources=["storage/_wal.c"], extra_compile_args=FLAGS),
+        Extension("dq.server._hotwire", sources=["server/_hotwire.c"], extra_compile_args=FLAGS),
     ]
 )

@@ -4,15 +4,15 @@ FastAPI's request machinery (routing, dependencies, body validation, response
 handling, Starlette's middleware) costs several times what the engine needs for a
 single item. For the three hot routes — ``POST /v1/queues/{queue}/items``,
 ``/dequeue`` and ``/release`` with a JSON body — the HTTP protocol
-(``server/protocol.py``) hands the complete body here instead. This module validates
-it with the routes' own pydantic schemas (in Rust, from the raw JSON), calls the same
-operations (``storage/itemops.py``: rules, engine calls), meters them and long-polls as
+(``server/protocol.py``) hands the complete body here instead. This module reads it
+into the operations' arguments with compiled code (``server/hot_bodies.py``, which
+accepts only what the routes' own pydantic schemas accept), calls the same operations (``storage/itemops.py``: rules, engine calls), meters them and long-polls as
 the routes do (``dq.server.calls``, ``LongPoll``), and answers the same JSON
 (``server/answers.py``) through the request's ``Responder``, from the loop and without
 a task when the answer is ready at once or arrives with a group commit.
 
-Anything it does not answer itself — a body that fails validation, a write stall to
-wait out — it hands back (``Responder.fall_back``) to the FastAPI app, which words every
+Anything it does not answer itself — a body the compiled reader declines (invalid,
+unusual, or a batch over the limit), a write stall to wait out — it hands back (``Responder.fall_back``) to the FastAPI app, which words every
 such answer; the operations' refusals and storage errors it renders with
 ``dq.server.errors``, as the routes' handler does. Invariant: whichever path serves a
 request, the answer is the same bytes (``tests/server/test_hot_path.py`` compares them).
@@ -26,23 +26,14 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from dq.server.answers import enqueued_json, results_json
-from dq.server.batch_limit import over_batch
 from dq.server.calls import Metered, dequeued, queue_exists
 from dq.server.errors import INTERNAL_ERROR, error_json, header_lines, storage_error_reply
-from dq.server.schemas import (
-    DequeueRequest,
-    EnqueueRequest,
-    InvalidItem,
-    ReleaseRequest,
-    to_new_items,
-    to_releases,
-)
+from dq.server.hot_bodies import DequeueBody, dequeue_body, enqueue_body, release_body
 from dq.storage.errors import StorageError, WriteStall
 from dq.storage.types import ItemOutcome
-from dq.storage.validation import batch_too_large_message
 
 if TYPE_CHECKING:
     from dq.server.dependencies import Service
@@ -81,10 +72,7 @@ class Responder(Protocol):
 #: ``reply(status, body, headers)`` of a ``Responder``.
 Reply = Callable[[int, bytes, bytes], None]
 
-_ENQUEUE = TypeAdapter(EnqueueRequest)
-_RELEASE = TypeAdapter(ReleaseRequest)
-_DEQUEUE = TypeAdapter(DequeueRequest)
-#: Dequeue bodies kept validated: at most this many, of at most this many bytes each.
+#: Dequeue bodies kept read and checked: at most this many, of at most this many bytes each.
 _DEQUEUES_KEPT = 64
 _DEQUEUE_KEEP_BYTES = 256
 
@@ -110,12 +98,10 @@ class HotRoutes:
         #: the app's state: ``node`` and ``replicator`` of a replica group's member
         self.state = state
         self.max_batch = service.settings.max_batch
-        self._too_large = error_json("batch_too_large", batch_too_large_message(self.max_batch))
         self._internal_error = error_json(*INTERNAL_ERROR)
-        #: Dequeue bodies without releases, validated and within the rules: a worker
-        #: sends the same one (``{"count": 1}``) request after request, and validation
-        #: is most of what the fast path spends on it beside the engine.
-        self._dequeues: dict[bytes, DequeueRequest] = {}
+        #: Dequeue bodies without releases, read and within the rules: a worker sends
+        #: the same one (``{"count": 1}``) request after request.
+        self._dequeues: dict[bytes, DequeueBody] = {}
 
     def serve(
         self,
@@ -131,9 +117,6 @@ class HotRoutes:
                 self._pull(body, responder)
             except _FallBack:
                 responder.fall_back()
-            return
-        if over_batch(body, self.max_batch):
-            reply(413, self._too_large, b"")
             return
         try:
             if route == "items":
@@ -151,10 +134,9 @@ class HotRoutes:
     # ------------------------------------------------------------------ enqueue
 
     def _enqueue(self, queue: str, body: bytes, reply: Reply) -> None:
-        try:
-            new = to_new_items(_ENQUEUE.validate_json(body).items)
-        except (ValidationError, InvalidItem):
-            raise _FallBack from None
+        new = enqueue_body(body, self.max_batch)
+        if new is None:  # the app words why (a batch over the limit: its 413)
+            raise _FallBack
         if not queue_exists(self.service.engine, queue):
             raise _FallBack  # its creation syncs files: the route does it off the loop
         m = Metered(self.service, "enqueue")
@@ -170,11 +152,10 @@ class HotRoutes:
     # ------------------------------------------------------------------ release
 
     def _release(self, queue: str, body: bytes, reply: Reply) -> None:
-        try:
-            released = _RELEASE.validate_json(body).items
-        except ValidationError:
-            raise _FallBack from None
-        self._start_release(queue, to_releases(released), reply, results_json)
+        released = release_body(body, self.max_batch)
+        if released is None:
+            raise _FallBack
+        self._start_release(queue, released, reply, results_json)
 
     def _start_release(
         self,
@@ -204,24 +185,23 @@ class HotRoutes:
     ) -> None:
         request = self._dequeues.get(body)
         if request is None:
-            try:
-                request = _DEQUEUE.validate_json(body)
-            except ValidationError:
-                raise _FallBack from None
+            request = dequeue_body(body, self.max_batch)
+            if request is None:
+                raise _FallBack
+            count, lease_ms, wait_ms, _, release = request
             try:  # a refused dequeue releases nothing: its own fields are checked first
-                self.ops.check_dequeue(
-                    request.count, request.lease_ms, request.wait_ms, len(request.release or ())
-                )
+                self.ops.check_dequeue(count, lease_ms, wait_ms, len(release or ()))
             except StorageError as exc:
                 status, payload, headers = storage_error_reply(exc, f"POST /v1/queues/{queue}")
                 reply(status, payload, header_lines(headers))
                 return
-            if request.release is None and len(body) <= _DEQUEUE_KEEP_BYTES:
+            if release is None and len(body) <= _DEQUEUE_KEEP_BYTES:
                 if len(self._dequeues) >= _DEQUEUES_KEPT:
                     self._dequeues.clear()
                 # read, never changed, by what follows; kept once the rules passed it
                 self._dequeues[body] = request
-        if not request.release:
+        releases = request[4]
+        if not releases:
             self._lease(queue, request, None, reply, gone)
             return
 
@@ -230,25 +210,26 @@ class HotRoutes:
             return None  # _lease replies
 
         # A fall-back from here happens before anything is released.
-        self._start_release(queue, to_releases(request.release), reply, then_lease)
+        self._start_release(queue, releases, reply, then_lease)
 
     def _lease(
         self,
         queue: str,
-        request: DequeueRequest,
+        request: DequeueBody,
         released: list[ItemOutcome] | None,
         reply: Reply,
         gone: Callable[[], Awaitable[object]],
     ) -> None:
         service = self.service
         m = Metered(service, "dequeue")
+        count, lease_ms, wait_ms, encoding, _ = request
         try:
-            got = self.ops.lease(queue, request.count, request.lease_ms)
+            got = self.ops.lease(queue, count, lease_ms)
         except (StorageError, OSError) as exc:
             self._failed(m, exc, reply, queue)
             return
-        if got or request.wait_ms <= 0:
-            reply(200, dequeued(service, m, got, request.encoding, released), b"")
+        if got or wait_ms <= 0:
+            reply(200, dequeued(service, m, got, encoding, released), b"")
             return
         # Nothing due and the client will wait: a long-poll, in a task of its own.
         task = asyncio.ensure_future(self._long_poll(queue, request, released, reply, gone))
@@ -258,22 +239,21 @@ class HotRoutes:
     async def _long_poll(
         self,
         queue: str,
-        request: DequeueRequest,
+        request: DequeueBody,
         released: list[ItemOutcome] | None,
         reply: Reply,
         gone: Callable[[], Awaitable[object]],
     ) -> None:
         service = self.service
         m = Metered(service, "dequeue")
-        wait_ms = self.ops.wait_ms(request.wait_ms)
+        count, lease_ms, wait, encoding, _ = request
+        wait_ms = self.ops.wait_ms(wait)
         try:
-            got = await service.longpoll.dequeue(
-                queue, request.count, request.lease_ms, wait_ms, gone
-            )
+            got = await service.longpoll.dequeue(queue, count, lease_ms, wait_ms, gone)
         except (StorageError, OSError) as exc:
             self._failed(m, exc, reply, queue)
             return
-        reply(200, dequeued(service, m, got, request.encoding, released), b"")
+        reply(200, dequeued(service, m, got, encoding, released), b"")
 
     # ------------------------------------------------------------------ replica pull
 

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import httptools
 
+from dq.server._hotwire import message as _http_message
 from dq.server.auth import token_ok
 from dq.server.errors import error_json
 from dq.server.hot_routes import HOT_ROUTES, PULL_ROUTE, FastPathSlot
@@ -755,7 +756,8 @@ def _message(
     defaults: list[tuple[bytes, bytes]], status: int, body: bytes, headers: bytes, keep_alive: bool
 ) -> bytes:
     """Status line, headers (in the order ``Exchange`` writes a Starlette ``Response``)
-    and ``body``, as one write."""
+    and ``body``, as one write (joined with the body's length in one allocation by
+    ``server/_hotwire.c``)."""
     global _heads_for
     if defaults is not _heads_for:
         _heads.clear()
@@ -776,7 +778,7 @@ def _message(
             + (b"" if keep_alive else b"connection: close\r\n")
             + b"\r\n",
         )
-    return b"%s%d%s%s" % (parts[0], len(body), parts[1], body)
+    return _http_message(parts[0], parts[1], body)
 
 
 def _binary_message(

@@ -136,6 +136,44 @@ def _script(conn: Raw) -> Iterator[bytes]:
     yield conn.send(q + "/items", keyed)
     yield conn.send(q + "/items", keyed)  # a duplicate: the first item's id, nothing written
     yield conn.send(q + "/items", _j({"items": [{"value": "x" * 65}]}))  # value_too_large
+    # bodies as the compiled reader reads them: escapes, raw UTF-8, every field, nulls;
+    # read back at once from a queue of their own (then released: empty for the next run;
+    # its first enqueue creates it, which the framework does)
+    esc = "/v1/queues/hot-escapes"
+    yield conn.send(
+        esc + "/items",
+        json.dumps(
+            {"items": [{"value": "raw ünïcode ✓", "key": None, "group": None, "delay_ms": None}]},
+            ensure_ascii=False,
+            indent=1,
+        ).encode(),
+    )
+    yield conn.send(
+        esc + "/items",
+        b'{"items":[{"value":"\\u00e9\\ud83d\\ude00 \\"q\\" \\\\ \\/ \\n\\u0000",'
+        b'"key":"k\\u00e9","group":"g-1","on_duplicate":"replace","deadline":1,"delay_ms":null}]}',
+    )
+    got = conn.send(esc + "/dequeue", b'{"count": 5, "encoding": "utf-8"}')
+    yield got
+    back = json.loads(got.partition(b"\r\n\r\n")[2])["items"]
+    release = [{"id": i["id"], "receipt": i["receipt"]} for i in back]
+    yield conn.send(esc + "/release", _j({"items": release}))
+    # what pydantic accepts but the compiled reader leaves to the framework: lax numbers,
+    # a repeated key; and what neither accepts: NUL, invalid UTF-8, a lone surrogate, bad
+    # base64 (each answered by the framework, the same bytes either way)
+    for body in (
+        b'{"items":[{"value":"lax","deadline":5.0}]}',
+        b'{"items":[{"value":"lax","delay_ms":"5"}]}',
+        b'{"items":[{"value":"first","value":"last"}]}',
+        b'{"items":[{"value":"nul"}]}\x00',
+        b'{"items":[{"value":"\xed\xa0\x80"}]}',
+        b'{"items":[{"value":"\\ud800"}]}',
+        b'{"items":[{"value":"YQ","encoding":"base64"}]}',
+        b'{"items":[{"value":"a","encoding":"UTF-8"}]}',
+        b'{"items":[{"value":"a","deadline":-1}]}',
+        b'{"items":[{"value":"a","deadline":281474976710656}]}',
+    ):
+        yield conn.send(q + "/items", body)
     yield conn.send("/v1/queues/sp%20ace/items", _j({"items": [{"value": "x"}]}))
     # a query or a %-escape in the URL, answered by the framework after all
     yield conn.send(q + "/items?x=1", _j({"items": []}))
@@ -153,12 +191,19 @@ def _script(conn: Raw) -> Iterator[bytes]:
     yield conn.send(q + "/dequeue", _j({"count": 1, "encoding": "base64"}))
     yield conn.send(q + "/dequeue", _j({"count": 6}))  # over the batch limit
     yield conn.send(q + "/dequeue", _j({"count": 0}))
+    yield conn.send(q + "/dequeue", b'{"count": 1.0, "lease_ms": null, "encoding": null}')
+    yield conn.send(q + "/dequeue", b'{"count": 1, "count": 1}')
+    yield conn.send(q + "/dequeue", b'{"lease_ms": 0}')
+    yield conn.send(q + "/dequeue", b'{"count": 1, "release": null')
     yield conn.send("/v1/queues/nothing-yet/dequeue", _j({"count": 3}))
     yield conn.send("/v1/queues/nothing-yet/dequeue", _j({"count": 1, "wait_ms": 50}))
     first = {"id": items[0]["id"], "receipt": items[0]["receipt"]}
     yield conn.send(q + "/release", _j({"items": [first]}))
     yield conn.send(q + "/release", _j({"items": [first]}))  # stale now
     yield conn.send(q + "/release", _j({"items": [{"id": 99, "receipt": "nope"}]}))
+    yield conn.send(q + "/release", b'{"items": [{"id": "99", "receipt": "nope"}]}')
+    yield conn.send(q + "/release", b'{"items": [{"id": 99, "receipt": ""}]}')
+    yield conn.send(q + "/release", b'{"items": [{"id": 18446744073709551616, "receipt": "x"}]}')
     yield conn.send(q + "/release", _j({"items": [{"id": 1, "receipt": "x"}] * 6}))
     yield conn.send("/v1/queues/nothing-yet/release", _j({"items": [first]}))
     second = {"id": items[1]["id"], "receipt": items[1]["receipt"]}
