@@ -1534,6 +1534,9 @@ ix_ended(Index *ix, PyObject *const *args, Py_ssize_t nargs)
         }
         PyObject *group = PyObject_GetAttr(PyTuple_GET_ITEM(pair, 1), str_group);
         Py_DECREF(pair);
+        if (group == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_SetString(PyExc_TypeError, "ended() takes (item id, lease) pairs");
+        }
         if (group == NULL || !check_name(group)) {
             Py_XDECREF(group);
             Py_DECREF(it);
@@ -1815,7 +1818,15 @@ ix_arrive(Index *ix, PyObject *const *args, Py_ssize_t nargs)
     }
     mark_delete(ix, pos);
     b->coming--;
-    memcpy(b->keys + (size_t)b->n * KEY, key, KEY);
+    /* in key order: after the others as the cursor reaches them in order, but a mark
+     * put back (a refused removal) may arrive behind one that came meanwhile */
+    uint32_t at = b->n;
+    while (at > 0 && memcmp(b->keys + (size_t)(at - 1) * KEY, key, KEY) > 0) {
+        at--;
+    }
+    memmove(b->keys + (size_t)(at + 1) * KEY, b->keys + (size_t)at * KEY,
+            (size_t)(b->n - at) * KEY);
+    memcpy(b->keys + (size_t)at * KEY, key, KEY);
     b->n++;
     ix->indexed++;
     if (offer(ix, gid, now) < 0) {

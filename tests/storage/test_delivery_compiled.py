@@ -15,7 +15,7 @@ import tracemalloc
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -88,6 +88,20 @@ def test_an_item_back_from_a_lease_goes_first_once_it_arrives() -> None:
     assert not index.is_returning(k(9)) and index.oldest_key() == k(2)
     assert drain(index) == [k(9), k(2)]
     assert index.group_count == 0
+
+
+def test_items_back_from_a_lease_go_in_key_order_however_they_arrive() -> None:
+    """A mark put back after a refused removal may reach the cursor after a later item
+    of its group did: it still goes first, and is the oldest held."""
+    index = index_with(group_limit=1)
+    index.returning({k(10): "a"})
+    removed = index.remove([(k(10), "a")], T0)
+    index.returning({k(20): "a"})
+    index.arrive(k(20), T0)
+    index.put_back(removed, T0)
+    index.arrive(k(10), T0)
+    assert index.oldest_key() == k(10)
+    assert drain(index) == [k(10), k(20)]
 
 
 def test_removal_and_put_back_keep_key_order() -> None:
@@ -294,6 +308,102 @@ def test_bad_arguments_are_refused_and_change_nothing() -> None:
     assert index.group_limit == 1 and index.leased_limit is None and not index.fair
 
 
+#: anything a caller might pass where a key, a group, a clock or a count goes
+anything = st.one_of(
+    st.binary(max_size=20),
+    st.builds(k, st.integers(0, 30)),
+    st.sampled_from(GROUPS),
+    st.text(max_size=5),
+    st.integers(-(2**70), 2**70),
+    st.sampled_from([T0, 0, -1, 2**63 - 1, 1.5, None, [], (), {}, object()]),
+    st.lists(st.sampled_from([k(1), k(2), b"", "a", None, 7]), max_size=3),
+    st.dictionaries(st.sampled_from([k(3), k(4), b"x", "a"]), st.sampled_from(GROUPS)),
+    st.lists(st.tuples(st.builds(k, st.integers(0, 5)), st.sampled_from(GROUPS)), max_size=3),
+    st.lists(
+        st.tuples(st.builds(k, st.integers(0, 5)), st.sampled_from(GROUPS), st.integers(0, 4)),
+        max_size=3,
+    ),
+)
+#: what each argument of a method is meant to be
+VALID = {
+    "group": st.sampled_from(GROUPS),
+    "key": st.builds(k, st.integers(0, 30)),
+    "now": st.integers(T0, T0 + 5000),
+    "n": st.integers(0, 7),
+    "after": st.one_of(st.just(b""), st.builds(k, st.integers(0, 30))),
+    "keys": st.lists(st.builds(k, st.integers(0, 30)), min_size=6, max_size=6),
+    "groups": st.one_of(st.none(), st.lists(st.sampled_from(GROUPS), min_size=6, max_size=6)),
+    "leases": st.lists(
+        st.tuples(st.integers(0, 9), st.builds(FakeLease, st.sampled_from(GROUPS))), max_size=3
+    ),
+    "marks": st.dictionaries(st.builds(k, st.integers(0, 30)), st.sampled_from(GROUPS[1:])),
+    "pairs": st.lists(st.tuples(st.builds(k, st.integers(0, 30)), st.sampled_from(GROUPS))),
+    "rows": st.lists(
+        st.tuples(st.builds(k, st.integers(0, 30)), st.sampled_from(GROUPS), st.integers(0, 4)),
+        max_size=3,
+    ),
+}
+METHODS = [
+    ("took", "group now"), ("ended", "leases now"), ("queue_open", "now"),
+    ("admits", "group now"), ("hold", "group key now"), ("hold", "group key now"),
+    ("hold_run", "keys groups n n now"), ("returning", "marks"),
+    ("rebuilt_returning", "marks now"), ("is_returning", "key"), ("arrive", "key now"),
+    ("passed", "after now"), ("tick", "now"), ("next_held", "now"), ("next_held", "now"),
+    ("done_with", "group now"), ("has_eligible", "now"), ("queue_token_at", "now"),
+    ("holds", "key group"), ("remove", "pairs now"), ("put_back", "rows now"),
+    ("held_after", "after n"), ("held_back", "now"), ("busiest", "n now"),
+    ("group_state", "group"),
+]  # fmt: skip
+
+
+@st.composite
+def call(draw: st.DrawFn) -> tuple[str, list[object]]:
+    """A method and its arguments: each the kind it is meant to be, or now and then
+    anything at all (or one argument too few)."""
+    name, kinds = draw(st.sampled_from(METHODS))
+    args = [draw(VALID[kind] if draw(st.integers(0, 4)) else anything) for kind in kinds.split()]
+    if args and draw(st.integers(0, 19)) == 0:
+        args.pop()
+    return name, args
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(call(), max_size=60),
+    st.sampled_from(
+        [
+            QueueConfig(group_limit=1),
+            QueueConfig(group_limit=2, fair=True),
+            QueueConfig(leased_limit=2, rate_limit=RateLimit(1000, 2, per_group=True)),
+            QueueConfig(rate_limit=RateLimit(0.5, 1)),
+        ]
+    ),
+)
+def test_any_call_with_any_arguments_raises_or_keeps_the_index_whole(
+    calls: list[tuple[str, list[object]]], config: QueueConfig
+) -> None:
+    """Hostile use, fuzzed: any method with any arguments either works or raises one of
+    the errors bad input gets, and the index stays consistent (what it holds adds up to
+    its counts, its groups are found by name, and it lets go of all it holds)."""
+    index = DeliveryIndex()
+    index.configure(config, T0)
+    for name, args in calls:
+        try:
+            getattr(index, name)(*args)
+        except (TypeError, ValueError, OverflowError, IndexError, KeyError):
+            pass
+        # (keys held out of order, or in two groups, break what callers promise: the
+        # index need not answer for them, only stay whole)
+        held = [key for key, _group in index.held_after(b"", 10**6)]
+        assert index.indexed == len(held)
+        assert sorted(held) == held
+        names = index.group_names()
+        assert len(names) == index.group_count
+        assert sum(index.group_state(g)[2] for g in names) == index.indexed  # type: ignore[index]
+    index.reset()
+    assert index.allocated == 0 and index.group_count == 0
+
+
 def test_hold_run_stops_at_the_first_item_that_may_go() -> None:
     index = index_with(group_limit=1)
     index.took("a", T0)
@@ -452,7 +562,7 @@ class IndexMachine(RuleBasedStateMachine):
         g.coming -= 1
         if arrives:
             self.index.arrive(key, T0)
-            g.front.append(key)
+            g.front = sorted([*g.front, key])
         else:  # cancelled on its way: the cursor passes it
             self.index.passed(key, T0)
             self._drop_idle(name)
