@@ -73,10 +73,10 @@ test: lint typecheck unit sanitize
 # The C extensions built again with AddressSanitizer and UBSan into build/sanitize (a copy
 # of the packages, the .venv's own build untouched), and the tests that drive them run
 # against that build: the engine's (tests/storage: the in-memory segment, the log, the
-# delivery index), the rings' (tests/shm: the atomics, the command ring's session loop and
-# its fuzzing) and the HTTP fast path's (tests/server/test_hotwire.py: its body reader
-# fuzzed, its answers). Python is not built with ASan, so its runtime is preloaded; CPython
-# leaks by design at exit, so leak detection is off. Any report fails the run.
+# delivery index, the leases), the rings' (tests/shm: the atomics, the command ring's
+# session loop and its fuzzing) and the HTTP fast path's (tests/server/test_hotwire.py:
+# its body reader fuzzed, its answers). Python is not built with ASan, so its runtime is
+# preloaded; CPython leaks by design at exit, so leak detection is off. Any report fails the run.
 # docs/architecture.md ("Compiled parts") says how to read a report.
 SAN_DIR   := $(CURDIR)/build/sanitize
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g
@@ -90,9 +90,9 @@ sanitize: $(STAMP)
 	CFLAGS="$(SAN_FLAGS)" LDFLAGS="-fsanitize=address,undefined" $(BIN)/python setup.py -q \
 	    build_ext --build-lib $(SAN_DIR) --build-temp $(SAN_DIR)/obj
 	$(SAN_ENV) $(BIN)/python -c 'import dq.storage._memseg as m, dq.storage._wal as w, \
-	    dq.storage._delivery as d, dq.shm._atomics as a, dq.shm._session as s, \
-	    dq.server._hotwire as h; \
-	    assert all(x.__file__.startswith("$(SAN_DIR)/") for x in (m, w, d, a, s, h))'
+	    dq.storage._delivery as d, dq.storage._leases as l, dq.shm._atomics as a, \
+	    dq.shm._session as s, dq.server._hotwire as h; \
+	    assert all(x.__file__.startswith("$(SAN_DIR)/") for x in (m, w, d, l, a, s, h))'
 	$(SAN_ENV) $(BIN)/pytest -p no:cacheprovider --capture=sys -q $(SAN_TESTS)
 
 # The fast tier: every test that starts no process and no server (a few minutes).

@@ -9,6 +9,9 @@
 - ``dq.storage._delivery``: the delivery index (slots, held keys, eligible groups, token
   buckets of the delivery rules) as C records and arrays (~197 bytes a group of Python
   objects before);
+- ``dq.storage._leases``: the in-flight set (who holds which item until when under which
+  receipt) as 96-byte records in one array, an id table and two heaps of record numbers
+  (~454 bytes a lease of Python objects before);
 - ``dq.storage._wal``: the log's record framing, and a durable round's write and
   fdatasync in one release of the GIL (called only through storage/fileio.py);
 - ``dq.server._hotwire``: the HTTP fast path's bodies read into the operations'
@@ -33,6 +36,7 @@ setup(
         Extension(
             "dq.storage._delivery", sources=["storage/_delivery.c"], extra_compile_args=FLAGS
         ),
+        Extension("dq.storage._leases", sources=["storage/_leases.c"], extra_compile_args=FLAGS),
         Extension("dq.storage._wal", sources=["storage/_wal.c"], extra_compile_args=FLAGS),
         Extension("dq.server._hotwire", sources=["server/_hotwire.c"], extra_compile_args=FLAGS),
     ]

@@ -4,7 +4,7 @@ from collections.abc import Iterable
 
 from typing_extensions import Buffer
 
-from dq.storage.leases import Lease
+from dq.storage._leases import Lease
 from dq.storage.types import QueueConfig
 
 #: keys the index holds at most (16 MB of keys): past it dequeue reads no further

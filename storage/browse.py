@@ -33,9 +33,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from dq.storage._leases import Lease
 from dq.storage.codec import MAX_ID, TOMBSTONE, decode_stats, encode_key, key_deadline, key_id
 from dq.storage.errors import BadCursor, CorruptionError
-from dq.storage.leases import Lease
 from dq.storage.memseg import MemSegment
 from dq.storage.moved import MovedTo
 from dq.storage.segment import Block, SegmentCursor, SegmentReader

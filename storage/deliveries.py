@@ -1,5 +1,6 @@
 """What dequeue has handed out: how far it has read (the cursor, the last dequeued key),
-what is still out (the leases), and what the delivery rules hold back (the index).
+what is still out (the leases, ``storage/_leases.c``), and what the delivery rules hold
+back (the index).
 
 Invariant (the queue's, ``storage/queue.py``): every pending entry whose key is at or
 below the cursor is either leased, held back by the delivery index
@@ -17,9 +18,9 @@ import logging
 from collections.abc import Callable, Sequence
 
 from dq.storage._delivery import MAX_HELD, READ_BUDGET, WINDOW, DeliveryIndex
+from dq.storage._leases import Lease, Leases
 from dq.storage.codec import MAX_DEADLINE, MAX_ID, decode_stats, encode_key, key_deadline, key_id
 from dq.storage.errors import StorageError
-from dq.storage.leases import Lease, Leases
 from dq.storage.types import DeadEntry, Delivery, Extend, ItemOutcome, ItemStats, Release
 from dq.storage.validation import check_lease_ms
 from dq.storage.view import MergedView, Stretch
@@ -104,7 +105,7 @@ class Deliveries:
                 continue
             cnt += 1
             group = took(group, now)  # the index's string of the name, shared
-            receipt = leases.add(item_id, key, (enq, req, cnt), expires, source, now, group)
+            receipt = leases.add(item_id, key, enq, req, cnt, expires, source, now, group)
             out.append(
                 Delivery(
                     item_id,
@@ -323,7 +324,7 @@ class Deliveries:
         k = int.from_bytes(key, "big")
         item_id = (k >> 2) & MAX_ID
         group = self.index.took(group, now)  # the index's string of the name, shared
-        receipt = self.leases.add(item_id, key, (enq, req, cnt), expires, source, now, group)
+        receipt = self.leases.add(item_id, key, enq, req, cnt, expires, source, now, group)
         out.append(
             Delivery(
                 item_id,
@@ -341,16 +342,15 @@ class Deliveries:
     ) -> tuple[list[tuple[int, Lease]], list[ItemOutcome]]:
         """End the deliveries ``items`` name (a release): the leases taken, and an
         outcome per item (why not, for a receipt that names no live delivery)."""
-        leases = self.leases
+        take = self.leases.take
         taken: list[tuple[int, Lease]] = []
         outcomes: list[ItemOutcome] = []
         for r in items:
             try:
-                lease = leases.check(r.id, r.receipt, next_id, now)
+                lease = take(r.id, r.receipt, next_id, now)
             except StorageError as exc:
                 outcomes.append(ItemOutcome(r.id, exc.code, exc.message))
                 continue
-            leases.pop(r.id)
             taken.append((r.id, lease))
             outcomes.append(ItemOutcome(r.id))
         return taken, outcomes
@@ -362,16 +362,11 @@ class Deliveries:
         for e in items:
             try:
                 check_lease_ms(e.lease_ms)
-                lease = leases.check(e.id, e.receipt, next_id, now)
+                receipt = leases.extend(e.id, e.receipt, next_id, now, now + e.lease_ms)
             except StorageError as exc:
                 out.append(ItemOutcome(e.id, exc.code, exc.message))
                 continue
-            leases.extend(e.id, lease, now + e.lease_ms)
-            out.append(
-                ItemOutcome(
-                    e.id, receipt=leases.receipt(e.id, lease), lease_expires=now + e.lease_ms
-                )
-            )
+            out.append(ItemOutcome(e.id, receipt=receipt, lease_expires=now + e.lease_ms))
         return out
 
     def give_back(self, taken: list[tuple[int, Lease]]) -> None:

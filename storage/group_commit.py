@@ -29,9 +29,9 @@ from dq.storage.wal import WalWriter, record_body
 from dq.storage.write_future import WriteFuture
 
 if TYPE_CHECKING:
+    from dq.storage._leases import Lease
     from dq.storage.config import EngineConfig
     from dq.storage.itemmeta import Remembered
-    from dq.storage.leases import Lease
     from dq.storage.memseg import MemSegment
     from dq.storage.replication import ReplicationSink
     from dq.storage.syncer import FsyncStats

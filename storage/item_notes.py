@@ -19,8 +19,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from dq.storage._leases import Lease
 from dq.storage.itemmeta import ItemMeta, Remembered, encode_key_entry
-from dq.storage.leases import Lease
 from dq.storage.reasons import ErrorNote, Reason, encode_error_entry, with_reason
 from dq.storage.types import QueueConfig
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from dq.storage._leases import Lease
 from dq.storage.itemmeta import Remembered
-from dq.storage.leases import Lease
 
 __all__ = ["KeyState", "Rekey"]
 

@@ -43,11 +43,11 @@ from dq.storage.reasons import encode_error_entry
 from dq.storage.types import Enqueued, ItemOutcome
 
 if TYPE_CHECKING:
+    from dq.storage._leases import Lease
     from dq.storage.deliveries import Deliveries
     from dq.storage.group_commit import GroupCommit
     from dq.storage.itemmeta import ItemMeta, Remembered
     from dq.storage.key_moves import Rekey
-    from dq.storage.leases import Lease
     from dq.storage.reasons import Reason
     from dq.storage.segment_set import SegmentSet
 

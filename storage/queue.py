@@ -76,6 +76,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
 from dq.storage import fileio
+from dq.storage._leases import Lease
 from dq.storage.codec import (
     MAX_ID,
     PENDING_HEADER,
@@ -111,7 +112,6 @@ from dq.storage.itemmeta import (
     encode_origin_entry,
 )
 from dq.storage.key_moves import KeyState, Rekey
-from dq.storage.leases import Lease
 from dq.storage.merge_policy import MergeSource, SegmentDesc
 from dq.storage.move_frames import MoveFrames, Moves
 from dq.storage.prealloc import allocation_step
@@ -687,11 +687,10 @@ class Queue:
                 order.append(item.id)
                 try:
                     moving = where(item, now)
-                    lease = leases.check(item.id, item.receipt, self.commit.next_id, now)
+                    lease = leases.take(item.id, item.receipt, self.commit.next_id, now)
                 except StorageError as exc:
                     results[item.id] = ItemOutcome(item.id, exc.code, exc.message)
                     continue
-                leases.pop(item.id)
                 taken.append((item.id, lease))
                 moves.append((item.id, lease, *moving(lease)))
             moved: list[ItemOutcome] = []
@@ -874,8 +873,8 @@ class Queue:
             health = self.health
             if health.failed is not None or health.closed:
                 self.check_open()
-            expiries = self.deliveries.leases.expiries
-            if expiries and expiries[0][0] <= now:  # a lease may have run out (``Leases``)
+            expiry = self.deliveries.leases.next_expiry()
+            if expiry is not None and expiry <= now:  # a lease ran out
                 self.requeue_expired(now)
             if self.state.paused:
                 return []  # a paused queue hands out nothing; lease expiry still runs

@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dq.storage._leases import Lease
 from dq.storage.config import EngineConfig
 from dq.storage.deliveries import Deliveries
 from dq.storage.errors import EngineUnavailable, ReplicationTimeout
 from dq.storage.failing import Failing
 from dq.storage.group_commit import GroupCommit, PendingBatch
 from dq.storage.health import Health
-from dq.storage.leases import Lease
 from dq.storage.memseg import MemSegment
 from dq.storage.replication import ReplicationSink
 from dq.storage.syncer import FsyncStats
@@ -70,7 +70,8 @@ def test_a_refused_batch_holds_nothing(tmp_path: Path) -> None:
     assert commit.barrier() == b"a" * 16 and 7 not in deliveries.leases
     failing.roll_back(batch)
     assert commit.barrier() is None  # dequeue may pass again
-    assert deliveries.leases.get(7) is taken[1]  # the same delivery: its receipt still works
+    back = deliveries.leases.get(7)  # the same delivery: its receipt still works
+    assert back is not None and (back.key, back.delivery) == (taken[1].key, 1)
 
 
 def test_a_refused_removal_holds_its_held_items_again(tmp_path: Path) -> None:

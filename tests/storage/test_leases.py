@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from dq.storage import Engine, Extend, NewItem, QueueConfig, Release, Requeue
-from dq.storage.leases import Lease, Leases
+from dq.storage._leases import RECORD, Lease, Leases
+from dq.storage.codec import encode_key
 from tests.storage.conftest import FakeClock
 
 Open = Callable[..., Engine]
@@ -70,13 +71,23 @@ def test_oldest_lease_age_through_extend_release_requeue_expiry_and_restart(
     assert age(e, "q") == 30
 
 
-class NoWalk(dict):  # type: ignore[type-arg]
-    """A lease table that fails any read of all its entries."""
+class NoWalk:
+    """The queue's leases, but any read of all of them fails."""
 
-    def _walk(self, *args: Any) -> Any:
+    def __init__(self, leases: Leases) -> None:
+        self._leases = leases
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._leases, name)
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def __contains__(self, item_id: object) -> bool:
+        return item_id in self._leases
+
+    def values(self) -> Any:
         raise AssertionError("stats walked every lease")
-
-    items = values = keys = __iter__ = _walk  # type: ignore[assignment]
 
 
 def test_stats_with_many_leases_do_not_walk_them(open_engine: Open, clock: FakeClock) -> None:
@@ -88,10 +99,10 @@ def test_stats_with_many_leases_do_not_walk_them(open_engine: Open, clock: FakeC
     clock.advance(5)
     rest = [d for _ in range(n // 1000) for d in e.dequeue("q", 1000, 600_000)]
     clock.advance(5)
-    leases = e.queue("q").deliveries.leases
+    deliveries = e.queue("q").deliveries
+    leases = deliveries.leases
     monkey = pytest.MonkeyPatch()
-    monkey.setattr(leases, "_by_id", NoWalk(leases._by_id))
-    monkey.setattr(Leases, "values", NoWalk._walk)
+    monkey.setattr(deliveries, "leases", NoWalk(leases))
     try:
         assert e.stats("q").oldest_lease_age_ms == 10
         assert e.stats("q").leased == n
@@ -101,8 +112,8 @@ def test_stats_with_many_leases_do_not_walk_them(open_engine: Open, clock: FakeC
     for i in range(0, len(done), 1000):
         e.release("q", [Release(d.id, d.receipt) for d in done[i : i + 1000]])
     assert age(e, "q") == 5
-    # entries of ended leases are dropped, not kept behind a live one
-    assert len(leases._order) + len(leases._late) <= 2 * len(leases) + 1024
+    # ended leases leave nothing behind a live one: one record's room is left
+    assert len(leases) == 1 and leases.allocated < 64 * (RECORD + 16)
 
 
 def brute(leases: Leases) -> int | None:
@@ -113,35 +124,51 @@ def brute(leases: Leases) -> int | None:
 def test_index_matches_a_walk_under_random_operations() -> None:
     """Dequeue, extend, release, expiry and a put-back lease after a refused write, with a
     clock that sometimes steps back (a wall clock can): the index always agrees with a
-    walk over the live leases, and stays within twice their peak number (plus a constant)."""
+    walk over the live leases (the test's own record of them), and its memory stays
+    within a constant of what twice their peak number takes."""
     rng = random.Random(7)
     leases = Leases()
     now, next_id = 1_000_000, 1
-    taken: list[tuple[int, Lease]] = []
+    live: dict[int, tuple[str, int, int]] = {}  # id -> (receipt, since, expires)
+    taken: list[tuple[int, Lease, str]] = []
     peak = 0
     for step in range(30_000):
         now += rng.choice((0, 0, 1, 5, 30, -40 if step % 97 == 0 else 2))
         op = rng.random()
-        live = list(leases._by_id.items())  # the test's own walk, not the code's
         if op < 0.4 or not live:
             item_id, next_id = next_id, next_id + 1
-            leases.add(item_id, b"k", (0, 0, 1), now + rng.randint(1, 3000), None, now)
+            expires = now + rng.randint(1, 3000)
+            key = encode_key(now, item_id)
+            receipt = leases.add(item_id, key, 0, 0, 1, expires, None, now, None)
+            live[item_id] = (receipt, now, expires)
         elif op < 0.55:
-            item_id, lease = rng.choice(live)
-            leases.extend(item_id, lease, now + rng.randint(1, 3000))
+            item_id = rng.choice(list(live))
+            receipt, since, expires = live[item_id]
+            if expires > now:
+                expires = now + rng.randint(1, 3000)
+                assert leases.extend(item_id, receipt, next_id, now, expires) == receipt
+                live[item_id] = (receipt, since, expires)
         elif op < 0.8:
-            item_id, _ = rng.choice(live)
-            taken.append((item_id, leases.pop(item_id)))
+            item_id = rng.choice(list(live))
+            taken.append((item_id, leases.pop(item_id), live.pop(item_id)[0]))
         elif op < 0.9:
-            leases.pop_expired(now)
+            gone = leases.pop_expired(now)
+            want = sorted((x, i) for i, (_r, _s, x) in live.items() if x <= now)
+            assert [(lease.expires, i) for i, lease in gone] == want
+            for _x, i in want:
+                del live[i]
         elif taken:
-            item_id, lease = taken.pop(rng.randrange(len(taken)))
+            item_id, lease, receipt = taken.pop(rng.randrange(len(taken)))
             if item_id not in leases:
                 leases.restore(item_id, lease)
+                live[item_id] = (receipt, lease.since, lease.expires)
         if step % 7 == 0:
-            assert leases.oldest_since() == brute(leases)
+            assert leases.oldest_since() == min((s for _r, s, _x in live.values()), default=None)
+            assert leases.next_expiry() == min((x for _r, _s, x in live.values()), default=None)
+            assert brute(leases) == leases.oldest_since()
         peak = max(peak, len(leases))
-        assert len(leases._order) + len(leases._late) <= 2 * peak + 1024
+        assert len(leases) == len(live)
+        assert leases.allocated <= 2 * peak * (RECORD + 16) + 64 * (RECORD + 16)
     assert leases.oldest_since() == brute(leases)
 
 
