@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dq.storage import fileio
 from dq.storage.compactor import CompactionCancelled, FreezeResult, freeze_log, merge_segments
-from dq.storage.errors import WriteStall
+from dq.storage.errors import EngineUnavailable, WriteStall
 from dq.storage.futures import Answer, answer
 from dq.storage.merge_policy import MergeSource, SegmentDesc
 from dq.storage.prealloc import allocation_step
@@ -217,13 +217,30 @@ class FileJobs:
 
     def await_rotation(self, timeout: float) -> None:
         """With ``always``, have the syncer carry out the rotation asked for and wait
-        until it is done (``Engine.freeze``); without the lock."""
+        until it is done (``Engine.freeze``), at most ``timeout`` seconds; without the
+        lock.
+
+        A sync round tries the rotation only when nothing keeps it back; one that fails
+        to start the next log (a full disk, no descriptor) backs off and is tried again
+        only at a later round, which no write may bring. So while it waits, each time
+        the backoff allows a try it asks the syncer for a round again, and a transient
+        fault costs the caller the backoff, not the whole timeout. A queue that fails
+        meanwhile (its log could not be closed) will not rotate: its failure is raised,
+        as any call on it raises it."""
         syncer = self.host.syncer
         if self.host.config.fsync != "always" or syncer is None:
             return
+        files, health, max_frozen = self.files, self.health, self.host.config.max_frozen
         syncer.mark_dirty(self.owner)
         deadline = time.monotonic() + timeout
-        while self.files.rotate_requested and time.monotonic() < deadline:
+        while files.rotate_requested and time.monotonic() < deadline:
+            failed = health.failed
+            if failed is not None:
+                raise failed
+            if health.closed:
+                raise EngineUnavailable("queue is closed", queue=self.name)
+            if files.rotation_retry_due(max_frozen):
+                syncer.mark_dirty(self.owner)
             time.sleep(0.001)
 
     # ------------------------------------------------------------------ freezing

@@ -187,6 +187,16 @@ class SegmentSet:
             return False  # retried when a freeze is installed
         return time.monotonic() >= self._rotate_retry_at
 
+    def rotation_retry_due(self, max_frozen: int) -> bool:
+        """A rotation is asked for and nothing keeps it from being tried now: no failed
+        attempt still backing off, and room for one more closed log (without room it is
+        tried again when a freeze is installed)."""
+        return (
+            self.rotate_requested
+            and len(self.frozen) < max_frozen
+            and time.monotonic() >= self._rotate_retry_at
+        )
+
     def rotation_failed(self, no: int, current: int, exc: BaseException) -> None:
         """Log ``no`` could not be created: stay on log ``current``, try again later."""
         self.rotation_failures += 1

@@ -174,3 +174,51 @@ def test_a_failed_close_at_rotation_fails_the_queue_and_answers_everyone(
         assert sorted(got) == sorted(acked | {b"after"})
     finally:
         e.close()
+
+
+def test_a_freeze_tries_a_failed_next_log_again_and_rotates(
+    tmp_path: Path, clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``Engine.freeze`` (``always``): the next log cannot be created once (ENOSPC); the
+    rotation backs off 50 ms and the freeze has it tried again, so the log is frozen when
+    the freeze returns (it used to wait out its whole timeout for a round no write
+    brought, and return with the log unrotated)."""
+    cfg = EngineConfig(fsync="always", compaction="inline", auto_merge=False)
+    e = Engine.open(tmp_path / "data", cfg, clock=clock)
+    try:
+        e.enqueue("q", [NewItem(b"one")])
+        q = e.queue("q")
+        with caplog.at_level(logging.WARNING), hooked(fail_next_log_once()):
+            q.freeze_now(timeout=10)
+        assert any("could not start log 2" in r.getMessage() for r in caplog.records)
+        assert not q.files.rotate_requested
+        assert e.stats("q").extra["rotation_failures"] == 1
+        e.compactor.wait_idle(timeout=30)
+        assert len(q.segments) == 1 and q.failed is None
+        assert [d.value for d in e.dequeue("q", 10, 60_000)] == [b"one"]
+    finally:
+        e.close()
+
+
+def test_a_freeze_whose_log_cannot_be_closed_raises_the_queues_failure(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    """The log's sync fails in the freeze's round: the queue fails and will not rotate,
+    so the freeze raises that failure at once instead of waiting out its timeout."""
+    cfg = EngineConfig(fsync="always", compaction="inline", auto_merge=False)
+    e = Engine.open(tmp_path / "data", cfg, clock=clock)
+    fired: list[str] = []
+
+    def hook(step: str, path: str) -> None:
+        if not fired and step == "fsync" and path.endswith("0000000001.log"):
+            fired.append(path)
+            raise OSError(errno.EIO, "Input/output error (injected)", path)
+
+    try:
+        e.enqueue("q", [NewItem(b"one")])
+        q = e.queue("q")
+        with hooked(hook), pytest.raises(EngineUnavailable):
+            q.freeze_now(timeout=10)
+        assert fired and q.failed is not None
+    finally:
+        e.close()
