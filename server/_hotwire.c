@@ -21,10 +21,11 @@
  * The parser knows the shapes, so it never recurses: nesting is at most
  * object > array > object, and any other value ends the parse.
  *
- * Formatting: the answers of an enqueue (server/answers.py's EnqueueResponse) and of a
- * release (Results), and an answer's HTTP message (status line and headers prepared by
- * server/protocol.py, the length, the body) in one allocation. Strings are escaped as
- * json.dumps escapes them (ASCII only).
+ * Formatting: the answers of an enqueue (server/answers.py's EnqueueResponse), a dequeue
+ * (DequeueResponse: each value as text when it is valid UTF-8 and base64 was not asked
+ * for, else base64) and a release (Results), and an answer's HTTP message (status line
+ * and headers prepared by server/protocol.py, the length, the body) in one allocation.
+ * Strings are escaped as json.dumps escapes them (ASCII only).
  *
  * No I/O and no waits: everything here runs with the GIL held, on the event loop.
  */
@@ -48,7 +49,8 @@ static int bound;
 
 static PyObject *s_keep, *s_replace, *s_utf8, *s_base64;
 static PyObject *n_id, *n_deadline, *n_duplicate, *n_replaced, *n_error, *n_message,
-    *n_receipt, *n_lease_expires;
+    *n_receipt, *n_lease_expires, *n_value, *n_stats, *n_group, *n_last_error,
+    *n_last_error_at, *n_enqueue_time, *n_requeue_time, *n_dequeue_count;
 
 /* ------------------------------------------------------------------ the reader */
 
@@ -1106,6 +1108,47 @@ put_json_scalar(Buf *b, PyObject *v);
 
 static const char hexdigits[] = "0123456789abcdef";
 
+/* One code point as json.dumps (ensure_ascii) writes it. */
+static int
+put_escaped(Buf *b, uint32_t ch)
+{
+    char esc[12];
+    Py_ssize_t m = 2;
+    esc[0] = '\\';
+    switch (ch) {
+    case '"': esc[1] = '"'; break;
+    case '\\': esc[1] = '\\'; break;
+    case '\b': esc[1] = 'b'; break;
+    case '\f': esc[1] = 'f'; break;
+    case '\n': esc[1] = 'n'; break;
+    case '\r': esc[1] = 'r'; break;
+    case '\t': esc[1] = 't'; break;
+    default: {
+        uint32_t units[2];
+        int k = 1;
+        if (ch >= 0x10000) {
+            uint32_t v = ch - 0x10000;
+            units[0] = 0xD800 | (v >> 10);
+            units[1] = 0xDC00 | (v & 0x3FF);
+            k = 2;
+        }
+        else {
+            units[0] = ch;
+        }
+        m = 0;
+        for (int u = 0; u < k; u++) {
+            esc[m++] = '\\';
+            esc[m++] = 'u';
+            esc[m++] = hexdigits[(units[u] >> 12) & 0xF];
+            esc[m++] = hexdigits[(units[u] >> 8) & 0xF];
+            esc[m++] = hexdigits[(units[u] >> 4) & 0xF];
+            esc[m++] = hexdigits[units[u] & 0xF];
+        }
+    }
+    }
+    return buf_put(b, esc, m);
+}
+
 /* A str quoted as json.dumps quotes it (ensure_ascii). */
 static int
 put_quoted(Buf *b, PyObject *s)
@@ -1129,41 +1172,7 @@ put_quoted(Buf *b, PyObject *s)
             }
             continue;
         }
-        char esc[12];
-        Py_ssize_t m = 2;
-        esc[0] = '\\';
-        switch (ch) {
-        case '"': esc[1] = '"'; break;
-        case '\\': esc[1] = '\\'; break;
-        case '\b': esc[1] = 'b'; break;
-        case '\f': esc[1] = 'f'; break;
-        case '\n': esc[1] = 'n'; break;
-        case '\r': esc[1] = 'r'; break;
-        case '\t': esc[1] = 't'; break;
-        default: {
-            Py_UCS4 units[2];
-            int k = 1;
-            if (ch >= 0x10000) {
-                Py_UCS4 v = ch - 0x10000;
-                units[0] = 0xD800 | (v >> 10);
-                units[1] = 0xDC00 | (v & 0x3FF);
-                k = 2;
-            }
-            else {
-                units[0] = ch;
-            }
-            m = 0;
-            for (int u = 0; u < k; u++) {
-                esc[m++] = '\\';
-                esc[m++] = 'u';
-                esc[m++] = hexdigits[(units[u] >> 12) & 0xF];
-                esc[m++] = hexdigits[(units[u] >> 8) & 0xF];
-                esc[m++] = hexdigits[(units[u] >> 4) & 0xF];
-                esc[m++] = hexdigits[units[u] & 0xF];
-            }
-        }
-        }
-        if (buf_put(b, esc, m) < 0) {
+        if (put_escaped(b, ch) < 0) {
             return -1;
         }
     }
@@ -1326,27 +1335,262 @@ done:
     return r;
 }
 
+/* The ItemResults of `outcomes`, comma-separated. */
+static int
+put_outcomes(Buf *b, PyObject *outcomes)
+{
+    PyObject *seq = PySequence_Fast(outcomes, "outcomes must be a sequence");
+    if (seq == NULL) {
+        return -1;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((i > 0 && BUF_LIT(b, ",") < 0) ||
+            put_outcome(b, PySequence_Fast_GET_ITEM(seq, i)) < 0) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
+}
+
 /* server/answers.py's Results: {"results":[...]} */
 static PyObject *
 results(PyObject *self, PyObject *outcomes)
 {
-    PyObject *seq = PySequence_Fast(outcomes, "results() takes a sequence");
+    Buf b;
+    buf_init(&b);
+    if (BUF_LIT(&b, "{\"results\":[") < 0 || put_outcomes(&b, outcomes) < 0 ||
+        BUF_LIT(&b, "]}") < 0) {
+        buf_free(&b);
+        return NULL;
+    }
+    return buf_bytes(&b);
+}
+
+static const char b64_alphabet[] =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* base64.b64encode(data), quoted. */
+static int
+put_base64(Buf *b, const unsigned char *p, Py_ssize_t n)
+{
+    if (buf_grow(b, (n + 2) / 3 * 4 + 2) < 0) {
+        return -1;
+    }
+    char *o = b->data + b->len;
+    *o++ = '"';
+    Py_ssize_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
+        *o++ = b64_alphabet[v >> 18];
+        *o++ = b64_alphabet[(v >> 12) & 63];
+        *o++ = b64_alphabet[(v >> 6) & 63];
+        *o++ = b64_alphabet[v & 63];
+    }
+    if (n - i == 1) {
+        uint32_t v = (uint32_t)p[i] << 16;
+        *o++ = b64_alphabet[v >> 18];
+        *o++ = b64_alphabet[(v >> 12) & 63];
+        *o++ = '=';
+        *o++ = '=';
+    }
+    else if (n - i == 2) {
+        uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8;
+        *o++ = b64_alphabet[v >> 18];
+        *o++ = b64_alphabet[(v >> 12) & 63];
+        *o++ = b64_alphabet[(v >> 6) & 63];
+        *o++ = '=';
+    }
+    *o++ = '"';
+    b->len = o - b->data;
+    return 0;
+}
+
+/* UTF-8 bytes as json.dumps(data.decode()) writes them: 1, or 0 when they are not valid
+ * UTF-8 (the buffer back as it was), -1 on error. */
+static int
+put_utf8_quoted(Buf *b, const unsigned char *p, Py_ssize_t n)
+{
+    Py_ssize_t mark = b->len;
+    const unsigned char *end = p + n, *run;
+    if (buf_grow(b, n + 2) < 0 || BUF_LIT(b, "\"") < 0) {
+        return -1;
+    }
+    while (p < end) {
+        run = p;
+        while (p < end && *p >= 0x20 && *p < 0x7f && *p != '"' && *p != '\\') {
+            p++;
+        }
+        if (p > run && buf_put(b, (const char *)run, p - run) < 0) {
+            return -1;
+        }
+        if (p == end) {
+            break;
+        }
+        uint32_t cp;
+        if (*p < 0x80) {
+            cp = *p++;
+        }
+        else {
+            int k = utf8_seq(p, end);
+            if (k == 0) {
+                b->len = mark;
+                return 0;
+            }
+            cp = k == 2 ? (uint32_t)(p[0] & 0x1F) << 6 | (p[1] & 0x3F)
+                 : k == 3 ? (uint32_t)(p[0] & 0x0F) << 12 | (uint32_t)(p[1] & 0x3F) << 6 |
+                                (p[2] & 0x3F)
+                          : (uint32_t)(p[0] & 0x07) << 18 | (uint32_t)(p[1] & 0x3F) << 12 |
+                                (uint32_t)(p[2] & 0x3F) << 6 | (p[3] & 0x3F);
+            p += k;
+        }
+        if (put_escaped(b, cp) < 0) {
+            return -1;
+        }
+    }
+    return BUF_LIT(b, "\"") < 0 ? -1 : 1;
+}
+
+
+/* An attribute written with `put`. */
+static int
+put_attr(Buf *b, PyObject *o, PyObject *name, int (*put)(Buf *, PyObject *))
+{
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (v == NULL) {
+        return -1;
+    }
+    int r = put(b, v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* One delivered item (ItemOut), as server/answers.py wrote it. */
+static int
+put_delivery(Buf *b, PyObject *d, int force_base64)
+{
+    if (BUF_LIT(b, "{\"id\":") < 0 || put_attr(b, d, n_id, put_int) < 0 ||
+        BUF_LIT(b, ",\"receipt\":") < 0 || put_attr(b, d, n_receipt, put_quoted) < 0 ||
+        BUF_LIT(b, ",\"value\":") < 0) {
+        return -1;
+    }
+    PyObject *value = PyObject_GetAttr(d, n_value);
+    if (value == NULL) {
+        return -1;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(value, &view, PyBUF_SIMPLE) < 0) {
+        Py_DECREF(value);
+        return -1;
+    }
+    int text = force_base64 ? 0 : put_utf8_quoted(b, view.buf, view.len);
+    if (text == 0) {
+        text = put_base64(b, view.buf, view.len) < 0 ? -1 : 2;
+    }
+    PyBuffer_Release(&view);
+    Py_DECREF(value);
+    if (text < 0) {
+        return -1;
+    }
+    if ((text == 1 ? BUF_LIT(b, ",\"encoding\":\"utf-8\",\"deadline\":")
+                   : BUF_LIT(b, ",\"encoding\":\"base64\",\"deadline\":")) < 0 ||
+        put_attr(b, d, n_deadline, put_int) < 0) {
+        return -1;
+    }
+    PyObject *stats = PyObject_GetAttr(d, n_stats);
+    if (stats == NULL) {
+        return -1;
+    }
+    int r = (BUF_LIT(b, ",\"stats\":{\"enqueue_time\":") < 0 ||
+             put_attr(b, stats, n_enqueue_time, put_int) < 0 ||
+             BUF_LIT(b, ",\"requeue_time\":") < 0 ||
+             put_attr(b, stats, n_requeue_time, put_int) < 0 ||
+             BUF_LIT(b, ",\"dequeue_count\":") < 0 ||
+             put_attr(b, stats, n_dequeue_count, put_int) < 0)
+                ? -1
+                : 0;
+    Py_DECREF(stats);
+    if (r < 0 || BUF_LIT(b, "},\"lease_expires\":") < 0 ||
+        put_attr(b, d, n_lease_expires, put_int) < 0 || BUF_LIT(b, ",\"group\":") < 0) {
+        return -1;
+    }
+    PyObject *group = PyObject_GetAttr(d, n_group);
+    if (group == NULL) {
+        return -1;
+    }
+    r = group == Py_None ? BUF_LIT(b, "null") : put_quoted(b, group);
+    Py_DECREF(group);
+    if (r < 0) {
+        return -1;
+    }
+    PyObject *error = PyObject_GetAttr(d, n_last_error);
+    if (error == NULL) {
+        return -1;
+    }
+    if (error != Py_None) { /* said only for an item that failed before */
+        r = BUF_LIT(b, ",\"last_error\":") < 0 || put_quoted(b, error) < 0 ||
+                    BUF_LIT(b, ",\"last_error_at\":") < 0
+                ? -1
+                : 0;
+        PyObject *at = r < 0 ? NULL : PyObject_GetAttr(d, n_last_error_at);
+        if (at == NULL) {
+            r = -1;
+        }
+        else {
+            int t = PyObject_IsTrue(at); /* `last_error_at or 0` */
+            r = t < 0 ? -1 : t ? put_int(b, at) : BUF_LIT(b, "0");
+            Py_DECREF(at);
+        }
+    }
+    Py_DECREF(error);
+    return r < 0 ? -1 : BUF_LIT(b, "}");
+}
+
+/* server/answers.py's DequeueResponse: dequeued(got, encoding, released, queue_exists). */
+static PyObject *
+dequeued(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *names[] = {"got", "encoding", "released", "queue_exists", NULL};
+    PyObject *got, *encoding, *released = Py_None;
+    int exists = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|Op:dequeued", names, &got, &encoding,
+                                     &released, &exists)) {
+        return NULL;
+    }
+    int force = encoding != Py_None && PyUnicode_Check(encoding) &&
+                PyUnicode_CompareWithASCIIString(encoding, "base64") == 0;
+    PyObject *seq = PySequence_Fast(got, "dequeued() takes a sequence");
     if (seq == NULL) {
         return NULL;
     }
     Buf b;
     buf_init(&b);
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (BUF_LIT(&b, "{\"results\":[") < 0) {
+    if (BUF_LIT(&b, "{\"items\":[") < 0) {
         goto fail;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         if ((i > 0 && BUF_LIT(&b, ",") < 0) ||
-            put_outcome(&b, PySequence_Fast_GET_ITEM(seq, i)) < 0) {
+            put_delivery(&b, PySequence_Fast_GET_ITEM(seq, i), force) < 0) {
             goto fail;
         }
     }
-    if (BUF_LIT(&b, "]}") < 0) {
+    int r;
+    if (released != Py_None) {
+        r = BUF_LIT(&b, "],\"released\":[") < 0 || put_outcomes(&b, released) < 0 ||
+                    BUF_LIT(&b, "]}") < 0
+                ? -1
+                : 0;
+    }
+    else if (!exists) {
+        r = BUF_LIT(&b, "],\"queue_exists\":false}");
+    }
+    else {
+        r = BUF_LIT(&b, "]}");
+    }
+    if (r < 0) {
         goto fail;
     }
     Py_DECREF(seq);
@@ -1449,6 +1693,8 @@ static PyMethodDef methods[] = {
      "dequeue_body(body, limit) -> (count, lease_ms, wait_ms, encoding, release) | None"},
     {"enqueued", enqueued, METH_O, "enqueued(done) -> bytes: EnqueueResponse"},
     {"results", results, METH_O, "results(outcomes) -> bytes: Results"},
+    {"dequeued", (PyCFunction)(void (*)(void))dequeued, METH_VARARGS | METH_KEYWORDS,
+     "dequeued(got, encoding, released, queue_exists) -> bytes: DequeueResponse"},
     {"message", (PyCFunction)(void (*)(void))message, METH_FASTCALL,
      "message(head, tail, body) -> head + len(body) + tail + body"},
     {NULL, NULL, 0, NULL},
@@ -1484,5 +1730,13 @@ PyInit__hotwire(void)
     INTERN(n_message, "message");
     INTERN(n_receipt, "receipt");
     INTERN(n_lease_expires, "lease_expires");
+    INTERN(n_value, "value");
+    INTERN(n_stats, "stats");
+    INTERN(n_group, "group");
+    INTERN(n_last_error, "last_error");
+    INTERN(n_last_error_at, "last_error_at");
+    INTERN(n_enqueue_time, "enqueue_time");
+    INTERN(n_requeue_time, "requeue_time");
+    INTERN(n_dequeue_count, "dequeue_count");
     return PyModule_Create(&module);
 }

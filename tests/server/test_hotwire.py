@@ -25,18 +25,19 @@ from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
 from dq.server import _hotwire
-from dq.server.answers import enqueued_json, outcome_dict, results_json
+from dq.server.answers import dequeued_json, enqueued_json, outcome_dict, results_json
 from dq.server.hot_bodies import dequeue_body, enqueue_body, release_body
 from dq.server.schemas import (
     DequeueRequest,
     EnqueueRequest,
     InvalidItem,
     ReleaseRequest,
+    encode_value,
     to_new_items,
     to_releases,
 )
 from dq.storage.codec import MAX_DEADLINE, MAX_ID
-from dq.storage.types import Enqueued, ItemOutcome
+from dq.storage.types import Delivery, Enqueued, ItemOutcome, ItemStats
 from dq.storage.validation import MAX_LEASE_MS
 
 _ENQUEUE = TypeAdapter(EnqueueRequest)
@@ -423,6 +424,15 @@ def python_results(outcomes: list[ItemOutcome]) -> bytes:
 
 _any_text = st.text(st.characters(codec=None, categories=None), max_size=12)  # surrogates too
 _maybe = st.none() | _times
+_outcomes = st.builds(
+    ItemOutcome,
+    st.integers(0, MAX_ID),
+    st.none() | _any_text,
+    st.none() | _any_text,
+    st.none() | _any_text,
+    _maybe,
+    _maybe,
+)
 
 
 @given(
@@ -436,23 +446,84 @@ def test_enqueued_answer_is_the_python_one(done: list[Enqueued]) -> None:
     assert enqueued_json(done) == python_enqueued(done)
 
 
-@given(
-    st.lists(
-        st.builds(
-            ItemOutcome,
-            st.integers(0, MAX_ID),
-            st.none() | _any_text,
-            st.none() | _any_text,
-            st.none() | _any_text,
-            _maybe,
-            _maybe,
-        ),
-        max_size=4,
-    )
-)
+@given(st.lists(_outcomes, max_size=4))
 @MANY
 def test_results_answer_is_the_python_one(outcomes: list[ItemOutcome]) -> None:
     assert results_json(outcomes) == python_results(outcomes)
+
+
+_ITEM_JSON = (
+    '{"id":%d,"receipt":%s,"value":%s,"encoding":"%s","deadline":%d,'
+    '"stats":{"enqueue_time":%d,"requeue_time":%d,"dequeue_count":%d},"lease_expires":%d,'
+    '"group":%s}'
+)
+
+
+def python_dequeued(
+    got: list[Delivery],
+    encoding: Any,
+    released: list[ItemOutcome] | None = None,
+    queue_exists: bool = True,
+) -> bytes:
+    """What server/answers.py wrote before the answer was compiled."""
+    dumps = json.dumps
+    parts = []
+    for d in got:
+        text, enc = encode_value(d.value, encoding)
+        s = d.stats
+        item = _ITEM_JSON % (
+            d.id, dumps(d.receipt), dumps(text), enc, d.deadline,
+            s.enqueue_time, s.requeue_time, s.dequeue_count, d.lease_expires,
+            "null" if d.group is None else dumps(d.group),
+        )  # fmt: skip
+        if d.last_error is not None:
+            error, at = dumps(d.last_error), d.last_error_at or 0
+            item = item[:-1] + f',"last_error":{error},"last_error_at":{at:d}}}'
+        parts.append(item)
+    if released is not None:
+        tail = '],"released":[' + python_results(released)[12:-2].decode() + "]}"
+    elif not queue_exists:
+        tail = '],"queue_exists":false}'
+    else:
+        tail = "]}"
+    return ('{"items":[' + ",".join(parts) + tail).encode()
+
+
+#: values: text, invalid UTF-8 (overlong, surrogates, cut), control characters, any bytes
+_values = st.one_of(
+    st.binary(max_size=40),
+    _any_text.map(lambda t: t.encode("utf-8", "surrogatepass")),
+    st.lists(st.sampled_from([b"a", b"\x7f", b"\x00", b'"', b"\\", *BAD_TEXT])).map(b"".join),
+)
+_deliveries = st.builds(
+    Delivery,
+    id=st.integers(0, MAX_ID),
+    receipt=_any_text,
+    value=_values,
+    deadline=_times,
+    stats=st.builds(ItemStats, _times, _times, st.integers(0, 0xFFFFFFFF)),
+    lease_expires=_times,
+    group=st.none() | _any_text,
+    last_error=st.none() | _any_text,
+    last_error_at=_maybe,
+)
+
+
+@given(
+    st.lists(_deliveries, max_size=3),
+    st.sampled_from([None, "utf-8", "base64"]),
+    st.none() | st.lists(_outcomes, max_size=3),
+    st.booleans(),
+)
+@MANY
+def test_dequeued_answer_is_the_python_one(
+    got: list[Delivery], encoding: Any, released: list[ItemOutcome] | None, exists: bool
+) -> None:
+    assert dequeued_json(got, encoding, released, exists) == python_dequeued(
+        got, encoding, released, exists
+    )
+    if released is None and exists:
+        assert dequeued_json(got, encoding) == python_dequeued(got, encoding)
 
 
 @given(st.binary(max_size=50), st.binary(max_size=50), st.binary(max_size=3000))
