@@ -54,6 +54,19 @@ static PyObject *n_id, *n_deadline, *n_duplicate, *n_replaced, *n_error, *n_mess
 
 /* ------------------------------------------------------------------ the reader */
 
+/* Bytes that stand for themselves inside a JSON string, read or written: printable
+ * ASCII but '"' and '\\' (written, 0x7f is escaped as json.dumps escapes it; read, it
+ * is plain, but rare enough to take the slower way). */
+static unsigned char plain_byte[256];
+
+static void
+plain_init(void)
+{
+    for (int c = 0x20; c < 0x7f; c++) {
+        plain_byte[c] = c != '"' && c != '\\';
+    }
+}
+
 typedef struct {
     const unsigned char *p;
     const unsigned char *end;
@@ -255,6 +268,14 @@ read_string(Cur *c, Buf *b, const unsigned char **start, Py_ssize_t *len, Py_ssi
     int escaped = 0;
     b->len = 0;
     while (p < end) {
+        const unsigned char *plain = p;
+        while (p < end && plain_byte[*p]) {
+            p++;
+        }
+        n += p - plain;
+        if (p == end) {
+            break;
+        }
         unsigned char ch = *p;
         if (ch == '"') {
             if (escaped) {
@@ -1063,6 +1084,26 @@ done:
 
 /* ------------------------------------------------------------------ answers */
 
+/* `u` in decimal into out (at least 20 bytes), right-aligned: the first digit's offset. */
+static inline int
+decimal(char *out, unsigned long long u)
+{
+    int i = 20;
+    do {
+        out[--i] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u != 0);
+    return i;
+}
+
+static int
+put_decimal(Buf *b, unsigned long long u)
+{
+    char s[20];
+    int i = decimal(s, u);
+    return buf_put(b, s + i, 20 - i);
+}
+
 /* An int as Python's repr writes it (json.dumps and %d alike). */
 static int
 put_int(Buf *b, PyObject *v)
@@ -1078,16 +1119,18 @@ put_int(Buf *b, PyObject *v)
         if (x == -1 && PyErr_Occurred()) {
             return -1;
         }
-        char s[24];
-        int n = snprintf(s, sizeof(s), "%lld", x);
-        return buf_put(b, s, n);
+        if (x < 0) {
+            if (BUF_LIT(b, "-") < 0) {
+                return -1;
+            }
+            return put_decimal(b, 0 - (unsigned long long)x);
+        }
+        return put_decimal(b, (unsigned long long)x);
     }
     if (overflow > 0) {
         unsigned long long u = PyLong_AsUnsignedLongLong(v);
         if (!(u == (unsigned long long)-1 && PyErr_Occurred())) {
-            char s[24];
-            int n = snprintf(s, sizeof(s), "%llu", u);
-            return buf_put(b, s, n);
+            return put_decimal(b, u);
         }
         PyErr_Clear();
     }
@@ -1164,6 +1207,20 @@ put_quoted(Buf *b, PyObject *s)
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (kind == PyUnicode_1BYTE_KIND) { /* a run of plain characters at once */
+            const unsigned char *p = (const unsigned char *)data;
+            Py_ssize_t j = i;
+            while (j < n && plain_byte[p[j]]) {
+                j++;
+            }
+            if (j > i && buf_put(b, (const char *)p + i, j - i) < 0) {
+                return -1;
+            }
+            i = j;
+            if (i == n) {
+                break;
+            }
+        }
         Py_UCS4 ch = PyUnicode_READ(kind, data, i);
         if (ch >= 0x20 && ch < 0x7f && ch != '"' && ch != '\\') {
             char one = (char)ch;
@@ -1420,7 +1477,7 @@ put_utf8_quoted(Buf *b, const unsigned char *p, Py_ssize_t n)
     }
     while (p < end) {
         run = p;
-        while (p < end && *p >= 0x20 && *p < 0x7f && *p != '"' && *p != '\\') {
+        while (p < end && plain_byte[*p]) {
             p++;
         }
         if (p > run && buf_put(b, (const char *)run, p - run) < 0) {
@@ -1612,15 +1669,15 @@ message(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     Py_ssize_t nh = PyBytes_GET_SIZE(args[0]), nt = PyBytes_GET_SIZE(args[1]),
                nb = PyBytes_GET_SIZE(args[2]);
-    char digits[24];
-    int nd = snprintf(digits, sizeof(digits), "%zd", nb);
+    char digits[20];
+    int first = decimal(digits, (unsigned long long)nb), nd = 20 - first;
     PyObject *out = PyBytes_FromStringAndSize(NULL, nh + nd + nt + nb);
     if (out == NULL) {
         return NULL;
     }
     char *o = PyBytes_AS_STRING(out);
     memcpy(o, PyBytes_AS_STRING(args[0]), (size_t)nh);
-    memcpy(o + nh, digits, (size_t)nd);
+    memcpy(o + nh, digits + first, (size_t)nd);
     memcpy(o + nh + nd, PyBytes_AS_STRING(args[1]), (size_t)nt);
     memcpy(o + nh + nd + nt, PyBytes_AS_STRING(args[2]), (size_t)nb);
     return out;
@@ -1718,6 +1775,7 @@ PyMODINIT_FUNC
 PyInit__hotwire(void)
 {
     b64_init();
+    plain_init();
     INTERN(s_keep, "keep");
     INTERN(s_replace, "replace");
     INTERN(s_utf8, "utf-8");
