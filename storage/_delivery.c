@@ -66,6 +66,7 @@
 
 #define F_QUEUED 1u /* on the fair ring */
 #define F_MARK 2u   /* seen by the current walk (configure, remove) */
+#define F_PARK 4u   /* emptied by a removal while waiting on the fair ring */
 
 typedef struct {
     uint32_t coming;   /* written back after an expired lease, not reached by the cursor */
@@ -103,6 +104,15 @@ typedef struct {
 typedef struct {
     uint32_t gid, gen;
 } RingEnt;
+
+/* The place on the fair ring of a group a removal emptied (and so dropped), found again
+ * by one of the keys it removed: a put_back of them (the removal refused) gives the group
+ * that place back. Good while the ring still holds the dropped group's entry. */
+typedef struct {
+    uint8_t key[KEY];
+    uint64_t pos;      /* the entry's number among all ever pushed (ring_popped + index) */
+    uint32_t gid, gen; /* the entry as it stands: the dropped group's */
+} Parked;
 
 typedef struct {
     double tokens;
@@ -153,6 +163,9 @@ typedef struct {
     size_t nheap, heap_cap;
     RingEnt *ring;
     size_t ring_head, ring_n, ring_cap;
+    uint64_t ring_popped; /* entries ever taken off the ring's head */
+    Parked *parked;
+    size_t nparked, parked_cap;
     Timer *timers;
     size_t ntimers, timers_cap;
     uint64_t seq;
@@ -974,6 +987,91 @@ current(const Index *ix, uint32_t gid, uint32_t gen)
     return gid < ix->g_top && ix->g[gid].name != NULL && ix->g[gid].gen == gen;
 }
 
+/* ---- places on the fair ring kept for a put_back --------------------------------------- */
+
+/* The ring entry a parked place names, if the ring still holds it as it was. */
+static RingEnt *
+parked_entry(Index *ix, const Parked *p)
+{
+    if (p->pos < ix->ring_popped || p->pos - ix->ring_popped >= ix->ring_n) {
+        return NULL;
+    }
+    RingEnt *e = ring_at(ix, (size_t)(p->pos - ix->ring_popped));
+    return e->gid == p->gid && e->gen == p->gen ? e : NULL;
+}
+
+static int
+parked_cmp(const void *a, const void *b)
+{
+    uint32_t x = ((const Parked *)a)->gid, y = ((const Parked *)b)->gid;
+    return (x > y) - (x < y);
+}
+
+/* A removal is about to drop the groups of `cand` (one of its removed keys each, gid and
+ * gen set; sorted here): keep the places on the ring of those waiting there, so that
+ * put_back gives them back. Places the ring no longer holds are let go first. */
+static int
+park(Index *ix, Parked *cand, size_t n)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < ix->nparked; i++) {
+        if (parked_entry(ix, &ix->parked[i]) != NULL) {
+            ix->parked[kept++] = ix->parked[i];
+        }
+    }
+    ix->nparked = kept;
+    qsort(cand, n, sizeof(Parked), parked_cmp);
+    for (size_t i = 0; i < ix->ring_n; i++) {
+        RingEnt *e = ring_at(ix, i);
+        if (!current(ix, e->gid, e->gen) || !(ix->g[e->gid].flags & F_PARK)) {
+            continue;
+        }
+        Parked probe = {.gid = e->gid};
+        Parked *c = bsearch(&probe, cand, n, sizeof(Parked), parked_cmp);
+        if (c == NULL) {
+            continue;
+        }
+        if (grow(ix, (void **)&ix->parked, &ix->parked_cap, ix->nparked, sizeof(Parked), 4) < 0) {
+            return -1;
+        }
+        c->pos = ix->ring_popped + i;
+        ix->parked[ix->nparked++] = *c;
+    }
+    return 0;
+}
+
+/* Group gid holds `key` again (put_back): if a removal of that key dropped the group from
+ * its place on the ring, which the ring still holds, the group takes that place again
+ * (and leaves a later one it took meanwhile). */
+static void
+unpark(Index *ix, const uint8_t *key, uint32_t gid)
+{
+    for (size_t i = 0; i < ix->nparked; i++) {
+        Parked *p = &ix->parked[i];
+        if (memcmp(p->key, key, KEY) != 0) {
+            continue;
+        }
+        RingEnt *e = parked_entry(ix, p);
+        ix->parked[i] = ix->parked[--ix->nparked];
+        if (e == NULL) {
+            return;
+        }
+        Group *g = &ix->g[gid];
+        if (g->flags & F_QUEUED) {
+            for (size_t j = 0; j < ix->ring_n; j++) {
+                RingEnt *later = ring_at(ix, j);
+                if (later->gid == gid && later->gen == g->gen) {
+                    later->gid = NIL; /* no group's: passed over */
+                }
+            }
+        }
+        e->gid = gid;
+        e->gen = g->gen;
+        g->flags |= F_QUEUED;
+        return;
+    }
+}
+
 /* ---- choosing ------------------------------------------------------------------------ */
 
 static int rebuild(Index *ix, int64_t now);
@@ -1064,6 +1162,7 @@ next_group(Index *ix, int64_t now)
             RingEnt e = *ring_at(ix, 0);
             ix->ring_head = (ix->ring_head + 1) % ix->ring_cap;
             ix->ring_n--;
+            ix->ring_popped++;
             if (!current(ix, e.gid, e.gen)) {
                 continue;
             }
@@ -1293,6 +1392,9 @@ clear_all(Index *ix)
     ix_free(ix, ix->ring, ix->ring_cap * sizeof(RingEnt));
     ix->ring = NULL;
     ix->ring_head = ix->ring_n = ix->ring_cap = 0;
+    ix_free(ix, ix->parked, ix->parked_cap * sizeof(Parked));
+    ix->parked = NULL;
+    ix->nparked = ix->parked_cap = 0;
     ix_free(ix, ix->timers, ix->timers_cap * sizeof(Timer));
     ix->timers = NULL;
     ix->ntimers = ix->timers_cap = 0;
@@ -1458,7 +1560,9 @@ ix_configure(Index *ix, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     ix->nheap = 0;
+    ix->ring_popped += ix->ring_n; /* the old entries go: a parked place goes with them */
     ix->ring_n = ix->ring_head = 0;
+    ix->nparked = 0;
     ix->ntimers = 0;
     for (size_t gid = 0; gid < ix->g_top; gid++) {
         ix->g[gid].flags = 0;
@@ -2055,13 +2159,16 @@ ix_remove(Index *ix, PyObject *const *args, Py_ssize_t nargs)
     }
     PyObject *out = PyList_New(0);
     uint32_t *touched = PyMem_RawMalloc(((size_t)n + 1) * sizeof(uint32_t));
-    if (out == NULL || touched == NULL) {
+    /* with fair: a removed held key of each group touched, to keep its place by */
+    Parked *cand = ix->fair ? PyMem_RawMalloc(((size_t)n + 1) * sizeof(Parked)) : NULL;
+    if (out == NULL || touched == NULL || (ix->fair && cand == NULL)) {
         Py_XDECREF(out);
         PyMem_RawFree(touched);
+        PyMem_RawFree(cand);
         Py_DECREF(seq);
         return PyErr_NoMemory();
     }
-    size_t nt = 0;
+    size_t nt = 0, nc = 0;
     int err = 0;
     for (Py_ssize_t i = 0; i < n && !err; i++) {
         PyObject *pair = PySequence_Fast_GET_ITEM(seq, i);
@@ -2091,6 +2198,13 @@ ix_remove(Index *ix, PyObject *const *args, Py_ssize_t nargs)
                 continue;
             }
             ix->indexed--;
+            if (cand != NULL && !(ix->g[gid].flags & F_PARK)) {
+                ix->g[gid].flags |= F_PARK;
+                memcpy(cand[nc].key, key, KEY);
+                cand[nc].gid = gid;
+                cand[nc].gen = ix->g[gid].gen;
+                nc++;
+            }
             row = Py_BuildValue("(y#Oi)", (const char *)key, (Py_ssize_t)KEY, group, where);
         }
         if (row == NULL || PyList_Append(out, row) < 0) {
@@ -2102,6 +2216,23 @@ ix_remove(Index *ix, PyObject *const *args, Py_ssize_t nargs)
             touched[nt++] = gid;
         }
     }
+    /* a group the removal empties is dropped, and leaves its place on the fair ring:
+     * kept, in case the removal is refused and put back */
+    size_t np = 0;
+    for (size_t i = 0; i < nc; i++) {
+        Group *g = &ix->g[cand[i].gid];
+        if (g_idle(g) && (g->flags & F_QUEUED)) {
+            cand[np++] = cand[i];
+        } else {
+            g->flags &= ~F_PARK;
+        }
+    }
+    if (np && !err) {
+        err = park(ix, cand, np) < 0;
+    }
+    for (size_t i = 0; i < np; i++) {
+        ix->g[cand[i].gid].flags &= ~F_PARK;
+    }
     for (size_t i = 0; i < nt; i++) {
         ix->g[touched[i]].flags &= ~F_MARK;
     }
@@ -2109,6 +2240,7 @@ ix_remove(Index *ix, PyObject *const *args, Py_ssize_t nargs)
         err = done_with(ix, touched[i], now) < 0;
     }
     PyMem_RawFree(touched);
+    PyMem_RawFree(cand);
     Py_DECREF(seq);
     if (err) {
         Py_DECREF(out);
@@ -2179,6 +2311,9 @@ ix_put_back(Index *ix, PyObject *const *args, Py_ssize_t nargs)
             goto fail;
         }
         ix->indexed++;
+        if (ix->nparked) {
+            unpark(ix, key, gid);
+        }
         if (offer(ix, gid, now) < 0) {
             goto fail;
         }
@@ -2615,7 +2750,8 @@ static PyMethodDef ix_methods[] = {
      "remove(pairs, now) -> rows: stop holding these (key, group) pairs; (key, group, "
      "where) of each that was held, for put_back."},
     {"put_back", (PyCFunction)(void (*)(void))ix_put_back, METH_FASTCALL,
-     "put_back(rows, now): hold again what remove returned (its write was refused)."},
+     "put_back(rows, now): hold again what remove returned (its write was refused); a "
+     "group it emptied takes its place on the fair ring again."},
     {"held_after", (PyCFunction)(void (*)(void))ix_held_after, METH_FASTCALL,
      "held_after(after, limit) -> [(key, group)]: the first limit held items above after, "
      "in key order."},

@@ -104,6 +104,60 @@ def test_items_back_from_a_lease_go_in_key_order_however_they_arrive() -> None:
     assert drain(index) == [k(10), k(20)]
 
 
+def test_an_item_back_from_a_lease_is_the_oldest_held_after_a_removal_put_back() -> None:
+    """The state machine's example: a mark removed and put back, then reached by the
+    cursor after a later mark of its group had arrived: it is the oldest held key and
+    goes before that later one (it used to sit behind it, missed by ``oldest_key``)."""
+    index = DeliveryIndex()
+    index.hold(None, k(1), T0)
+    index.took(None, T0)
+    index.returning({k(2): "customer-42"})
+    index.hold(None, k(3), T0)
+    removed = index.remove([(k(2), None), (k(4), "a")], T0)
+    assert removed == [(k(2), "customer-42", RETURNING)]
+    index.returning({k(5): "customer-42"})
+    index.arrive(k(5), T0)
+    index.put_back(removed, T0)
+    assert not index.admits(None, T0)  # its held items go first
+    index.arrive(k(2), T0)
+    assert index.next_held(T0) == (k(1), None)
+    index.done_with(None, T0)
+    assert index.oldest_key() == k(2)
+    assert index.held_after(b"", 10) == [(k(2), "customer-42"), (k(3), None), (k(5), "customer-42")]
+    assert drain(index) == [k(2), k(3), k(5)]
+
+
+def test_a_removal_put_back_leaves_the_fair_turns_as_they_were() -> None:
+    """The state machine's example: with ``fair`` turned on after items were held, the
+    items of two groups removed and put back (a refused delete): the group whose turn
+    was next is still next, the one just served is not served again before it."""
+    index = DeliveryIndex()
+    for n, name in enumerate([None, None, None, "a"], 1):
+        index.hold(name, k(n), T0)
+    assert index.next_held(T0) == (k(1), None)
+    index.done_with(None, T0)
+    index.configure(QueueConfig(fair=True), T0)
+    assert index.next_held(T0) == (k(2), None)  # a's turn is next
+    index.done_with(None, T0)
+    removed = index.remove([(k(3), None), (k(4), "a"), (k(5), "a")], T0)
+    assert removed == [(k(3), None, HELD), (k(4), "a", HELD)]
+    assert index.group_count == 0
+    index.put_back(removed, T0)
+    assert drain(index) == [k(4), k(3)]
+
+
+def test_a_group_put_back_takes_its_place_not_the_one_it_took_meanwhile() -> None:
+    """A group emptied by a removal and given a new item before the removal is put back
+    has joined the line at the back; the put back gives it its place again, once."""
+    index = index_with(fair=True)
+    for n, name in enumerate(["a", "b", "c"], 1):
+        index.hold(name, k(n), T0)
+    removed = index.remove([(k(1), "a")], T0)
+    index.hold("a", k(9), T0)  # joins at the back: b, c, a
+    index.put_back(removed, T0)  # back in its place: a, b, c
+    assert drain(index) == [k(1), k(2), k(3), k(9)]
+
+
 def test_removal_and_put_back_keep_key_order() -> None:
     index = index_with(group_limit=1)
     index.took(None, T0)  # a lease of no group: None is a group of its own, never held back

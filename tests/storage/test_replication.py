@@ -238,6 +238,29 @@ def test_a_stalled_group_refuses_writes_before_writing_them(engines: Any) -> Non
     assert [d.value for d in leader.dequeue("jobs", 10)] == [b"y"]
 
 
+def test_a_delete_refused_by_a_stall_leaves_the_fair_turns_as_they_were(engines: Any) -> None:
+    """With ``fair``, a delete of a group's only item refused by a stalled replica group
+    changes nothing: the group keeps its turn (it used to lose it, and the items without
+    a group were served twice in a row while it waited)."""
+    leader = engines("leader")
+    leader.put_queue("jobs", QueueConfig(fair=True))
+    leader.enqueue("jobs", [NewItem(b"n1"), NewItem(b"n2")])
+    [a1] = leader.enqueue("jobs", [NewItem(b"a1", group="a")])
+    assert [d.value for d in leader.dequeue("jobs", 1)] == [b"n1"]  # a's turn is next
+    sink = ListSink()
+    leader.set_replication(sink)
+    sink.admitting = False
+    with pytest.raises(ReplicationStalled):
+        leader.delete_item("jobs", a1.id)
+    sink.admitting = True
+    auto = AutoCommit(leader, sink)
+    try:
+        assert [(d.value, d.group) for d in leader.dequeue("jobs", 1)] == [(b"a1", "a")]
+        assert [d.value for d in leader.dequeue("jobs", 1)] == [b"n2"]
+    finally:
+        auto.close()
+
+
 def test_a_replaced_sinks_commit_publishes_nothing(engines: Any) -> None:
     """The fence inside the engine: the previous epoch's replicator, still ticking,
     cannot publish the next epoch's records (both number from 1)."""
