@@ -146,6 +146,26 @@ def test_a_removal_put_back_leaves_the_fair_turns_as_they_were() -> None:
     assert drain(index) == [k(4), k(3)]
 
 
+def test_a_dequeue_between_a_removal_and_its_put_back_lets_the_places_go() -> None:
+    """The state machine's example: a removal empties every group, a dequeue finds
+    nothing to hand out (each group has left the line), then the removal is put back:
+    the groups join the line again in the order they come back, as groups that may
+    deliver again do, not in their old places (the ring passed them)."""
+    index = DeliveryIndex()
+    index.returning({k(1): "a"})
+    index.hold(None, k(2), T0)
+    index.configure(QueueConfig(fair=True), T0)
+    index.arrive(k(1), T0)
+    index.hold(None, k(3), T0)
+    index.hold(None, k(4), T0)
+    assert index.next_held(T0) == (k(2), None)  # a's turn is next
+    index.done_with(None, T0)
+    removed = index.remove([(k(3), None), (k(4), None), (k(1), "a")], T0)
+    assert index.next_held(T0) is None
+    index.put_back(removed, T0)
+    assert drain(index) == [k(3), k(1), k(4)]
+
+
 def test_a_group_put_back_takes_its_place_not_the_one_it_took_meanwhile() -> None:
     """A group emptied by a removal and given a new item before the removal is put back
     has joined the line at the back; the put back gives it its place again, once."""
@@ -565,6 +585,9 @@ class IndexMachine(RuleBasedStateMachine):
         held = self.index.next_held(T0)
         if held is None:
             assert not could
+            # a check that finds no group may deliver: each leaves the line, and joins
+            # its back again once it may (docs/delivery.md, "In turn")
+            self.turns.forget(every=True)
             return
         key, name = held
         assert name in could, (name, could)
