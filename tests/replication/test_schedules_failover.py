@@ -16,6 +16,7 @@ import pytest
 
 from tests.replication.cluster import Cluster, eventually, leader_other_than
 from tests.server.live import browse_all
+from tests.stopped import sigstop
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -75,7 +76,7 @@ def test_failovers_fire_every_tick_once(group: Cluster) -> None:
     # never count those writes
     paused = group.servers[second.node]
     assert paused.proc is not None
-    paused.proc.send_signal(signal.SIGSTOP)
+    sigstop(paused.proc.pid)
     try:
         third = eventually(
             "a leader while the old one is paused", leader_other_than(group, second.node)
