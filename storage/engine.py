@@ -225,15 +225,20 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
         """Background upkeep: reopen failed queues once their fault clears; with
         ``auto_merge``, freeze idle logs that hold tombstones and start merges."""
         while not self._stop_maintenance.wait(0.5):
-            for q in list(self._queues.values()):
-                try:
-                    q.recover_if_due()
-                    if self.config.auto_merge:
-                        q.jobs.freeze_if_idle(self.config.idle_freeze_seconds)
-                        self.merge_policy.consider(q)
-                    self.forget_expired_keys(q)
-                except Exception:
-                    log.exception("maintenance of queue %s failed", q.name)
+            self._maintain_queues()
+
+    def _maintain_queues(self) -> None:
+        """One pass of ``_maintain``: a call of its own, so that no queue stays named
+        by the thread while it waits for the next (a deleted queue is let go at once)."""
+        for q in list(self._queues.values()):
+            try:
+                q.recover_if_due()
+                if self.config.auto_merge:
+                    q.jobs.freeze_if_idle(self.config.idle_freeze_seconds)
+                    self.merge_policy.consider(q)
+                self.forget_expired_keys(q)
+            except Exception:
+                log.exception("maintenance of queue %s failed", q.name)
 
     def close(self) -> None:
         with self._lock:
@@ -251,6 +256,21 @@ class Engine(Operations, KeyOps, ReplicaEngine, ScheduleOps):
         self.compactor.shutdown()
         fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
         os.close(self._lock_fd)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Drop what points back at the engine: its queues (each holds the engine) and
+        the subscribers' callbacks (a subscriber holds the engine too). Each is a
+        reference cycle that would keep the closed engine — every queue's in-memory
+        segments, delivery index and segment readers — until the cycle collector ran,
+        which a process allocating few Python objects may not do for a long time;
+        without them the engine goes as soon as its last name does. A closed engine
+        answers ``EngineUnavailable`` for its queues from now on, as it did for new
+        ones."""
+        with self._lock:
+            self._queues.clear()
+        self._listeners.clear()
+        self._schedule_listeners.clear()
 
     def __enter__(self) -> Engine:
         return self

@@ -16,9 +16,10 @@ It is given the parts it coordinates: ``GroupCommit`` (the log it switches),
 these jobs: requests, backoffs, the generation that voids the jobs of an earlier
 load), ``Deliveries`` (the cursor a new segment file is placed after), ``Health``, and
 ``Failing`` (a log that cannot be closed fails the queue). It calls nothing of the
-queue: the queue is only handed to the syncer and to the merge policy (``owner``),
-which call it later, and the batches a closed log made durable are published by the
-caller between the two steps of a rotation (``begin_rotation``, ``end_rotation``).
+queue: the queue is only handed to the syncer and to the merge policy (``owner``, held
+weakly: the queue holds its jobs), which call it later, and the batches a closed log
+made durable are published by the caller between the two steps of a rotation
+(``begin_rotation``, ``end_rotation``).
 
 Invariants (``SegmentSet`` keeps the ones on its own state): the next log is created
 before the current one is closed, so a rotation that cannot start leaves the queue on
@@ -31,6 +32,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -110,7 +112,11 @@ class FileJobs:
         self.directory = directory
         self.lock = lock
         self.host = host
-        self.owner = owner
+        #: the queue, held weakly: it holds these jobs, and a strong reference back
+        #: would make every queue a reference cycle, kept with its in-memory segments
+        #: and segment readers until the cycle collector ran after the queue was closed
+        #: and dropped (``owner``)
+        self._owner = weakref.ref(owner)
         self.commit = commit
         self.files = files
         self.deliveries = deliveries
@@ -122,6 +128,15 @@ class FileJobs:
         self.meta = meta
         #: while this file exists the compaction worker stops the running merge
         self.cancel_marker = os.path.join(directory, "merge.cancel")
+
+    @property
+    def owner(self) -> JobsOwner:
+        """The queue, for the syncer and the merge policy. Only a job's callback can
+        outlive it, and each of those returns once the queue is closed, before it asks."""
+        owner = self._owner()
+        if owner is None:
+            raise EngineUnavailable("queue is closed", queue=self.name)
+        return owner
 
     # ------------------------------------------------------------------ the log's size
 

@@ -199,16 +199,22 @@ class Syncer:
                 batch = list(self._dirty)
                 self._dirty.clear()
                 stopping = self._stopping
-            for target in batch:
-                self.rounds += 1
-                try:
-                    self.observe(target.sync_round())
-                except Exception:  # the target has failed its waiters; keep serving others
-                    log.exception("sync round failed")
+            self._sync(batch)
+            # the thread then waits, maybe long: it must not hold the queues meanwhile
+            # (a deleted or replaced queue would live on here until the next round)
+            del batch
             if stopping:
                 with self._lock:
                     if not self._dirty:
                         return
+
+    def _sync(self, batch: list[SyncTarget]) -> None:
+        for target in batch:
+            self.rounds += 1
+            try:
+                self.observe(target.sync_round())
+            except Exception:  # the target has failed its waiters; keep serving others
+                log.exception("sync round failed")
 
     def counts(self) -> tuple[int, int, int]:
         """(sync rounds run by this thread, sync rounds run by committing threads,

@@ -25,22 +25,26 @@ class Timers:
     def call_later(self, delay: float, fn: Callable[[], None]) -> None:
         """Call ``fn`` after ``delay`` seconds on a timer thread, unless the queue has
         closed by then (closing cancels the timer)."""
-
-        def run() -> None:
-            with self._lock:
-                self._timers.discard(timer)
-                if self._closed:
-                    return
-            fn()
-
-        timer = threading.Timer(delay, run)
+        timer = threading.Timer(delay, self._fire, (fn,))
         timer.daemon = True
         with self._lock:
             self._timers.add(timer)
         timer.start()
+
+    def _fire(self, fn: Callable[[], None]) -> None:
+        """On the timer's own thread. The timer is found as that thread, not named in a
+        closure it holds: such a closure made each timer a reference cycle, which kept
+        ``fn`` — a part of the queue — and through it the closed queue's memory until
+        the cycle collector ran."""
+        with self._lock:
+            self._timers.discard(threading.current_thread())  # type: ignore[arg-type]
+            if self._closed:
+                return
+        fn()
 
     def close(self) -> None:
         """The queue closes: cancel every timer (call under the queue's lock)."""
         self._closed = True
         for timer in self._timers:
             timer.cancel()
+        self._timers.clear()

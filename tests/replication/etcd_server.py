@@ -18,7 +18,6 @@ import pytest
 
 from dq.server.replication.etcd import EtcdClient, EtcdError
 from tests.server.live import free_port
-from tests.stopped import sigstop
 
 __all__ = ["EtcdServer", "etcd_binary", "running_etcd"]
 
@@ -97,7 +96,7 @@ class EtcdServer:
 
     def pause(self) -> None:
         assert self.proc is not None
-        sigstop(self.proc.pid)
+        self.proc.send_signal(signal.SIGSTOP)
 
     def resume(self) -> None:
         assert self.proc is not None

@@ -33,7 +33,6 @@ from dq.storage.config import EngineConfig
 from dq.storage.wal import read_wal
 from tests.replication.cluster import QUEUE, Cluster, eventually
 from tests.server.live import LiveServer, browse_all
-from tests.stopped import sigstop
 
 # integration: three dq serve members and etcd
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -140,7 +139,7 @@ def test_a_follower_with_a_hung_compaction_worker_stays_bounded_and_loses_nothin
         eventually(
             "the follower's first freezes to finish", lambda: extra(member)["frozen"] == 0 or None
         )
-        sigstop(worker.pid)
+        worker.send_signal(signal.SIGSTOP)
         stopped.append(worker)
 
         before = len(acked)

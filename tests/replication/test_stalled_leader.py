@@ -24,7 +24,6 @@ import pytest
 from dq.client import AsyncClient, Client, ClientError
 from tests.replication.cluster import QUEUE, Cluster, eventually, leader_other_than
 from tests.server.live import REPO
-from tests.stopped import sigstop
 
 # integration: three dq serve members, etcd, the dq CLI
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -126,7 +125,7 @@ def test_a_leader_stalled_for_many_leases_stops_writes_for_one_timeout(group: Cl
     cli: subprocess.CompletedProcess[str] | None = None
     try:
         eventually("writes before the stall", lambda: True if writes.count() >= 150 else None)
-        sigstop(stalled.proc.pid)
+        stalled.proc.send_signal(signal.SIGSTOP)
         stopped_at = time.monotonic()
         try:
             successor = eventually(

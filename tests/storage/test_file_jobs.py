@@ -53,6 +53,9 @@ class Host:
         self.commit_lsn = 0
         self.fsync_stats = FsyncStats()
         self.hooked: list[object] = []
+        #: the queue the jobs are of, kept here: the jobs hold it weakly (as the engine
+        #: holds its queues, the host holds this one)
+        self.owner = Owner()
 
     def merge_policy_hook(self, source: object) -> None:
         self.hooked.append(source)
@@ -82,7 +85,7 @@ def jobs_of(tmp_path: Path, host: Host) -> FileJobs:
         str(tmp_path),
         lock,
         host,  # type: ignore[arg-type]
-        Owner(),  # type: ignore[arg-type]
+        host.owner,  # type: ignore[arg-type]
         commit=commit,
         files=files,
         deliveries=deliveries,
