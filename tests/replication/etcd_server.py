@@ -18,6 +18,7 @@ import pytest
 
 from dq.server.replication.etcd import EtcdClient, EtcdError
 from tests.server.live import free_port
+from tests.stopped import sigstop
 
 __all__ = ["EtcdServer", "etcd_binary", "running_etcd"]
 
@@ -96,7 +97,7 @@ class EtcdServer:
 
     def pause(self) -> None:
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
+        sigstop(self.proc.pid)
 
     def resume(self) -> None:
         assert self.proc is not None

@@ -33,6 +33,7 @@ from dq.storage.config import EngineConfig
 from dq.storage.wal import read_wal
 from tests.replication.cluster import QUEUE, Cluster, eventually
 from tests.server.live import LiveServer, browse_all
+from tests.stopped import sigstop
 
 # integration: three dq serve members and etcd
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -139,7 +140,7 @@ def test_a_follower_with_a_hung_compaction_worker_stays_bounded_and_loses_nothin
         eventually(
             "the follower's first freezes to finish", lambda: extra(member)["frozen"] == 0 or None
         )
-        worker.send_signal(signal.SIGSTOP)
+        sigstop(worker.pid)
         stopped.append(worker)
 
         before = len(acked)

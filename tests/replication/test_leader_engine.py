@@ -108,8 +108,8 @@ def test_a_write_waiting_past_the_commit_timeout_answers_replication_timeout_and
 ) -> None:
     async def body(rep: Replicator, members: Members) -> None:
         await join(rep)
+        t0 = time.monotonic()  # before: the write's commit timeout starts as it is appended
         fut = enqueue(engine, b"late")
-        t0 = time.monotonic()
         with pytest.raises(ReplicationTimeout):
             await settled(fut)
         assert 0.25 <= time.monotonic() - t0 < 5.0

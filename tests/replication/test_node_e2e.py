@@ -13,6 +13,7 @@ import pytest
 
 from dq.client import Client
 from tests.replication.cluster import QUEUE, Cluster, eventually, leader_other_than
+from tests.stopped import sigstop
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -122,7 +123,7 @@ def test_graceful_handover_then_a_paused_leader_is_fenced(group: Cluster) -> Non
     # acknowledge a write it receives, and ends up following the new leader
     paused = group.servers[second.node]
     assert paused.proc is not None
-    paused.proc.send_signal(signal.SIGSTOP)
+    sigstop(paused.proc.pid)
     try:
         third = eventually(
             "a leader while the old one is paused", leader_other_than(group, second.node)

@@ -34,6 +34,7 @@ import pytest
 from dq.client import Client, ClientError, Item, NewItem, QueueConfig, RateLimit, RetryPolicy
 from tests.replication.cluster import Cluster, eventually, leader_other_than
 from tests.server.overlaps import most_at_once
+from tests.stopped import sigstop
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -176,7 +177,7 @@ def test_limits_hold_through_a_frozen_and_a_killed_leader(group: Cluster) -> Non
         late = httpx.Client(base_url=first.url, timeout=30)
         late.get("/v1/cluster").raise_for_status()  # the connection is open
         frozen_at = time.time()
-        frozen.proc.send_signal(signal.SIGSTOP)
+        sigstop(frozen.proc.pid)
         try:
             second = eventually(
                 "a leader while the first is frozen", leader_other_than(group, first.node)

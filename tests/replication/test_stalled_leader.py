@@ -24,6 +24,7 @@ import pytest
 from dq.client import AsyncClient, Client, ClientError
 from tests.replication.cluster import QUEUE, Cluster, eventually, leader_other_than
 from tests.server.live import REPO
+from tests.stopped import sigstop
 
 # integration: three dq serve members, etcd, the dq CLI
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -125,7 +126,7 @@ def test_a_leader_stalled_for_many_leases_stops_writes_for_one_timeout(group: Cl
     cli: subprocess.CompletedProcess[str] | None = None
     try:
         eventually("writes before the stall", lambda: True if writes.count() >= 150 else None)
-        stalled.proc.send_signal(signal.SIGSTOP)
+        sigstop(stalled.proc.pid)
         stopped_at = time.monotonic()
         try:
             successor = eventually(

@@ -84,21 +84,34 @@ def test_tenants_served_in_turn(http: Client) -> None:
 
 def test_fifty_deliveries_a_second(server: LiveServer, http: Client, ring: Client) -> None:
     """A token bucket: the burst at once, then one every 20 ms; a long-poll waits for the
-    next token within its wait; the refusals are counted and shown in /metrics."""
+    next token within its wait; the refusals are counted and shown in /metrics.
+
+    The deliveries after the burst are counted against the time since a clock reading
+    before it (the bucket was emptied after that reading) and after each answer: at most
+    one a 20 ms. A test cannot know how long the machine takes between two calls, so it
+    does not say how many a call gets, only that the bucket's rate was never exceeded."""
     http.put_queue("mail", QueueConfig(rate_limit=RateLimit(per_second=50, burst=50)))
-    http.enqueue_many("mail", [b"m%d" % n for n in range(80)])
+    http.enqueue_many("mail", [b"m%d" % n for n in range(120)])
+    burst_at = time.monotonic()
     assert len(http.dequeue("mail", 100)) == 50
-    assert ring.dequeue("mail", 10) == []  # no token now: the items stay due
+
+    def allowed() -> int:
+        """The most the bucket can have given since it was emptied, by the clock now
+        (with 2 ms for the server's clock: read to the millisecond, and slewed by NTP)."""
+        return int((time.monotonic() - burst_at + 0.002) * 50)
+
+    given = len(ring.dequeue("mail", 10))  # none within 20 ms of the burst: the items stay due
+    assert given <= allowed()
     start = time.monotonic()
     got = ring.dequeue("mail", 10, wait_ms=3000)
     waited = time.monotonic() - start
-    assert 1 <= len(got) <= 2 and waited < 2.5, (len(got), waited)
-    start = time.monotonic()
-    total = 0
-    while total < 25 and time.monotonic() - start < 10:
-        total += len(http.dequeue("mail", 100, wait_ms=1000))
-    assert total == 25
-    assert time.monotonic() - start >= 0.4  # 25 tokens take half a second to come
+    given += len(got)
+    assert len(got) >= 1 and waited < 2.5, (len(got), waited)  # woken for the next token
+    assert given <= allowed(), given
+    while given < 25 and time.monotonic() - start < 10:
+        given += len(http.dequeue("mail", 100, wait_ms=1000))
+        assert given <= allowed(), given  # 25 tokens take half a second to come
+    assert given >= 25
     stats = http.queue("mail").stats
     assert stats.rate_limited >= 1
     metrics = httpx.get(server.url + "/metrics", timeout=10).text

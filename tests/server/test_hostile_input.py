@@ -27,6 +27,7 @@ from dq.server.settings import Settings
 from dq.storage import fileio
 from tests.server.in_app import app_client
 from tests.server.live import REPO, LiveServer, free_port, live_server
+from tests.stopped import sigstop
 
 pytestmark = pytest.mark.integration  # live dq serve processes
 
@@ -300,7 +301,7 @@ def test_a_request_sent_while_the_server_was_paused_is_answered(tmp_path: Path) 
         assert server.proc is not None
         assert dq.enqueue("paused", b"warm") == 1  # the connection is kept alive
         time.sleep(0.5)  # the server waits in epoll: woken, it runs its timers first
-        server.proc.send_signal(signal.SIGSTOP)
+        sigstop(server.proc.pid)
         wake = threading.Timer(6.5, server.proc.send_signal, (signal.SIGCONT,))
         wake.start()  # past the keep-alive timeout (5 s)
         try:

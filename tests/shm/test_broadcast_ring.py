@@ -28,6 +28,7 @@ from dq.shm.broadcast_ring import (
 )
 from dq.shm.errors import ProtocolError, RingClosed
 from tests.shm.doc_examples import doc_example
+from tests.stopped import sigstop
 
 CTX = mp.get_context("fork")
 
@@ -174,7 +175,7 @@ def test_a_stuck_reader_is_evicted_and_told_so() -> None:
     proc.start()
     try:
         assert ready.wait(10)
-        os.kill(proc.pid, signal.SIGSTOP)
+        sigstop(proc.pid)
         writer = BroadcastWriter(buf, evict_after_s=0.3)
         t0 = time.monotonic()
         writer.publish([b"z" * 20] * 20)

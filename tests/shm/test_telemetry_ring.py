@@ -24,6 +24,7 @@ from dq.shm.telemetry_ring import (
     ring_size,
 )
 from tests.shm.doc_examples import doc_example
+from tests.stopped import sigstop
 
 CTX = mp.get_context("fork")
 
@@ -283,7 +284,7 @@ def test_a_stopped_reader_does_not_stall_the_writer() -> None:
     proc.start()
     try:
         assert ready.wait(10)
-        os.kill(proc.pid, signal.SIGSTOP)
+        sigstop(proc.pid)
         t0 = time.monotonic()
         ring.enqueue(word("a"))  # message 0: its lock is held by the stopped reader
         assert time.monotonic() - t0 < 1.0
