@@ -241,6 +241,10 @@ class ShmTransport:
         self._timeout = timeout
         self._capacity, self._spin_us = capacity, spin_us
         self._attach_lock = threading.Lock()
+        #: calls of this transport's threads waiting for a ring's lock (``_wait_for``),
+        #: which a long-poll lets go first between two slices (``_let_waiting_go``)
+        self._waiting = 0
+        self._waiting_changed = threading.Condition(threading.Lock())
         self._retired: list[tuple[ClientRing, Attachment]] = []  # rings of servers gone
         self._attachment, self._ring = self._attach()
         self._http_url_given = http_url
@@ -349,16 +353,48 @@ class ShmTransport:
             raise TransportError(f"{self.url}: a shm client cannot cross fork(); open a new one")
         if timeout is None:
             timeout = self._timeout
+        lock = ring.lock
+        if not lock.acquire(False):
+            self._wait_for(lock)
         try:
-            with ring.lock:
-                if self._bound != queue:
-                    self._bind_locked(ring, queue, timeout)
-                return ring.exchange(op, key, value, timeout)
+            if self._bound != queue:
+                self._bind_locked(ring, queue, timeout)
+            return ring.exchange(op, key, value, timeout)
         except ClientError:
             raise
         except (ShmError, ValueError) as exc:
             self._bound = None
             raise TransportError(f"{self.url}: {exc}") from exc
+        finally:
+            lock.release()
+
+    def _wait_for(self, lock: threading.Lock) -> None:
+        """Take ``lock``, held by another thread, counted meanwhile among the calls
+        waiting for the ring (so a long-poll between two slices lets this one go first)."""
+        changed = self._waiting_changed
+        with changed:
+            self._waiting += 1
+        try:
+            lock.acquire()
+        finally:
+            with changed:
+                self._waiting -= 1
+                changed.notify_all()
+
+    def _let_waiting_go(self, end: float) -> None:
+        """Between two slices of a long-poll: the calls of the client's other threads
+        that wait for the ring take it first (for one slice at most, and never past the
+        long-poll's end). A lock is no queue: the poller, running, took it back before a
+        waiter it woke was given a CPU, slice after slice on a busy machine, and an
+        enqueue waited 3.5 s behind a long-poll of 5 s sliced in 250 ms."""
+        changed = self._waiting_changed
+        until = min(end, time.monotonic() + LONG_POLL_SLICE_MS / 1000)
+        with changed:
+            while self._waiting:
+                left = until - time.monotonic()
+                if left <= 0:
+                    return
+                changed.wait(left)
 
     def _bind_locked(self, ring: ClientRing, queue: str, timeout: float) -> None:
         """BIND the ring to ``queue`` (the commands that follow act on it). Caller holds
@@ -382,33 +418,37 @@ class ShmTransport:
             raise TransportError(f"{self.url}: a shm client cannot cross fork(); open a new one")
         if not commands:
             return []
+        lock = ring.lock
+        if not lock.acquire(False):
+            self._wait_for(lock)
         try:
-            with ring.lock:
-                if self._bound != queue:
-                    self._bind_locked(ring, queue, timeout)
-                window = ring.capacity - 1
-                inflight: deque[list[int]] = deque()
-                used = 0
-                out: list[Response] = []
-                for span in commands:
-                    while inflight and used + len(span) > window:
-                        ring.wake_server()
-                        slots = inflight.popleft()
-                        used -= len(slots)
-                        out.append(ring.collect(slots, timeout))
-                    slots = ring.submit_span(span, timeout)
-                    inflight.append(slots)
-                    used += len(slots)
-                ring.wake_server()  # once per burst: the server takes it in one pass
-                while inflight:
-                    out.append(ring.collect(inflight.popleft(), timeout))
-                out[-1] = ring.complete(out[-1], timeout)  # only the last may continue
-                return out
+            if self._bound != queue:
+                self._bind_locked(ring, queue, timeout)
+            window = ring.capacity - 1
+            inflight: deque[list[int]] = deque()
+            used = 0
+            out: list[Response] = []
+            for span in commands:
+                while inflight and used + len(span) > window:
+                    ring.wake_server()
+                    slots = inflight.popleft()
+                    used -= len(slots)
+                    out.append(ring.collect(slots, timeout))
+                slots = ring.submit_span(span, timeout)
+                inflight.append(slots)
+                used += len(slots)
+            ring.wake_server()  # once per burst: the server takes it in one pass
+            while inflight:
+                out.append(ring.collect(inflight.popleft(), timeout))
+            out[-1] = ring.complete(out[-1], timeout)  # only the last may continue
+            return out
         except ClientError:
             raise
         except (ShmError, ValueError) as exc:
             self._bound = None
             raise TransportError(f"{self.url}: {exc}") from exc
+        finally:
+            lock.release()
 
     def _deletes(self, releases: Sequence[Release]) -> tuple[list[Span], bool]:
         """The commands that release ``releases``: one DELETE_MANY for two or more (when
@@ -623,6 +663,11 @@ class ShmTransport:
             left = int((end - time.monotonic()) * 1000)
             if left <= 0 or flags & FLAG_DRAINING:  # the server is shutting down: stop
                 break
+            if self._waiting:
+                self._let_waiting_go(end)
+                left = int((end - time.monotonic()) * 1000)
+                if left <= 0:
+                    break
             items, flags = self._dequeue_once(queue, count, lease_ms, min(left, LONG_POLL_SLICE_MS))
         if items is first:
             return first

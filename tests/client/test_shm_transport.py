@@ -570,6 +570,52 @@ def test_a_long_poll_does_not_hold_up_the_other_threads(shm_url: str) -> None:
         assert took < 1, took
 
 
+class _LateWaiter:
+    """A ring's lock whose waiters look for it every 50 ms, as a thread woken on a busy
+    machine runs only once it is given a CPU: a holder that lets it go and takes it back
+    at once keeps it from them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def acquire(self, blocking: bool = True) -> bool:
+        while not self._lock.acquire(False):
+            if not blocking:
+                return False
+            time.sleep(0.05)
+        return True
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_a_long_poll_lets_a_call_waiting_for_the_ring_go_between_its_slices(
+    shm_url: str,
+) -> None:
+    """The long-poll's next slice waits for the calls of other threads already waiting
+    for the ring, however late they run: with the ring's lock taken back at once, the
+    enqueue here waited out the whole long-poll of 5 s."""
+    with Client(shm_url) as dq:
+        dq.enqueue("busy", b"w")  # attached
+        transport = dq.transport
+        assert isinstance(transport, ShmTransport)
+        transport._ring.lock = _LateWaiter()  # type: ignore[assignment]
+        poller = threading.Thread(target=dq.dequeue, args=("idle",), kwargs={"wait_ms": 5_000})
+        poller.start()
+        time.sleep(0.3)
+        started = time.monotonic()
+        dq.enqueue("busy", b"x")
+        took = time.monotonic() - started
+        poller.join(10)
+        assert took < 2.0, took  # a slice or two, not the long-poll's 5 s
+
+
 def test_a_dequeue_says_whether_its_queue_exists(server: LiveServer, shm_url: str) -> None:
     """A worker may start before its producer: the answer is empty, and says the queue
     does not exist (the ring's NO_QUEUE flag, HTTP's ``"queue_exists": false``), alike
