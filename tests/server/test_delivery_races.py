@@ -66,12 +66,16 @@ def _race(
                     held_from = time.time()
                     time.sleep(rng.random() * 0.004)
                     for item in got:
-                        if rng.random() < lapse:  # let it run out: held until near its end
-                            held_to = min(time.time(), item.lease_expires / 1000 - 0.005)
+                        # the lease ends at its expiry at the latest (5 ms less for the
+                        # clocks' whole milliseconds): an item left to run out is held
+                        # until then, and a consumer held up past it (a busy machine)
+                        # holds it no longer, whatever it does next
+                        expires = item.lease_expires / 1000 - 0.005
+                        if rng.random() < lapse:  # let it run out
                             with lock:
-                                intervals.append((held_from, held_to, group_of[item.id], item.id))
+                                intervals.append((held_from, expires, group_of[item.id], item.id))
                             continue
-                        held_to = time.time()  # before the release is sent
+                        held_to = min(time.time(), expires)  # before the release is sent
                         out = c.release_many(queue, [item])[0]
                         with lock:
                             intervals.append((held_from, held_to, group_of[item.id], item.id))
