@@ -102,8 +102,13 @@ def test_a_follower_over_http_against_a_live_leader(leader: LiveServer) -> None:
                 json={"node": "fx", "epoch": e, "after": after, "wait_ms": wait_ms},
             )
 
-        assert pull(start).content == b""
-        eventually("fx in the sync set", lambda: status(c)["sync"] == ["n1", "fx"] or None)
+        def joined() -> bool | None:
+            # fx pulls as it waits, as a follower does: one silent for the replica
+            # timeout (1 s, a slow join on a busy machine) would leave the sync set again
+            assert pull(start).content == b""
+            return status(c)["sync"] == ["n1", "fx"] or None
+
+        eventually("fx in the sync set", joined)
 
         answered: list[int] = []
         writer = threading.Thread(
